@@ -1,0 +1,33 @@
+# Two commands for a newcomer (Python 3.11, nothing else installed):
+#   make demo   set up .venv and run the main demo (GPU if there is one, else the simulator)
+#   make test   set up .venv and run all test tiers
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint format bench clean
+
+$(VENV)/.installed: pyproject.toml setup.cfg
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(BIN)/python examples/demo.py
+
+test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	PYTHON=$(BIN)/python bash tests/run_tiers.sh
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .ruff_cache

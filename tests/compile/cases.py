@@ -1,0 +1,36 @@
+"""Every kernel the library ships and every kernel an example defines, with its register budget.
+
+Adding a kernel = adding one ``Case`` here: the compile tier then builds it for sm_80 and sm_90,
+checks 0 spills, no local memory and the register budget, and ``test_every_kernel_has_a_case``
+fails until it is listed. Budgets are the measured count plus a little headroom; raise one only
+with a reason in the commit message.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Case:
+    source: str  # "examples/<file>" or a tessera_tile module name
+    kernel: str  # attribute name of the @cuda.jit kernel in that source
+    signature: str
+    budget: dict[str, int]  # arch -> maximum registers
+    block: int = 256
+    opcodes: dict[str, int] = field(default_factory=dict)  # opcode prefix -> minimum count
+
+    @property
+    def id(self) -> str:
+        return f"{self.source}:{self.kernel}"
+
+
+F32_1D = "float32[::1]"
+
+CASES = [
+    Case(
+        "examples/elementwise_chain",
+        "tanh_sigmoid_chain",
+        f"void({F32_1D}, {F32_1D}, {F32_1D}, {F32_1D})",
+        budget={"sm_80": 32, "sm_90": 32},
+        opcodes={"MUFU.EX2": 1},
+    ),
+]

@@ -1,0 +1,47 @@
+"""Test tiers. Each tier runs in its own process (``tests/run_tiers.sh`` runs all three):
+
+* ``sim``: ``NUMBA_ENABLE_CUDASIM=1 pytest tests/sim``, correctness against NumPy in the simulator;
+* ``gpu``: the same tests without the simulator, on a real device (skipped, with the reason, when
+  there is none); tests marked ``sim_only`` (profiler, race detection...) are left out;
+* ``compile``: ``pytest tests/compile``, real compilation for sm_80 and sm_90.
+"""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# Simulated launches are slow: few, small examples, and no deadline.
+settings.register_profile(
+    "tessera", max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("tessera")
+
+
+def _gpu_reason() -> str | None:
+    """None when a CUDA GPU is usable, else why not."""
+    try:
+        from numba import cuda
+
+        if cuda.is_available():
+            return None
+        return "no CUDA GPU: numba.cuda.is_available() is False"
+    except Exception as e:  # a missing driver raises on some versions
+        return f"no CUDA GPU: {type(e).__name__}: {e}"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sim_only: needs the simulator (profiler, race checks)")
+
+
+def pytest_collection_modifyitems(config, items):
+    tier = os.environ.get("TESSERA_TIER")
+    if tier == "gpu":
+        reason = _gpu_reason()
+        for item in items:
+            if "sim_only" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason="simulator-only test"))
+            elif reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+    if tier == "gpu" and _gpu_reason():
+        print(f"\nGPU tier skipped: {_gpu_reason()}")

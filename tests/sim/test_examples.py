@@ -1,0 +1,19 @@
+"""Every example runs and matches NumPy (simulator tier, and GPU tier when there is a device)."""
+
+import numpy as np
+import pytest
+from helpers import load_example
+from hypothesis import given
+from hypothesis import strategies as st
+
+
+@given(n=st.sampled_from([0, 1, 31, 32, 33, 127, 128, 129, 300]), seed=st.integers(0, 2**16))
+def test_elementwise_chain_matches_numpy(n, seed):
+    chain = load_example("elementwise_chain")
+    assert chain.run(n=n, threads=64, blocks=2, seed=seed) <= 1e-5
+
+
+def test_elementwise_chain_reference_is_not_trivial():
+    chain = load_example("elementwise_chain")
+    a = np.array([0.5], np.float32)
+    assert chain.reference(a, a, a)[0] == pytest.approx(np.tanh(0.75) / (1 + np.exp(-0.75)) - 0.5)
