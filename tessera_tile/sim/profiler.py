@@ -1,0 +1,429 @@
+"""Opt-in instrumentation of simulated launches: global traffic, bank conflicts, races, bounds.
+
+Inside ``with profile() as prof:`` kernel arguments and shared arrays are wrapped in
+:class:`TrackedArray`, which counts every element access a thread makes and records where it
+happened. Nothing is wrapped outside a profile, so unprofiled launches pay nothing.
+
+Bank conflicts follow the hardware's model: shared memory has 32 banks of 4 bytes; the k-th
+shared access of each lane of a warp (made at the same source line) forms one warp-wide request.
+A request takes as many wavefronts as the largest number of distinct 4-byte words it touches in
+one bank (lanes reading the same word share it). 8-byte accesses are served per half-warp and
+16-byte accesses per quarter-warp (128 bytes per wavefront), so their ideal is 2 or 4 wavefronts;
+``bank_conflicts`` counts wavefronts beyond the ideal.
+
+A shared-memory race is two threads touching the same byte address, at least one writing, with
+no ``syncthreads`` between them (and, within one warp, no warp operation between them).
+Atomics are never races.
+"""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+import io
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+from greenlet import getcurrent
+
+_active: Profile | None = None
+
+
+def active() -> Profile | None:
+    return _active
+
+
+@dataclass(frozen=True)
+class Race:
+    array: str
+    kind: str  # "write-write", "write-read" (read after an unordered write), "read-write"
+    first_thread: tuple
+    first_line: str
+    second_thread: tuple
+    second_line: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.kind} race on shared array {self.array}: thread {self.first_thread} at "
+            f"{self.first_line} and thread {self.second_thread} at {self.second_line}"
+        )
+
+
+@dataclass(frozen=True)
+class OutOfBounds:
+    space: str  # "global" or "shared"
+    array: str
+    index: object
+    shape: tuple
+    thread: tuple
+    block: tuple
+    line: str
+    write: bool
+
+    def __str__(self) -> str:
+        what = "write" if self.write else "read"
+        return (
+            f"out-of-bounds {self.space} {what} {self.array}[{self.index}] (shape {self.shape}) "
+            f"by thread {self.thread} of block {self.block} at {self.line}"
+        )
+
+
+class Profile:
+    """Totals over the launches made inside ``with tessera_tile.sim.profile() as prof:``."""
+
+    MAX_REPORTS = 1000
+
+    def __init__(self) -> None:
+        self.launches = 0
+        self.traffic: dict[tuple[str, str], list[int]] = {}  # (kernel, arg) -> [read, written]
+        self.shared_requests = 0
+        self.shared_wavefronts = 0
+        self.bank_conflicts = 0
+        self.conflict_lines: Counter = Counter()
+        self.races: list[Race] = []
+        self.out_of_bounds: list[OutOfBounds] = []
+        self._race_keys: set = set()
+
+    # totals -----------------------------------------------------------------------------
+    @property
+    def bytes_read(self) -> int:
+        return sum(r for r, _ in self.traffic.values())
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(w for _, w in self.traffic.values())
+
+    # context ----------------------------------------------------------------------------
+    def __enter__(self) -> Profile:
+        global _active
+        if _active is not None:
+            raise RuntimeError("a tessera_tile.sim.profile() is already active")
+        from . import install
+
+        install()
+        _active = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _active
+        _active = None
+
+    # hooks used by the engine -----------------------------------------------------------
+    def wrap_args(self, fn, args: list) -> list:
+        try:
+            names = list(pyinspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            names = []
+        out = []
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray) and a.ndim > 0:
+                name = names[i] if i < len(names) else f"arg{i}"
+                counters = self.traffic.setdefault((fn.__name__, name), [0, 0])
+                a = TrackedArray(a, _Space(self, name, a, counters=counters))
+            out.append(a)
+        return out
+
+    def block_recorder(self, block) -> _BlockRecorder:
+        return _BlockRecorder(self, block)
+
+    def _add_race(self, race: Race) -> None:
+        key = (race.array, race.kind, race.first_line, race.second_line)
+        if key not in self._race_keys and len(self.races) < self.MAX_REPORTS:
+            self._race_keys.add(key)
+            self.races.append(race)
+
+    # report -----------------------------------------------------------------------------
+    def __str__(self) -> str:
+        from rich.console import Console
+        from rich.table import Table
+
+        buf = io.StringIO()
+        console = Console(file=buf, width=110, color_system=None)
+        console.print(f"tessera_tile simulator profile: {self.launches} launch(es)")
+        table = Table("kernel", "argument", "bytes read", "bytes written", title="global traffic")
+        for (kernel, arg), (r, w) in self.traffic.items():
+            table.add_row(kernel, arg, str(r), str(w))
+        table.add_row("total", "", str(self.bytes_read), str(self.bytes_written))
+        console.print(table)
+        console.print(
+            f"shared memory: {self.shared_requests} warp-wide requests, "
+            f"{self.shared_wavefronts} wavefronts, {self.bank_conflicts} bank conflicts "
+            "(wavefronts beyond the ideal)"
+        )
+        for line, extra in self.conflict_lines.most_common(5):
+            console.print(f"  {line}: {extra} extra wavefronts")
+        console.print(f"races: {len(self.races)}")
+        for race in self.races[:10]:
+            console.print(f"  {race}")
+        console.print(f"out-of-bounds accesses: {len(self.out_of_bounds)}")
+        for oob in self.out_of_bounds[:10]:
+            console.print(f"  {oob}")
+        return buf.getvalue().rstrip()
+
+
+def profile() -> Profile:
+    """Profile the simulated launches made inside the ``with`` block.
+
+    >>> with tessera_tile.sim.profile() as prof:
+    ...     kernel[blocks, threads](x, y)
+    >>> prof.bytes_read, prof.bytes_written, prof.bank_conflicts, prof.races
+    """
+    return Profile()
+
+
+def _site_text(site) -> str:
+    from .engine import format_site
+
+    return format_site(site)
+
+
+class _Space:
+    """The memory behind one tracked array: a kernel argument or a shared allocation."""
+
+    __slots__ = ("profile", "name", "root_ptr", "counters", "recorder", "key", "shared")
+
+    def __init__(self, profile, name, root, counters=None, recorder=None, key=None):
+        self.profile = profile
+        self.name = name
+        self.root_ptr = root.__array_interface__["data"][0]
+        self.counters = counters
+        self.recorder = recorder
+        self.key = key
+        self.shared = recorder is not None
+
+    def out_of_bounds(self, index, shape, write: bool, site) -> None:
+        t = getcurrent()
+        prof = self.profile
+        if len(prof.out_of_bounds) < prof.MAX_REPORTS:
+            prof.out_of_bounds.append(
+                OutOfBounds(
+                    "shared" if self.shared else "global",
+                    self.name,
+                    index,
+                    tuple(shape),
+                    tuple(getattr(t, "threadIdx", ())),
+                    tuple(getattr(t, "blockIdx", ())),
+                    _site_text(site),
+                    write,
+                )
+            )
+
+    def touch(self, offsets, itemsize: int, write: bool, site, vector: bool = False) -> None:
+        nbytes = len(offsets) * itemsize
+        if self.counters is not None:
+            self.counters[1 if write else 0] += nbytes
+        if self.recorder is not None:
+            self.recorder.record(self, offsets, itemsize, write, site, vector)
+
+
+class TrackedArray:
+    """An array whose element accesses are counted and checked (only inside a profile)."""
+
+    __slots__ = ("_a", "_space", "_base")
+
+    def __init__(self, array: np.ndarray, space: _Space):
+        self._a = array
+        self._space = space
+        self._base = array.__array_interface__["data"][0] - space.root_ptr
+
+    shape = property(lambda self: self._a.shape)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    dtype = property(lambda self: self._a.dtype)
+    strides = property(lambda self: self._a.strides)
+    itemsize = property(lambda self: self._a.itemsize)
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __repr__(self) -> str:
+        return f"TrackedArray({self._space.name}, shape={self._a.shape}, dtype={self._a.dtype})"
+
+    def _element_offset(self, key):
+        """Byte offset of an element index, or None when it is out of bounds."""
+        off = self._base
+        for i, n, s in zip(key, self._a.shape, self._a.strides, strict=True):
+            i = int(i)
+            if i < -n or i >= n:
+                return None
+            off += (i + n if i < 0 else i) * s
+        return off
+
+    def _offsets(self, sub: np.ndarray) -> list[int]:
+        start = sub.__array_interface__["data"][0] - self._space.root_ptr
+        if sub.size == 0:
+            return []
+        grids = np.indices(sub.shape).reshape(sub.ndim, -1)
+        return (start + (grids.T * np.array(sub.strides)).sum(axis=1)).tolist()
+
+    def _access(self, idx, value, write: bool):
+        from .engine import user_site
+
+        a = self._a
+        site = user_site(3)
+        key = idx if isinstance(idx, tuple) else (idx,)
+        if len(key) == a.ndim and all(isinstance(i, int | np.integer) for i in key):
+            off = self._element_offset(key)
+            if off is None:
+                self._space.out_of_bounds(idx, a.shape, write, site)
+                return None if write else a.dtype.type(0)
+            self._space.touch([off], a.itemsize, write, site)
+            if write:
+                a[key] = value
+                return None
+            return a[key]
+        try:
+            sub = a[idx]
+        except IndexError:
+            self._space.out_of_bounds(idx, a.shape, write, site)
+            return None if write else a.dtype.type(0)
+        if write:
+            self._space.touch(self._offsets(np.asarray(sub)), a.itemsize, True, site)
+            a[idx] = value
+            return None
+        if isinstance(sub, np.ndarray) and sub.base is not None:
+            return TrackedArray(sub, self._space)  # a view: its elements count when used
+        self._space.touch(self._offsets(np.asarray(sub)), a.itemsize, False, site)
+        return sub
+
+    def __getitem__(self, idx):
+        return self._access(idx, None, False)
+
+    def __setitem__(self, idx, value):
+        self._access(idx, value, True)
+
+    def vector_access(self, idx, value=None, write: bool = False):
+        """One access of a contiguous run (a 4/8/16-byte vector load or store) for twins."""
+        from .engine import user_site
+
+        site = user_site(3)
+        try:
+            sub = self._a[idx]
+        except IndexError:
+            self._space.out_of_bounds(idx, self._a.shape, write, site)
+            return None
+        self._space.touch(self._offsets(np.asarray(sub)), self._a.itemsize, write, site, True)
+        if write:
+            self._a[idx] = value
+            return None
+        return np.array(sub)
+
+
+def load(array, idx):
+    """Read ``array[idx]`` as one access (for intrinsic twins); returns a copy."""
+    if isinstance(array, TrackedArray):
+        return array.vector_access(idx)
+    return np.array(array[idx])
+
+
+def store(array, idx, values) -> None:
+    """Write ``array[idx] = values`` as one access (for intrinsic twins)."""
+    if isinstance(array, TrackedArray):
+        array.vector_access(idx, values, write=True)
+    else:
+        array[idx] = values
+
+
+class _BlockRecorder:
+    """Shared-memory accesses of one block: bank conflicts and races."""
+
+    def __init__(self, profile: Profile, block):
+        self.profile = profile
+        self.block = block
+        self.sequences: dict[int, list] = {}  # tid -> [(site, key, first_offset, width)]
+        self.last_write: dict = {}  # (key, byte) -> access record
+        self.reads: dict = {}  # (key, byte) -> {tid: access record}
+        self.spaces: dict = {}
+
+    def shared_array(self, key, arr: np.ndarray) -> TrackedArray:
+        space = self.spaces.get(key)
+        if space is None:
+            name = f"{key[0].co_name}:{key[1]}" if not isinstance(key[0], str) else "dynamic"
+            space = _Space(self.profile, name, arr, recorder=self, key=key)
+            self.spaces[key] = space
+        return TrackedArray(arr, space)
+
+    def record(self, space: _Space, offsets, itemsize, write, site, vector) -> None:
+        t = getcurrent()
+        if not offsets:
+            return
+        seq = self.sequences.setdefault(t.tid, [])
+        if vector:
+            seq.append((site, space.key, offsets[0], itemsize * len(offsets)))
+        else:
+            seq.extend((site, space.key, off, itemsize) for off in offsets)
+        if t.in_atomic:
+            return
+        block = self.block
+        rec = (t.tid, t.warp, block.barrier_epoch, block.warp_epoch[t.warp], site, t.threadIdx)
+        for off in offsets:
+            for byte in range(off, off + itemsize):
+                self._check_race(space, (space.key, byte), rec, write)
+
+    @staticmethod
+    def _ordered(a, b) -> bool:
+        if a[0] == b[0] or a[2] != b[2]:
+            return True
+        return a[1] == b[1] and b[3] > a[3]
+
+    def _check_race(self, space, addr, rec, write) -> None:
+        last = self.last_write.get(addr)
+        if last is not None and not self._ordered(last, rec):
+            self._report(space, "write-write" if write else "write-read", last, rec)
+        if write:
+            for r in self.reads.pop(addr, {}).values():
+                if not self._ordered(r, rec):
+                    self._report(space, "read-write", r, rec)
+            self.last_write[addr] = rec
+        else:
+            self.reads.setdefault(addr, {})[rec[0]] = rec
+
+    def _report(self, space, kind, first, second) -> None:
+        self.profile._add_race(
+            Race(
+                space.name,
+                kind,
+                tuple(first[5]),
+                _site_text(first[4]),
+                tuple(second[5]),
+                _site_text(second[4]),
+            )
+        )
+
+    def finish(self) -> None:
+        prof = self.profile
+        warps: dict[int, dict[int, list]] = {}
+        for tid, seq in self.sequences.items():
+            warps.setdefault(tid // 32, {})[tid % 32] = seq
+        for lanes in warps.values():
+            depth = max(len(s) for s in lanes.values())
+            for k in range(depth):
+                requests: dict = {}
+                for lane, seq in lanes.items():
+                    if k < len(seq):
+                        site, key, off, width = seq[k]
+                        requests.setdefault((site, key), []).append((lane, off, width))
+                for (site, _), accesses in requests.items():
+                    total, ideal = wavefronts(accesses)
+                    prof.shared_requests += 1
+                    prof.shared_wavefronts += total
+                    if total > ideal:
+                        prof.bank_conflicts += total - ideal
+                        prof.conflict_lines[_site_text(site)] += total - ideal
+
+
+def wavefronts(accesses) -> tuple[int, int]:
+    """(wavefronts, ideal wavefronts) of one warp-wide shared request.
+
+    ``accesses`` holds ``(lane, byte_offset, width)``; 32 banks of 4 bytes; 8-byte accesses are
+    served per half-warp, 16-byte ones per quarter-warp.
+    """
+    width = max(w for _, _, w in accesses)
+    lanes_per_phase = 32 if width <= 4 else (16 if width <= 8 else 8)
+    phases: dict[int, dict[int, set]] = {}
+    for lane, off, w in accesses:
+        banks = phases.setdefault(lane // lanes_per_phase, {})
+        for word in range(off // 4, (off + w - 1) // 4 + 1):
+            banks.setdefault(word % 32, set()).add(word)
+    total = sum(max(len(words) for words in banks.values()) for banks in phases.values())
+    return total, len(phases)
