@@ -1,0 +1,98 @@
+"""The simulator names bad masks and divergent deadlocks instead of hanging."""
+
+import inspect
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from tessera_tile import sim
+
+pytestmark = pytest.mark.sim_only
+FULL = 0xFFFFFFFF
+
+
+@cuda.jit
+def full_mask_shuffle(x):
+    i = cuda.threadIdx.x
+    x[i] = cuda.shfl_down_sync(FULL, x[i], 1)
+
+
+def test_mask_naming_lanes_of_a_partial_warp():
+    with pytest.raises(sim.SimulationError, match=r"lanes 8-31 that do not exist") as err:
+        full_mask_shuffle[1, 40](np.zeros(40, np.float32))
+    assert "shfl_down_sync" in str(err.value) and "test_sim_diagnostics.py" in str(err.value)
+
+
+@cuda.jit
+def early_exit_shuffle(x):
+    i = cuda.threadIdx.x
+    if i == 5 or i == 6:
+        return
+    x[i] = cuda.shfl_xor_sync(FULL, x[i], 1)
+
+
+def test_mask_naming_exited_lanes():
+    with pytest.raises(sim.SimulationError, match=r"lanes 5-6 that exited"):
+        early_exit_shuffle[1, 32](np.zeros(32, np.float32))
+
+
+@cuda.jit
+def divergent_deadlock(x):
+    i = cuda.threadIdx.x
+    if i < 16:
+        x[i] = cuda.shfl_sync(FULL, x[i], 0)
+    else:
+        cuda.syncthreads()
+
+
+def test_divergent_deadlock_names_lanes_and_lines():
+    with pytest.raises(sim.SimulationError, match="deadlock") as err:
+        divergent_deadlock[1, 32](np.zeros(32, np.float32))
+    msg = str(err.value)
+    assert "lanes 0-15 wait in shfl_sync" in msg and "lanes 16-31 wait in syncthreads" in msg
+    source, first = inspect.getsourcelines(divergent_deadlock.py_func)
+    shfl_line = first + next(k for k, t in enumerate(source) if "shfl_sync" in t)
+    sync_line = first + next(k for k, t in enumerate(source) if "syncthreads" in t)
+    assert f"shfl_sync at test_sim_diagnostics.py:{shfl_line}" in msg
+    assert f"syncthreads at test_sim_diagnostics.py:{sync_line}" in msg
+
+
+@cuda.jit
+def mask_without_self(x):
+    i = cuda.threadIdx.x
+    x[i] = cuda.shfl_sync(0x1, x[i], 0)
+
+
+def test_mask_that_excludes_the_caller():
+    with pytest.raises(sim.SimulationError, match="excludes itself"):
+        mask_without_self[1, 2](np.zeros(2, np.float32))
+
+
+def test_exceptions_name_the_thread():
+    with pytest.raises(IndexError) as err:
+        full_mask_shuffle[1, 32](np.zeros(8, np.float32))
+    assert "in simulated thread threadIdx=(8, 0, 0)" in "".join(err.value.__notes__)
+
+
+@cuda.jit
+def two_arrays_on_one_line(out):
+    a, b = cuda.shared.array(4, np.int32), cuda.shared.array(4, np.int32)
+    i = cuda.threadIdx.x
+    a[i] = i
+    b[i] = 10 * i
+    cuda.syncthreads()
+    out[i] = a[i] + b[i]
+
+
+def test_shared_arrays_on_one_line_do_not_alias():
+    out = np.zeros(4, np.int32)
+    two_arrays_on_one_line[1, 4](out)
+    np.testing.assert_array_equal(out, 11 * np.arange(4))
+
+
+def test_install_is_idempotent_and_automatic():
+    assert sim.installed()
+    sim.install()
+    sim.install()
+    assert sim.installed()

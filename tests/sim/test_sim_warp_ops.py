@@ -1,0 +1,203 @@
+"""Warp operations in the simulator against their definitions (CUDA programming guide, PTX ISA).
+
+The references below are written from the definitions, independently of tessera_tile.sim.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from numba import cuda
+
+FULL = 0xFFFFFFFF
+
+lane_values = st.lists(st.integers(-1000, 1000), min_size=32, max_size=32)
+masks = st.integers(1, FULL)
+
+
+@cuda.jit
+def shuffle_kernel(x, out, mode, b):
+    i = cuda.grid(1)
+    v = x[i]
+    if mode == 0:
+        out[i] = cuda.shfl_sync(FULL, v, b)
+    elif mode == 1:
+        out[i] = cuda.shfl_up_sync(FULL, v, b)
+    elif mode == 2:
+        out[i] = cuda.shfl_down_sync(FULL, v, b)
+    else:
+        out[i] = cuda.shfl_xor_sync(FULL, v, b)
+
+
+def shuffle_reference(x, mode, b):
+    out = np.empty_like(x)
+    b &= 31  # PTX uses the low 5 bits of the lane / offset operand
+    for w in range(0, len(x), 32):
+        for lane in range(32):
+            if mode == 0:
+                src = b
+            elif mode == 1:
+                src = lane - b if lane - b >= 0 else lane
+            elif mode == 2:
+                src = lane + b if lane + b < 32 else lane
+            else:
+                src = lane ^ b
+            out[w + lane] = x[w + src]
+    return out
+
+
+@given(
+    warps=st.integers(1, 2),
+    mode=st.integers(0, 3),
+    b=st.integers(0, 40),
+    dtype=st.sampled_from([np.int32, np.int64, np.float32, np.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_shuffles_match_definition(warps, mode, b, dtype, seed):
+    x = (np.random.default_rng(seed).standard_normal(32 * warps) * 100).astype(dtype)
+    out = np.zeros_like(x)
+    shuffle_kernel[1, 32 * warps](x, out, mode, b)
+    np.testing.assert_array_equal(out, shuffle_reference(x, mode, b))
+    assert out.dtype == dtype
+
+
+@cuda.jit
+def vote_kernel(pred, mask, out_all, out_any, out_eq, out_ballot):
+    lane = cuda.threadIdx.x
+    if (mask >> lane) & 1:
+        p = pred[lane]
+        out_all[lane] = cuda.all_sync(mask, p)
+        out_any[lane] = cuda.any_sync(mask, p)
+        out_eq[lane] = cuda.eq_sync(mask, p)
+        out_ballot[lane] = cuda.ballot_sync(mask, p)
+
+
+@given(pred=st.lists(st.integers(0, 1), min_size=32, max_size=32), mask=masks)
+def test_votes_match_definition_with_any_mask(pred, mask):
+    pred = np.array(pred, dtype=np.int32)
+    outs = [np.full(32, -7, dtype=np.int32) for _ in range(3)] + [np.zeros(32, np.uint32)]
+    vote_kernel[1, 32](pred, mask, *outs)
+    members = [lane for lane in range(32) if (mask >> lane) & 1]
+    p = pred[members].astype(bool)
+    ballot = sum(1 << lane for lane in members if pred[lane])
+    for out, expected in zip(outs, [p.all(), p.any(), p.all() or not p.any(), ballot]):
+        np.testing.assert_array_equal(out[members], int(expected))
+        outside = [lane for lane in range(32) if lane not in members]
+        assert np.all(out[outside] == (0 if out.dtype == np.uint32 else -7))
+
+
+@cuda.jit
+def match_kernel(x, out_any, out_all, out_pred):
+    lane = cuda.threadIdx.x
+    out_any[lane] = cuda.match_any_sync(FULL, x[lane])
+    m, p = cuda.match_all_sync(FULL, x[lane])
+    out_all[lane] = m
+    out_pred[lane] = p
+
+
+@given(values=st.lists(st.integers(0, 3), min_size=32, max_size=32))
+def test_match_matches_definition(values):
+    x = np.array(values, dtype=np.int32)
+    out_any, out_all, out_pred = (np.zeros(32, np.uint32) for _ in range(3))
+    match_kernel[1, 32](x, out_any, out_all, out_pred)
+    for lane in range(32):
+        assert out_any[lane] == sum(1 << j for j in range(32) if x[j] == x[lane])
+    same = bool(np.all(x == x[0]))
+    assert np.all(out_all == (FULL if same else 0)) and np.all(out_pred == same)
+
+
+@cuda.jit
+def divergent_kernel(group_of, out_ballot, out_active, out_lt):
+    lane = cuda.laneid
+    g = group_of[lane]
+    mask = 0
+    for j in range(32):
+        if group_of[j] == g:
+            mask |= 1 << j
+    if g == 0:
+        out_ballot[lane] = cuda.ballot_sync(mask, True)
+        out_active[lane] = cuda.activemask()
+    else:
+        out_ballot[lane] = cuda.ballot_sync(mask, True)
+        out_active[lane] = cuda.activemask()
+    cuda.syncwarp()
+    out_lt[lane] = cuda.lanemask_lt()
+
+
+@given(groups=st.lists(st.integers(0, 1), min_size=32, max_size=32))
+def test_divergent_branches_see_their_own_lanes(groups):
+    group_of = np.array(groups, dtype=np.int32)
+    out_ballot, out_active, out_lt = (np.zeros(32, np.uint32) for _ in range(3))
+    divergent_kernel[1, 32](group_of, out_ballot, out_active, out_lt)
+    for lane in range(32):
+        same = sum(1 << j for j in range(32) if group_of[j] == group_of[lane])
+        assert out_ballot[lane] == same and out_active[lane] == same
+        assert out_lt[lane] == (1 << lane) - 1
+
+
+@cuda.jit
+def partial_warp_sum(x, out):
+    i = cuda.threadIdx.x
+    n = cuda.blockDim.x
+    base = i - cuda.laneid
+    lanes = min(32, n - base)
+    mask = (1 << lanes) - 1 if lanes < 32 else FULL
+    v = x[i]
+    off = 16
+    while off > 0:
+        other = cuda.shfl_down_sync(mask, v, off)
+        if cuda.laneid + off < lanes:
+            v += other
+        off //= 2
+    if cuda.laneid == 0:
+        out[i // 32] = v
+
+
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 63, 64, 65])
+def test_partial_warp_reduction_with_exact_mask(n):
+    x = np.arange(1, n + 1, dtype=np.int64)
+    out = np.zeros(-(-n // 32), np.int64)
+    partial_warp_sum[1, n](x, out)
+    expected = [x[w : w + 32].sum() for w in range(0, n, 32)]
+    np.testing.assert_array_equal(out, expected)
+
+
+@cuda.jit
+def syncthreads_votes(pred, out):
+    i = cuda.threadIdx.x
+    out[0] = cuda.syncthreads_count(pred[i])
+    out[1] = cuda.syncthreads_and(pred[i])
+    out[2] = cuda.syncthreads_or(pred[i])
+
+
+@given(pred=st.lists(st.integers(0, 1), min_size=1, max_size=70))
+def test_syncthreads_reductions(pred):
+    p = np.array(pred, dtype=np.int32)
+    out = np.zeros(3, np.int32)
+    syncthreads_votes[1, len(p)](p, out)
+    np.testing.assert_array_equal(out, [p.sum(), p.all(), p.any()])
+
+
+@cuda.jit
+def warpsize_and_laneid(out):
+    i = cuda.threadIdx.x
+    out[i, 0] = cuda.laneid
+    out[i, 1] = cuda.warpsize
+
+
+def test_laneid_and_warpsize():
+    out = np.zeros((70, 2), np.int32)
+    warpsize_and_laneid[1, 70](out)
+    np.testing.assert_array_equal(out[:, 0], np.arange(70) % 32)
+    assert np.all(out[:, 1] == 32)
+
+
+@cuda.jit
+def laneid_2d(out):
+    out[cuda.threadIdx.y, cuda.threadIdx.x] = cuda.laneid
+
+
+def test_lanes_follow_linear_thread_index_in_2d_blocks():
+    out = np.zeros((4, 24), np.int32)
+    laneid_2d[1, (24, 4)](out)
+    np.testing.assert_array_equal(out.ravel(), np.arange(96) % 32)
