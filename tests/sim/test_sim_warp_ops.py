@@ -80,7 +80,7 @@ def test_votes_match_definition_with_any_mask(pred, mask):
     members = [lane for lane in range(32) if (mask >> lane) & 1]
     p = pred[members].astype(bool)
     ballot = sum(1 << lane for lane in members if pred[lane])
-    for out, expected in zip(outs, [p.all(), p.any(), p.all() or not p.any(), ballot]):
+    for out, expected in zip(outs, [p.all(), p.any(), p.all() or not p.any(), ballot], strict=True):
         np.testing.assert_array_equal(out[members], int(expected))
         outside = [lane for lane in range(32) if lane not in members]
         assert np.all(out[outside] == (0 if out.dtype == np.uint32 else -7))
