@@ -293,20 +293,52 @@ class TrackedArray:
         self._access(idx, value, True)
 
     def vector_access(self, idx, value=None, write: bool = False):
-        """One access of a contiguous run (a 4/8/16-byte vector load or store) for twins."""
+        """One access of a contiguous run (a 4/8/16-byte vector load or store) for twins.
+
+        Unlike a slice in Python, a run that crosses the end of the array is out of bounds:
+        it is reported, a read returns zeros and a write is dropped.
+        """
         from .engine import user_site
 
         site = user_site(3)
-        try:
-            sub = self._a[idx]
-        except IndexError:
+        count = _run_length(idx, self._a.shape)
+        sub = None if count is None else self._a[idx]
+        if sub is None or np.size(sub) != count:
             self._space.out_of_bounds(idx, self._a.shape, write, site)
-            return None
+            return None if write else np.zeros(_requested(idx), self._a.dtype)
         self._space.touch(self._offsets(np.asarray(sub)), self._a.itemsize, write, site, True)
         if write:
             self._a[idx] = value
             return None
         return np.array(sub)
+
+
+def _requested(idx) -> int:
+    """How many elements a twin asked for (to return zeros for an out-of-bounds read)."""
+    key = idx if isinstance(idx, tuple) else (idx,)
+    last = key[-1]
+    if isinstance(last, slice) and last.stop is not None:
+        return max(0, -(-(last.stop - (last.start or 0)) // (last.step or 1)))
+    return 1
+
+
+def _run_length(idx, shape) -> int | None:
+    """Elements an index asks for, without NumPy's clipping of slices; None if out of range."""
+    key = idx if isinstance(idx, tuple) else (idx,)
+    if len(key) > len(shape):
+        return None
+    count = 1
+    for k, n in zip(key, shape, strict=False):
+        if isinstance(k, slice):
+            start, stop, step = k.start or 0, n if k.stop is None else k.stop, k.step or 1
+            if start < 0 or stop < start or step < 1:
+                return None
+            count *= -(-(stop - start) // step)
+        elif not -n <= int(k) < n:
+            return None
+    for n in shape[len(key) :]:
+        count *= n
+    return count
 
 
 def load(array, idx):
