@@ -134,13 +134,17 @@ class Profile:
 
     # report -----------------------------------------------------------------------------
     def __str__(self) -> str:
+        from rich import box
         from rich.console import Console
         from rich.table import Table
 
         buf = io.StringIO()
         console = Console(file=buf, width=110, color_system=None)
         console.print(f"tessera_tile simulator profile: {self.launches} launch(es)")
-        table = Table("kernel", "argument", "bytes read", "bytes written", title="global traffic")
+        table = Table(
+            "kernel", "argument", "bytes read", "bytes written", title="global traffic",
+            box=box.SIMPLE, title_justify="left",
+        )  # fmt: skip
         for (kernel, arg), (r, w) in self.traffic.items():
             table.add_row(kernel, arg, str(r), str(w))
         table.add_row("total", "", str(self.bytes_read), str(self.bytes_written))
@@ -370,7 +374,9 @@ class _BlockRecorder:
     def shared_array(self, key, arr: np.ndarray) -> TrackedArray:
         space = self.spaces.get(key)
         if space is None:
-            name = f"{key[0].co_name}:{key[1]}" if not isinstance(key[0], str) else "dynamic"
+            name = (
+                "dynamic" if isinstance(key[0], str) else _site_text((key[0].co_filename, key[1]))
+            )
             space = _Space(self.profile, name, arr, recorder=self, key=key)
             self.spaces[key] = space
         return TrackedArray(arr, space)
