@@ -1,0 +1,857 @@
+"""Code generation: the Python source of one ``@cuda.jit`` kernel per stage, and its cache.
+
+Codegen is dict dispatch (``EMIT[op]``) into a few templates (elementwise, row, column, full).
+Every value is computed in its compute dtype (float16 in float32) and every constant is cast to
+it, so float32 kernels contain no float64 instruction. Loops are ``while`` loops: a ``range``
+with a run-time step makes Numba divide in 64 bits to get the trip count.
+
+Set ``TESSERA_TILE_DUMP=1`` to print every generated source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import linecache
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import tile_ir as ir
+from ..tile_ir import Node, Op
+from . import device
+from .plan import Stage
+
+WARP = 32
+BLOCK = 256  # threads per block in every template but column
+COLUMN_BLOCK = (32, 8)
+WARP_ROW_MAX = 1024  # rows up to this long get a warp each, longer rows a block
+CACHE_BYTES = 32768  # shared memory that keeps a row on chip between passes
+
+TYPE_NAMES = {
+    np.dtype(bool): "boolean",
+    np.dtype(np.int32): "int32",
+    np.dtype(np.int64): "int64",
+    np.dtype(np.float16): "float16",
+    np.dtype(np.float32): "float32",
+    np.dtype(np.float64): "float64",
+}
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+
+
+def is_float(dtype) -> bool:
+    return np.dtype(dtype).kind == "f"
+
+
+def tname(dtype) -> str:
+    return TYPE_NAMES[compute_dtype(np.dtype(dtype))]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Layout and strategy of one compiled kernel (part of its cache key)."""
+
+    kind: str
+    kept_rank: int  # index dimensions left after collapsing (elementwise: all in kept)
+    red_rank: int
+    mode: str = ""  # row: "warp" or "block"
+    cache: bool = False  # row: keep multi-pass leaves in shared memory
+
+
+@dataclass
+class Generated:
+    name: str
+    source: str
+    kernel: object
+    params: list[str]  # argument names, in order
+    cached_leaves: list[str]  # keys of leaves kept on chip
+
+
+# --------------------------------------------------------------------------------------------
+# expressions
+
+
+def _cast(expr: str, src: np.dtype, dst: np.dtype) -> str:
+    src, dst = compute_dtype(src), compute_dtype(dst)
+    if src == dst:
+        return expr
+    if dst == np.dtype(bool):
+        return f"({expr} != 0)"
+    return f"{TYPE_NAMES[dst]}({expr})"
+
+
+def _common(srcs) -> np.dtype:
+    """The dtype NumPy compares or selects operands in."""
+    return ir.infer_dtype(Op.MAXIMUM, srcs)
+
+
+def emit_elementwise(n: Node, args: list[str]) -> str:
+    """The expression of elementwise node ``n`` given its operands' expressions."""
+    op, out = n.op, compute_dtype(n.dtype)
+    t = TYPE_NAMES[out]
+    srcs = n.srcs
+
+    def c(i: int, to=None) -> str:
+        return _cast(args[i], srcs[i].dtype, out if to is None else to)
+
+    def k(value) -> str:
+        return f"{t}({value!r})"
+
+    floating = is_float(out)
+    if op in (Op.ADD, Op.SUB, Op.MUL):
+        if out == np.dtype(bool):
+            return f"({c(0)} {'|' if op is Op.ADD else '&'} {c(1)})"
+        return f"({c(0)} {'+' if op is Op.ADD else '-' if op is Op.SUB else '*'} {c(1)})"
+    if op is Op.TRUEDIV:
+        return f"({c(0)} / {c(1)})"
+    if op is Op.FLOORDIV:
+        return f"{t}(floordiv_{'float' if floating else 'int'}({c(0)}, {c(1)}))"
+    if op is Op.MOD:
+        return f"{t}(mod_{'float' if floating else 'int'}({c(0)}, {c(1)}))"
+    if op is Op.POW:
+        return f"({c(0)} ** {c(1)})" if floating else f"{t}(pow_int({c(0)}, {c(1)}))"
+    if op in (Op.MAXIMUM, Op.MINIMUM):
+        name = "max" if op is Op.MAXIMUM else "min"
+        return f"{name}_nan({c(0)}, {c(1)})" if floating else f"{name}({c(0)}, {c(1)})"
+    if op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE):
+        common = _common(srcs)
+        sym = {Op.LT: "<", Op.LE: "<=", Op.GT: ">", Op.GE: ">=", Op.EQ: "==", Op.NE: "!="}[op]
+        return f"({c(0, common)} {sym} {c(1, common)})"
+    if op in (Op.AND, Op.OR, Op.XOR):
+        sym = {Op.AND: "&", Op.OR: "|", Op.XOR: "^"}[op]
+        return f"({c(0)} {sym} {c(1)})"
+    if op is Op.WHERE:
+        return f"({c(1)} if {args[0]} else {c(2)})"
+    if op is Op.NEG:
+        return f"(-{c(0)})"
+    if op is Op.ABS:
+        return f"abs({c(0)})"
+    if op is Op.INVERT:
+        return f"(not {c(0)})" if out == np.dtype(bool) else f"(~{c(0)})"
+    if op is Op.SQUARE:
+        return f"({c(0)} * {c(0)})"
+    if op is Op.CAST:
+        return _cast(args[0], srcs[0].dtype, np.dtype(n.arg))
+    if op in (Op.ISNAN, Op.ISINF, Op.ISFINITE):
+        if not is_float(srcs[0].dtype):
+            return "True" if op is Op.ISFINITE else "False"
+        x = args[0]
+        return {Op.ISNAN: f"({x} != {x})", Op.ISINF: f"isinf({x})", Op.ISFINITE: f"isfinite({x})"}[
+            op
+        ]
+    if op in (Op.FLOOR, Op.CEIL):
+        if not floating:
+            return c(0)
+        fn = "floor" if op is Op.FLOOR else "ceil"
+        return f"({t}({fn}({c(0)})) if isfinite({c(0)}) else {c(0)})"
+    if op is Op.RELU:
+        return f"max_nan({c(0)}, {k(0.0)})" if floating else f"max({c(0)}, {t}(0))"
+    x = c(0)
+    if op in (Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.LOG1P, Op.EXPM1, Op.SQRT, Op.SIN, Op.COS):
+        return f"{t}({op.name.lower()}({x}))"
+    if op is Op.TANH:
+        return f"{t}(tanh({x}))"
+    if op is Op.ERF:
+        return f"{t}(erf({x}))"
+    if op is Op.RSQRT:
+        return f"({k(1.0)} / {t}(sqrt({x})))"
+    if op is Op.SIGMOID:
+        return f"({k(1.0)} / ({k(1.0)} + {t}(exp(-{x}))))"
+    if op is Op.SILU:
+        return f"({x} / ({k(1.0)} + {t}(exp(-{x}))))"
+    if op is Op.GELU:
+        return f"({k(0.5)} * {x} * ({k(1.0)} + {t}(erf({x} * {k(0.7071067811865476)}))))"
+    if op is Op.GELU_TANH:
+        inner = f"{k(0.7978845608028654)} * ({x} + {k(0.044715)} * {x} * {x} * {x})"
+        return f"({k(0.5)} * {x} * ({k(1.0)} + {t}(tanh({inner}))))"
+    raise NotImplementedError(f"no code generation for {op}")
+
+
+# --------------------------------------------------------------------------------------------
+# reductions
+
+
+def acc_dtype(r: Node) -> np.dtype:
+    """Accumulator dtype: shuffle-able (no bool), float16 widened to float32."""
+    src = compute_dtype(r.srcs[0].dtype)
+    if r.op in ir.INDEX_REDUCE:
+        return np.dtype(np.int32) if src == np.dtype(bool) else src
+    if r.op in (Op.ANY, Op.ALL):
+        return np.dtype(np.int32)
+    d = compute_dtype(r.dtype)
+    return np.dtype(np.int32) if d == np.dtype(bool) else d
+
+
+def identity(r: Node) -> str:
+    d = acc_dtype(r)
+    t = TYPE_NAMES[d]
+    if r.op is Op.SUM:
+        return f"{t}(0)"
+    if r.op is Op.PROD:
+        return f"{t}(1)"
+    if r.op in (Op.ANY,):
+        return "int32(0)"
+    if r.op in (Op.ALL,):
+        return "int32(1)"
+    low = r.op in (Op.MAX, Op.ARGMAX)
+    if is_float(d):
+        return f"{t}({'-inf' if low else 'inf'})"
+    src = r.srcs[0].dtype
+    if src == np.dtype(bool):
+        return f"int32({0 if low else 1})"
+    info = np.iinfo(d)
+    return f"{t}({info.min if low else info.max})"
+
+
+def combine(r: Node, a: str, b: str, ai: str = "", bi: str = "") -> list[str]:
+    """Statements that fold (b[, bi]) into the accumulator (a[, ai])."""
+    d = acc_dtype(r)
+    if r.op is Op.SUM:
+        return [f"{a} = {a} + {b}"]
+    if r.op is Op.PROD:
+        return [f"{a} = {a} * {b}"]
+    if r.op is Op.ANY:
+        return [f"{a} = {a} | {b}"]
+    if r.op is Op.ALL:
+        return [f"{a} = {a} & {b}"]
+    if r.op in (Op.MAX, Op.MIN):
+        fn = ("max" if r.op is Op.MAX else "min") + ("_nan" if is_float(d) else "")
+        return [f"{a} = {fn}({a}, {b})"]
+    better = ">" if r.op is Op.ARGMAX else "<"
+    cond = f"({b} {better} {a}) or ({b} == {a} and {bi} < {ai})"
+    if is_float(d):
+        cond = f"({b} != {b} and ({a} == {a} or {bi} < {ai})) or ({a} == {a} and ({cond}))"
+    return [f"if {cond}:", f"    {a} = {b}", f"    {ai} = {bi}"]
+
+
+def element_value(r: Node, expr: str) -> str:
+    """An element of the reduction's source, as the accumulator dtype."""
+    src = r.srcs[0].dtype
+    if r.op in (Op.ANY, Op.ALL):
+        return f"int32({_cast(expr, src, np.dtype(bool))})"
+    return _cast(expr, src, acc_dtype(r)) if src != np.dtype(bool) else f"int32({expr})"
+
+
+def final_value(r: Node, acc: str, acc_index: str) -> str:
+    """The reduction's result (its own compute dtype) from the accumulator."""
+    if r.op in ir.INDEX_REDUCE:
+        return f"int64({acc_index})"
+    return _cast(acc, acc_dtype(r), r.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# passes
+
+
+def pass_leaves(targets) -> set:
+    return {n.key for n in ir.walk(targets) if n.op is Op.INPUT}
+
+
+def plan_passes(stage: Stage):
+    """(values the pass needs, reductions it completes, F outputs it writes) for each pass."""
+    f_out = [(i, n) for i, (n, _) in enumerate(stage.outputs) if stage.space[id(n)] == "F"]
+    level_of: dict[str, int] = {}
+    for n in stage.nodes:
+        base = max((level_of[s.key] for s in n.srcs), default=0)
+        level_of[n.key] = base + 1 if n.op in ir.REDUCE else base
+    passes = []
+    for k, reds in enumerate(stage.levels):
+        outs = [(i, n) for i, n in f_out if level_of[n.key] == k]
+        passes.append(([r.srcs[0] for r in reds] + [n for _, n in outs], reds, outs))
+    late = [(i, n) for i, n in f_out if level_of[n.key] >= len(stage.levels)]
+    if late:
+        passes.append(([n for _, n in late], [], late))
+    return passes
+
+
+def multi_pass_leaves(stage: Stage) -> list[Node]:
+    """Leaves read by more than one pass: kept on chip when the row fits."""
+    uses: dict[str, int] = {}
+    for targets, _, _ in plan_passes(stage):
+        for key in pass_leaves(targets):
+            uses[key] = uses.get(key, 0) + 1
+    seen, out = set(), []
+    for n in stage.nodes:
+        if n.op is Op.INPUT and uses.get(n.key, 0) > 1 and n.key not in seen:
+            seen.add(n.key)
+            out.append(n)
+    return out
+
+
+def cache_length(stage: Stage, groups: int) -> int:
+    """Row elements the on-chip cache holds for ``groups`` rows per block (0: no cache)."""
+    per = sum(n.dtype.itemsize for n in multi_pass_leaves(stage))
+    return CACHE_BYTES // (groups * per) if per else 0
+
+
+# --------------------------------------------------------------------------------------------
+# the generator
+
+
+class _Source:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, line: str = "") -> None:
+        self.lines.append("    " * self.depth + line if line else "")
+
+    def block(self):
+        src = self
+
+        class _Indent:
+            def __enter__(self):
+                src.depth += 1
+
+            def __exit__(self, *exc):
+                src.depth -= 1
+
+        return _Indent()
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class KernelWriter:
+    """Writes the kernel of one stage for one variant."""
+
+    def __init__(self, stage: Stage, variant: Variant, name: str):
+        self.stage = stage
+        self.v = variant
+        self.name = name
+        self.src = _Source()
+        self.nodes = stage.nodes
+        self.space = stage.space
+        self.leaves = self._unique([n for n in self.nodes if n.op is Op.INPUT])
+        self.scalars = self._unique([n for n in self.nodes if n.op in (Op.SCALAR, Op.COUNT)])
+        self.consts: dict[str, str] = {}
+        self.names: dict[str, str] = {n.key: f"in{i}" for i, n in enumerate(self.leaves)}
+        self.names.update({n.key: f"s{i}" for i, n in enumerate(self.scalars)})
+        self.outputs = stage.outputs
+        self.reductions = [r for level in stage.levels for r in level]
+        self.counter = 0
+
+    @staticmethod
+    def _unique(nodes):
+        seen, out = set(), []
+        for n in nodes:
+            if n.key not in seen:
+                seen.add(n.key)
+                out.append(n)
+        return out
+
+    # naming -------------------------------------------------------------------------------
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def out_name(self, i: int) -> str:
+        return f"out{i}"
+
+    # params -------------------------------------------------------------------------------
+    def params(self) -> list[str]:
+        names = [f"in{i}" for i in range(len(self.leaves))]
+        names += [self.out_name(i) for i in range(len(self.outputs))]
+        if self.v.kind == "full":
+            for i, r in enumerate(self.reductions):
+                names.append(f"part{i}")
+                if r.op in ir.INDEX_REDUCE:
+                    names.append(f"parti{i}")
+            names.append("ticket")
+        names += [f"s{i}" for i in range(len(self.scalars))]
+        names += [f"dk{i}" for i in range(self.v.kept_rank)]
+        names += [f"dr{i}" for i in range(self.v.red_rank)]
+        return names
+
+    # values -------------------------------------------------------------------------------
+    def const_expr(self, n: Node) -> str:
+        name = self.consts.get(n.key)
+        if name is None:
+            name = f"C{len(self.consts)}"
+            self.consts[n.key] = name
+            self.const_values[name] = n.arg
+        return f"{TYPE_NAMES[compute_dtype(n.dtype)]}({name})" if not n.weak else name
+
+    def value(self, n: Node, env: dict, load) -> str:
+        """Expression for ``n`` in ``env`` (emitting statements for F/row nodes as needed)."""
+        got = env.get(n.key)
+        if got is not None:
+            return got
+        if n.op is Op.CONST:
+            expr = self.const_expr(n)
+            env[n.key] = expr
+            return expr
+        if n.op in (Op.SCALAR, Op.COUNT):
+            return self.names[n.key]
+        if n.op is Op.INPUT:
+            var = self.fresh("v")
+            loaded = load(n)
+            if n.dtype == np.dtype(np.float16):
+                loaded = f"float32({loaded})"
+            self.src(f"{var} = {loaded}")
+            env[n.key] = var
+            return var
+        if n.op in ir.REDUCE:
+            raise AssertionError("reduction results are set when their pass ends")
+        args = [self.value(s, env, load) for s in n.srcs]
+        var = self.fresh("t")
+        self.src(f"{var} = {emit_elementwise(n, args)}")
+        env[n.key] = var
+        return var
+
+    # templates ----------------------------------------------------------------------------
+    def write(self) -> tuple[str, list[str], list[str]]:
+        self.const_values: dict[str, object] = {}
+        body = _Source()
+        self.src = body
+        self.cached: list[str] = []
+        with body.block():
+            getattr(self, f"write_{self.v.kind}")()
+        head = _Source()
+        chain = ", ".join(n.op.name.lower() for n in self.nodes if n.op not in ir.LEAF)
+        head(f"# tessera_tile fused kernel: {chain}")
+        head(f"# stage: {self.v.kind}, variant: {self.v}")
+        for name, value in self.const_values.items():
+            head(f"{name} = {value!r}")
+        head("")
+        head("")
+        head("@cuda.jit")
+        head(f"def {self.name}({', '.join(self.params())}):")
+        return head.text() + body.text(), self.params(), self.cached
+
+    # index helpers
+    def unravel(self, linear: str, dims: list[str], prefix: str) -> list[str]:
+        """Statements splitting ``linear`` into coordinates over ``dims`` (C order)."""
+        if len(dims) == 1:
+            return [f"{prefix}0 = {linear}"]
+        out = [f"{prefix}rem = {linear}"]
+        for i in range(len(dims) - 1, 0, -1):
+            out.append(f"{prefix}{i} = {prefix}rem % {dims[i]}")
+            out.append(f"{prefix}rem = {prefix}rem // {dims[i]}")
+        out.append(f"{prefix}0 = {prefix}rem")
+        return out
+
+    def index(self, kept: bool, red: bool) -> str:
+        if kept and not red and self.v.kept_rank == 0:
+            return "0"  # the one element of a full reduction's output
+        parts = []
+        if kept:
+            parts += [f"k{i}" for i in range(self.v.kept_rank)]
+        if red:
+            parts += [f"j{i}" for i in range(self.v.red_rank)]
+        return ", ".join(parts)
+
+    def loader(self, cache_reads: set):
+        def load(n: Node) -> str:
+            name = self.names[n.key]
+            if n.key in cache_reads:
+                return f"cache_{name}[{self.cache_index}]"
+            return f"{name}[{self.index(True, True)}]"
+
+        return load
+
+    def write_elementwise(self) -> None:
+        s = self.src
+        dims = [f"dk{i}" for i in range(self.v.kept_rank)]
+        s("i = cuda.grid(1)")
+        s("step = cuda.gridsize(1)")
+        s(f"n = {' * '.join(dims)}")
+        s("while i < n:")
+        with s.block():
+            for line in self.unravel("i", dims, "k"):
+                s(line)
+            env: dict = {}
+            load = self.loader(set())
+            for i, (n, _) in enumerate(self.outputs):
+                val = self.value(n, env, load)
+                s(f"{self.out_name(i)}[{self.index(True, False)}] = {self._store_cast(n, val)}")
+            s("i += step")
+
+    @staticmethod
+    def _store_cast(n: Node, val: str) -> str:
+        if n.dtype == np.dtype(np.float16):
+            return f"float16({val})"
+        return val
+
+    # passes shared by row / column / full ----------------------------------------------------
+    def write_reduce_body(self, group_reduce, group_lead, red_index_setup):
+        """Row and column templates: passes over the reduced index of one kept index."""
+        s = self.src
+        passes = plan_passes(self.stage)
+        cache = {n.key for n in multi_pass_leaves(self.stage)} if self.v.cache else set()
+        self.cached = sorted(cache)
+        seen: set = set()
+        row_env: dict = {}
+        for targets, reds, outs in passes:
+            accs = []
+            for r in reds:
+                a = self.fresh("acc")
+                ai = a + "i" if r.op in ir.INDEX_REDUCE else ""
+                s(f"{a} = {identity(r)}")
+                if ai:
+                    s(f"{ai} = int64(9223372036854775807)")
+                accs.append((r, a, ai))
+            first = {k for k in pass_leaves(targets) if k in cache and k not in seen}
+            reads = {k for k in pass_leaves(targets) if k in cache and k in seen}
+            seen |= pass_leaves(targets)
+            for line in red_index_setup():
+                s(line)
+            s("while j < nred:")
+            with s.block():
+                for line in self.unravel("j", [f"dr{i}" for i in range(self.v.red_rank)], "j"):
+                    s(line)
+                env = dict(row_env)
+                load = self.loader(reads)
+                for key in sorted(first):
+                    leaf = next(n for n in self.leaves if n.key == key)
+                    var = self.value(leaf, env, load)
+                    s(f"cache_{self.names[key]}[{self.cache_index}] = {var}")
+                for r, a, ai in accs:
+                    val = element_value(r, self.value(r.srcs[0], env, load))
+                    for line in combine(r, a, val, ai, "j"):
+                        s(line)
+                for i, n in outs:
+                    val = self.value(n, env, load)
+                    s(f"out{i}[{self.index(True, True)}] = {self._store_cast(n, val)}")
+                s("j += jstep")
+            for r, a, ai in accs:
+                for line in group_reduce(r, a, ai):
+                    s(line)
+                row_env[r.key] = self.fresh("r")
+                s(f"{row_env[r.key]} = {final_value(r, a, ai)}")
+            # row-space values that are now computable
+            self.emit_row_values(row_env)
+        lead = group_lead()
+        row_outs = [(i, n) for i, (n, _) in enumerate(self.outputs) if self.space[id(n)] == "row"]
+        if row_outs:
+            s(f"if {lead}:")
+            with s.block():
+                for i, n in row_outs:
+                    val = self.value(n, row_env, self.loader(set()))
+                    s(f"out{i}[{self.index(True, False)}] = {self._store_cast(n, val)}")
+
+    def emit_row_values(self, env: dict) -> None:
+        """Compute, once per row, every row-space value whose operands are now known."""
+        for n in self.nodes:
+            if n.key in env or self.space[id(n)] != "row" or n.op in ir.REDUCE:
+                continue
+            if all(s.key in env or self.space[id(s)] == "const" for s in n.srcs):
+                self.value(n, env, self.loader(set()))
+
+    # row template ---------------------------------------------------------------------------
+    def write_row(self) -> None:
+        s = self.src
+        warp = self.v.mode == "warp"
+        kept = [f"dk{i}" for i in range(self.v.kept_rank)]
+        s(f"nred = {' * '.join(f'dr{i}' for i in range(self.v.red_rank))}")
+        s(f"nkept = {' * '.join(kept)}")
+        if warp:
+            s("lane = cuda.threadIdx.x & 31")
+            s("group = cuda.threadIdx.x >> 5")
+            s("groups = cuda.blockDim.x >> 5")
+            s("jstep = 32")
+            self.cache_index = "group, j"
+            rows_per_block = BLOCK // WARP
+        else:
+            s("lane = cuda.threadIdx.x")
+            s("group = 0")
+            s("groups = 1")
+            s("jstep = cuda.blockDim.x")
+            s(f"scratch = cuda.shared.array({WARP}, {{acc}})")  # filled below
+            self.cache_index = "j"
+            rows_per_block = 1
+        self._declare_caches(rows_per_block)
+        s("row = cuda.blockIdx.x * groups + group")
+        s("while row < nkept:")
+        with s.block():
+            for line in self.unravel("row", kept, "k"):
+                s(line)
+
+            def setup():
+                return ["j = lane"]
+
+            def reduce(r, a, ai):
+                lines = self.warp_allreduce(r, a, ai)
+                if not warp:
+                    lines += self.block_combine(r, a, ai)
+                return lines
+
+            self.write_reduce_body(reduce, lambda: "lane == 0", setup)
+            s("row += cuda.gridDim.x * groups")
+        self._fix_scratch()
+
+    def _declare_caches(self, groups: int) -> None:
+        if not self.v.cache:
+            return
+        self._cache_decl_at = len(self.src.lines)
+        self._cache_groups = groups
+
+    def _fix_scratch(self) -> None:
+        """Declare the shared scratch and the row caches now that the body is known."""
+        lines = self.src.lines
+        accs = [acc_dtype(r) for r in self.reductions] or [np.dtype(np.float32)]
+        widest = max(accs, key=lambda d: d.itemsize)
+        for i, line in enumerate(lines):
+            if "scratch = cuda.shared.array" in line and "{acc}" in line:
+                lines[i] = line.replace("{acc}", TYPE_NAMES[widest])
+                if any(r.op in ir.INDEX_REDUCE for r in self.reductions):
+                    lines.insert(i + 1, line.split("scratch")[0] + "scratchi = cuda.shared.array"
+                                 f"({WARP}, int64)")  # fmt: skip
+                break
+        if self.v.cache and self.cached:
+            leaves = [n for n in self.leaves if n.key in self.cached]
+            length = cache_length(self.stage, self._cache_groups)
+            indent = "    "
+            decl = []
+            for n in leaves:
+                shape = (
+                    f"({self._cache_groups}, {length})" if self.v.mode == "warp" else str(length)
+                )
+                decl.append(
+                    f"{indent}cache_{self.names[n.key]} = cuda.shared.array({shape}, "
+                    f"{TYPE_NAMES[np.dtype(n.dtype)] if n.dtype != np.float16 else 'float16'})"
+                )
+            lines[self._cache_decl_at : self._cache_decl_at] = decl
+            self.cache_length = length
+
+    def warp_allreduce(self, r: Node, a: str, ai: str) -> list[str]:
+        """Xor butterfly over the 32 lanes of a warp: every lane gets the result."""
+        out = ["off = 16", "while off > 0:"]
+        b = a + "_o"
+        out.append(f"    {b} = cuda.shfl_xor_sync(0xFFFFFFFF, {a}, off)")
+        if ai:
+            out.append(f"    {b}i = cuda.shfl_xor_sync(0xFFFFFFFF, {ai}, off)")
+        out += ["    " + line for line in combine(r, a, b, ai, b + "i" if ai else "")]
+        out.append("    off >>= 1")
+        return out
+
+    def block_combine(self, r: Node, a: str, ai: str) -> list[str]:
+        """Lane 0 of each warp publishes; every thread folds the partials in warp order."""
+        out = [
+            "if (cuda.threadIdx.x & 31) == 0:",
+            f"    scratch[cuda.threadIdx.x >> 5] = {a}",
+        ]
+        if ai:
+            out.append(f"    scratchi[cuda.threadIdx.x >> 5] = {ai}")
+        out.append("cuda.syncthreads()")
+        t = TYPE_NAMES[acc_dtype(r)]
+        out.append(f"{a} = {t}(scratch[0])")
+        if ai:
+            out.append(f"{ai} = scratchi[0]")
+        out += ["w = 1", "while w < (cuda.blockDim.x + 31) >> 5:"]
+        out.append(f"    {a}_w = {t}(scratch[w])")
+        if ai:
+            out.append(f"    {a}_wi = scratchi[w]")
+        out += ["    " + line for line in combine(r, a, f"{a}_w", ai, f"{a}_wi" if ai else "")]
+        out += ["    w += 1", "cuda.syncthreads()"]
+        return out
+
+    # column template ------------------------------------------------------------------------
+    def write_column(self) -> None:
+        s = self.src
+        kept = [f"dk{i}" for i in range(self.v.kept_rank)]
+        s(f"nred = {' * '.join(f'dr{i}' for i in range(self.v.red_rank))}")
+        s(f"nkept = {' * '.join(kept)}")
+        s(f"scratch = cuda.shared.array(({COLUMN_BLOCK[1]}, {COLUMN_BLOCK[0]}), {{acc}})")
+        s("tx = cuda.threadIdx.x")
+        s("ty = cuda.threadIdx.y")
+        s("jstep = cuda.blockDim.y")
+        s("base = cuda.blockIdx.x * cuda.blockDim.x")
+        s("while base < nkept:")
+        with s.block():
+            s("row = base + tx")
+            s("active = row < nkept")
+            s("if not active:")
+            s("    row = nkept - 1")
+            for line in self.unravel("row", kept, "k"):
+                s(line)
+
+            def setup():
+                return ["j = ty if active else nred"]
+
+            def reduce(r, a, ai):
+                return self.column_combine(r, a, ai)
+
+            self.write_reduce_body(reduce, lambda: "active and ty == 0", setup)
+            s("base += cuda.gridDim.x * cuda.blockDim.x")
+        self._fix_scratch_column()
+
+    def _fix_scratch_column(self) -> None:
+        lines = self.src.lines
+        accs = [acc_dtype(r) for r in self.reductions] or [np.dtype(np.float32)]
+        widest = max(accs, key=lambda d: d.itemsize)
+        for i, line in enumerate(lines):
+            if "scratch = cuda.shared.array" in line and "{acc}" in line:
+                lines[i] = line.replace("{acc}", TYPE_NAMES[widest])
+                if any(r.op in ir.INDEX_REDUCE for r in self.reductions):
+                    lines.insert(
+                        i + 1,
+                        line.split("scratch")[0] + "scratchi = cuda.shared.array"
+                        f"(({COLUMN_BLOCK[1]}, {COLUMN_BLOCK[0]}), int64)",
+                    )
+                break
+
+    def column_combine(self, r: Node, a: str, ai: str) -> list[str]:
+        t = TYPE_NAMES[acc_dtype(r)]
+        out = [f"scratch[ty, tx] = {a}"]
+        if ai:
+            out.append(f"scratchi[ty, tx] = {ai}")
+        out += ["cuda.syncthreads()", f"{a} = {t}(scratch[0, tx])"]
+        if ai:
+            out.append(f"{ai} = scratchi[0, tx]")
+        out += ["w = 1", "while w < cuda.blockDim.y:", f"    {a}_w = {t}(scratch[w, tx])"]
+        if ai:
+            out.append(f"    {a}_wi = scratchi[w, tx]")
+        out += ["    " + line for line in combine(r, a, f"{a}_w", ai, f"{a}_wi" if ai else "")]
+        out += ["    w += 1", "cuda.syncthreads()"]
+        return out
+
+    # full template --------------------------------------------------------------------------
+    def write_full(self) -> None:
+        s = self.src
+        red = [f"dr{i}" for i in range(self.v.red_rank)]
+        s(f"nred = {' * '.join(red)}")
+        s(f"scratch = cuda.shared.array({WARP}, {{acc}})")
+        for i in range(self.v.kept_rank):
+            s(f"k{i} = 0")
+        passes = plan_passes(self.stage)
+        assert len(passes) <= 1 or not passes[1][1], "full stages have one reduction level"
+        targets, reds, outs = passes[0] if passes else ([], [], [])
+        accs = []
+        for r in reds:
+            a = self.fresh("acc")
+            ai = a + "i" if r.op in ir.INDEX_REDUCE else ""
+            s(f"{a} = {identity(r)}")
+            if ai:
+                s(f"{ai} = int64(9223372036854775807)")
+            accs.append((r, a, ai))
+        s("j = cuda.grid(1)")
+        s("jstep = cuda.gridsize(1)")
+        s("while j < nred:")
+        with s.block():
+            for line in self.unravel("j", red, "j"):
+                s(line)
+            env: dict = {}
+            load = self.loader(set())
+            for r, a, ai in accs:
+                val = element_value(r, self.value(r.srcs[0], env, load))
+                for line in combine(r, a, val, ai, "j"):
+                    s(line)
+            for i, n in outs:
+                val = self.value(n, env, load)
+                s(f"out{i}[{self.index(True, True)}] = {self._store_cast(n, val)}")
+            s("j += jstep")
+        for ri, (r, a, ai) in enumerate(accs):
+            for line in self.warp_allreduce(r, a, ai) + self.block_combine(r, a, ai):
+                s(line)
+            s("if cuda.threadIdx.x == 0:")
+            s(f"    part{ri}[cuda.blockIdx.x] = {a}")
+            if ai:
+                s(f"    parti{ri}[cuda.blockIdx.x] = {ai}")
+        row_outs = [(i, n) for i, (n, _) in enumerate(self.outputs) if self.space[id(n)] == "row"]
+        if not accs:
+            self._fix_scratch()
+            return
+        s("if cuda.threadIdx.x == 0:")
+        with s.block():
+            s("cuda.threadfence()")
+            s("done = cuda.atomic.add(ticket, 0, 1)")
+            s("if done == cuda.gridDim.x - 1:")
+            with s.block():
+                row_env: dict = {}
+                for ri, (r, a, ai) in enumerate(accs):
+                    t = TYPE_NAMES[acc_dtype(r)]
+                    s(f"{a} = {t}(part{ri}[0])")
+                    if ai:
+                        s(f"{ai} = parti{ri}[0]")
+                    s("b = 1")
+                    s("while b < cuda.gridDim.x:")
+                    s(f"    {a}_b = {t}(part{ri}[b])")
+                    if ai:
+                        s(f"    {a}_bi = parti{ri}[b]")
+                    for line in combine(r, a, f"{a}_b", ai, f"{a}_bi" if ai else ""):
+                        s("    " + line)
+                    s("    b += 1")
+                    row_env[r.key] = self.fresh("r")
+                    s(f"{row_env[r.key]} = {final_value(r, a, ai)}")
+                for i, n in row_outs:
+                    val = self.value(n, row_env, self.loader(set()))
+                    s(f"out{i}[{self.index(True, False)}] = {self._store_cast(n, val)}")
+                s("ticket[0] = 0")
+        self._fix_scratch()
+
+
+# --------------------------------------------------------------------------------------------
+# compile and cache
+
+
+class KernelCache:
+    """Compiled kernels by (stage fingerprint, variant, target); counts hits and misses."""
+
+    def __init__(self):
+        self._kernels: dict = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, stage: Stage, variant: Variant) -> Generated:
+        key = (stage.key, variant, "sim" if device.SIMULATED else "cuda")
+        with self._lock:
+            got = self._kernels.get(key)
+            if got is not None:
+                self.hits += 1
+                return got
+            self.misses += 1
+            got = generate(stage, variant)
+            self._kernels[key] = got
+            return got
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kernels.clear()
+            self.hits = self.misses = 0
+
+
+def kernel_name(stage: Stage, variant: Variant) -> str:
+    ops = [n.op.name.lower() for n in stage.nodes if n.op not in ir.LEAF]
+    head = "_".join(dict.fromkeys(ops))[:40] or "copy"
+    digest = hashlib.blake2b(f"{stage.key}{variant}".encode(), digest_size=4).hexdigest()
+    return f"fused_{variant.kind}_{head}_{digest}"
+
+
+def generate(stage: Stage, variant: Variant) -> Generated:
+    """Source and compiled (lazy) kernel of one stage variant."""
+    from numba import cuda, types
+
+    name = kernel_name(stage, variant)
+    writer = KernelWriter(stage, variant, name)
+    source, params, cached = writer.write()
+    filename = f"<tessera_tile generated {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    if os.environ.get("TESSERA_TILE_DUMP"):
+        print(source)
+    namespace = {
+        "cuda": cuda,
+        "np": np,
+        "inf": float("inf"),
+        "boolean": types.boolean,
+        "int32": types.int32,
+        "int64": types.int64,
+        "float16": types.float16,
+        "float32": types.float32,
+        "float64": types.float64,
+        "max_nan": device.max_nan,
+        "min_nan": device.min_nan,
+        "floordiv_int": device.floordiv_int,
+        "floordiv_float": device.floordiv_float,
+        "mod_int": device.mod_int,
+        "mod_float": device.mod_float,
+        "pow_int": device.pow_int,
+        **device.MATH,
+    }
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
+    return Generated(name, source, namespace[name], params, cached)

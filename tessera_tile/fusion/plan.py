@@ -1,0 +1,288 @@
+"""Planning: split a traced graph into as few kernels (stages) as the data allows.
+
+Every stage iterates one index space F (a broadcast shape) and reduces over one axis set R:
+
+* ``elementwise``: R is empty; one flat grid-stride loop over F;
+* ``row``: R holds F's fastest axis; a warp or a block per kept index ("row"), a loop over R;
+* ``column``: R lies before F's fastest axis; a thread per kept index, coalesced, the loop over R
+  split across the block's y dimension;
+* ``full``: R holds every axis; two-stage, one launch: blocks reduce chunks, the last block to
+  finish combines the partials in block order (deterministic).
+
+A reduction whose result is combined with F-space values again (softmax, layer norm) stays in
+the same stage: the stage makes several passes over each row, one per dependency level of its
+reductions, and keeps the row on chip between passes when it fits. A value that cannot be
+computed inside a stage (a reduction over other axes, a full reduction broadcast back, an output
+of another shape) is materialized by an earlier stage into a temporary array; each such split is
+recorded with its reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import tile_ir as ir
+from ..tile_ir import Node, Op
+
+
+@dataclass
+class Stage:
+    """One kernel launch."""
+
+    kind: str  # "elementwise", "row", "column" or "full"
+    shape: tuple[int, ...]  # F at trace time (ranks and size-1 pattern hold for every call)
+    axes: tuple[int, ...]  # R
+    outputs: list[tuple[Node, object]]  # (node, destination): ("out", k) or ("temp", k)
+    levels: list[list[Node]] = field(default_factory=list)  # reductions per pass
+    space: dict[int, str] = field(default_factory=dict)  # id(node) -> "F", "row" or "const"
+
+    @property
+    def nodes(self) -> list[Node]:
+        return ir.walk([n for n, _ in self.outputs])
+
+    @property
+    def leaves(self) -> list[Node]:
+        return [n for n in self.nodes if n.op is Op.INPUT]
+
+    @property
+    def key(self) -> str:
+        return ir.fingerprint([n for n, _ in self.outputs])
+
+
+@dataclass
+class Plan:
+    stages: list[Stage]
+    temps: dict[int, Node]  # temp id -> the original node it holds
+    reasons: list[str]
+
+
+def _is_reduce(n: Node) -> bool:
+    return n.op in ir.REDUCE
+
+
+def _padded(shape, ndim) -> tuple[int, ...]:
+    return (1,) * (ndim - len(shape)) + tuple(shape)
+
+
+class _Planner:
+    def __init__(self):
+        self.stages: list[Stage] = []
+        self.temps: dict[int, Node] = {}
+        self.reasons: list[str] = []
+        self.materialized: dict[str, Node] = {}  # node key -> temp leaf
+
+    # graph rewriting ------------------------------------------------------------------------
+    def substitute(self, node: Node, memo: dict) -> Node:
+        """``node`` with every materialized sub-value replaced by its temp leaf."""
+        got = memo.get(id(node))
+        if got is not None:
+            return got
+        if node.key in self.materialized:
+            out = self.materialized[node.key]
+        elif not node.srcs:
+            out = node
+        else:
+            srcs = tuple(self.substitute(s, memo) for s in node.srcs)
+            if all(a is b for a, b in zip(srcs, node.srcs, strict=True)):
+                out = node
+            else:
+                out = Node(node.op, node.dtype, srcs, node.arg, node.shape, node.weak)
+        memo[id(node)] = out
+        return out
+
+    def materialize(self, node: Node, reason: str) -> None:
+        """Plan ``node`` as the output of earlier stages and use it as a temp input here."""
+        if node.key in self.materialized:
+            return
+        tid = len(self.temps)
+        self.temps[tid] = node
+        self.plan_group([(node, ("temp", tid))])
+        self.materialized[node.key] = Node(
+            Op.INPUT, node.dtype, arg=("temp", tid), shape=node.shape
+        )
+        self.reasons.append(reason)
+
+    # classification -----------------------------------------------------------------------
+    @staticmethod
+    def spaces(nodes) -> dict[int, str]:
+        space: dict[int, str] = {}
+        for n in nodes:
+            if n.op is Op.INPUT:
+                space[id(n)] = "F"
+            elif n.op in ir.LEAF:
+                space[id(n)] = "const"
+            elif _is_reduce(n):
+                space[id(n)] = "row"
+            else:
+                kinds = {space[id(s)] for s in n.srcs}
+                space[id(n)] = "F" if "F" in kinds else "row" if "row" in kinds else "const"
+        return space
+
+    def plan_group(self, outputs: list[tuple[Node, object]]) -> None:
+        while True:
+            memo: dict = {}
+            outputs = [(self.substitute(n, memo), d) for n, d in outputs]
+            nodes = ir.walk([n for n, _ in outputs])
+            space = self.spaces(nodes)
+            problem = self.find_problem(outputs, nodes, space)
+            if problem is None:
+                break
+            kind, node, reason = problem
+            if kind == "materialize":
+                self.materialize(node, reason)
+            else:  # an output planned on its own
+                outputs = [(n, d) for n, d in outputs if n is not node]
+                self.plan_group([(node, kind)])
+                self.reasons.append(reason)
+                if not outputs:
+                    return
+        self.stages.append(self.make_stage(outputs, nodes, space))
+
+    def find_problem(self, outputs, nodes, space):
+        """The first thing that keeps this group from being one stage, or None."""
+        reductions = [n for n in nodes if _is_reduce(n)]
+        for r in reductions:
+            if space[id(r.srcs[0])] != "F":
+                return (
+                    "materialize",
+                    r.srcs[0],
+                    f"{r.op.name.lower()} reduces a value that is itself reduced: "
+                    "the inner reduction runs in an earlier kernel",
+                )
+        f_shape, axes = self.index_space(outputs, nodes, space)
+        for r in reductions:
+            r_axes = r.arg[0]
+            if tuple(r.srcs[0].shape) != f_shape or tuple(r_axes) != axes:
+                return (
+                    "materialize",
+                    r,
+                    f"{r.op.name.lower()} over axes {list(r_axes)} of shape "
+                    f"{tuple(r.srcs[0].shape)} differs from the main reduction (axes "
+                    f"{list(axes)} of {f_shape}): it runs in an earlier kernel",
+                )
+        ndim = len(f_shape)
+        keep_shape = ir.reduced_shape(f_shape, axes, True)
+        full = all(f_shape[a] == 1 or a in axes for a in range(ndim)) and bool(axes)
+        for n in nodes:
+            if space[id(n)] != "F" or _is_reduce(n):
+                continue
+            if ir.broadcast_shapes(n.shape, f_shape) != f_shape:
+                return (
+                    "materialize",
+                    n,
+                    f"a value of shape {n.shape} is larger than the kernel's index space",
+                )
+            for s in n.srcs:
+                if space[id(s)] != "row":
+                    continue
+                if full:
+                    return (
+                        "materialize",
+                        s,
+                        "a full reduction is broadcast back over the array: that needs a "
+                        "grid-wide barrier, so the reduction runs in an earlier kernel",
+                    )
+                padded = _padded(s.shape, ndim)
+                if any(p != 1 and p != k for p, k in zip(padded, keep_shape, strict=True)):
+                    return (
+                        "materialize",
+                        s,
+                        f"a reduced value of shape {s.shape} broadcasts along other axes than "
+                        "it was reduced over: it runs in an earlier kernel",
+                    )
+        kept = int(np.prod(keep_shape))
+        for n, dest in outputs:
+            sp = space[id(n)]
+            if sp == "const":
+                raise TypeError("a result of the fused function does not depend on any array")
+            if sp == "F" and tuple(n.shape) != f_shape:
+                return (dest, n, f"an output of shape {n.shape} gets a kernel of its own")
+            if sp == "row" and int(np.prod(n.shape)) != kept:
+                return (dest, n, f"an output of shape {n.shape} gets a kernel of its own")
+        return None
+
+    @staticmethod
+    def index_space(outputs, nodes, space):
+        """(F, R): the main reduction's source shape and axes, else the outputs' shape."""
+        for n in nodes:
+            if _is_reduce(n) and space[id(n.srcs[0])] == "F":
+                return tuple(n.srcs[0].shape), tuple(n.arg[0])
+        f_outputs = [n.shape for n, _ in outputs if space[id(n)] == "F"]
+        return (tuple(f_outputs[0]) if f_outputs else ()), ()
+
+    def make_stage(self, outputs, nodes, space) -> Stage:
+        f_shape, axes = self.index_space(outputs, nodes, space)
+        ndim = len(f_shape)
+        effective = [a for a in range(ndim) if f_shape[a] != 1]
+        if not axes:
+            kind = "elementwise"
+        elif all(a in axes for a in effective):
+            kind = "full"
+        elif effective and effective[-1] in axes:
+            kind = "row"
+        else:
+            kind = "column"
+        level: dict[int, int] = {}
+        for n in nodes:
+            deps = [level[id(s)] for s in n.srcs]
+            base = max(deps, default=0)
+            level[id(n)] = base + 1 if _is_reduce(n) else base
+        reductions = [n for n in nodes if _is_reduce(n)]
+        depth = max((level[id(r)] for r in reductions), default=0)
+        levels = [[r for r in reductions if level[id(r)] == k + 1] for k in range(depth)]
+        return Stage(kind, f_shape, axes, outputs, levels, space)
+
+
+def plan(trace) -> Plan:
+    """Stages for a trace, in launch order."""
+    planner = _Planner()
+    planner.plan_group([(n, ("out", k)) for k, n in enumerate(trace.outputs)])
+    return Plan(planner.stages, planner.temps, planner.reasons)
+
+
+# --------------------------------------------------------------------------------------------
+# shapes at call time
+
+
+def propagate_shapes(nodes, input_shapes, shapes: dict[str, tuple] | None = None) -> dict:
+    """Shapes, by node key, of ``nodes`` (sources first) for these input shapes.
+
+    Runs at every call (no tracing, no code generation). ``input_shapes`` maps an INPUT's
+    ``arg`` (a position, or ``("temp", k)``) to its shape. Raises NumPy's errors: shapes that
+    do not broadcast, max of an empty axis.
+    """
+    shapes = {} if shapes is None else shapes
+    for n in nodes:
+        if n.key in shapes:
+            continue
+        if n.op is Op.INPUT:
+            shapes[n.key] = tuple(input_shapes[n.arg])
+        elif n.op in ir.LEAF:
+            shapes[n.key] = ()
+        elif _is_reduce(n):
+            src = shapes[n.srcs[0].key]
+            axes, keepdims, flat = n.arg
+            if n.op in (Op.MAX, Op.MIN, Op.ARGMAX, Op.ARGMIN) and any(src[a] == 0 for a in axes):
+                raise ValueError(
+                    f"zero-size array to reduction operation {n.op.name.lower()} which has "
+                    "no identity"
+                )
+            if flat:
+                shapes[n.key] = (1,) * len(src) if keepdims else ()
+            else:
+                shapes[n.key] = ir.reduced_shape(src, axes, keepdims)
+        else:
+            shapes[n.key] = ir.broadcast_shapes(*(shapes[s.key] for s in n.srcs))
+    return shapes
+
+
+def count_values(trace, shapes) -> dict[tuple, int]:
+    """Values of the COUNT leaves (elements per mean), by their ``arg``."""
+    out = {}
+    for n in trace.nodes:
+        if n.op is Op.COUNT:
+            src, axes = trace.counts[id(n)]
+            out[n.arg] = int(np.prod([shapes[src.key][a] for a in axes], dtype=np.int64))
+    return out

@@ -1,0 +1,378 @@
+"""Tile IR: the small graph language the fusion composer traces functions into.
+
+One ``Op`` enum with groups, one frozen node type, dtype inference and broadcasting in one place
+each, a structural fingerprint, and validation kept apart from construction.
+
+Dtypes follow NumPy 2 exactly because they are inferred by NumPy itself: ``infer_dtype`` applies
+the NumPy function of an op to tiny arrays of the operand dtypes (Python scalars stay Python
+scalars, so they are weak, as in NumPy 2).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+import numpy as np
+
+SUPPORTED_DTYPES = tuple(
+    np.dtype(d) for d in ("bool", "int32", "int64", "float16", "float32", "float64")
+)
+
+
+class Op(Enum):
+    # leaves
+    INPUT = auto()  # arg: input position
+    CONST = auto()  # arg: a Python scalar baked into the kernel
+    SCALAR = auto()  # arg: input position of a scalar passed at run time
+    COUNT = auto()  # arg: (source key, axes); how many elements a reduction sums (for means)
+    # elementwise, one operand
+    NEG = auto()
+    ABS = auto()
+    INVERT = auto()
+    EXP = auto()
+    EXP2 = auto()
+    LOG = auto()
+    LOG2 = auto()
+    LOG1P = auto()
+    EXPM1 = auto()
+    SQRT = auto()
+    RSQRT = auto()
+    SIN = auto()
+    COS = auto()
+    TANH = auto()
+    ERF = auto()
+    SIGMOID = auto()
+    FLOOR = auto()
+    CEIL = auto()
+    SQUARE = auto()
+    RELU = auto()
+    GELU = auto()
+    GELU_TANH = auto()
+    SILU = auto()
+    ISNAN = auto()
+    ISINF = auto()
+    ISFINITE = auto()
+    CAST = auto()  # arg: target dtype
+    # elementwise, two operands
+    ADD = auto()
+    SUB = auto()
+    MUL = auto()
+    TRUEDIV = auto()
+    FLOORDIV = auto()
+    MOD = auto()
+    POW = auto()
+    MAXIMUM = auto()
+    MINIMUM = auto()
+    LT = auto()
+    LE = auto()
+    GT = auto()
+    GE = auto()
+    EQ = auto()
+    NE = auto()
+    AND = auto()
+    OR = auto()
+    XOR = auto()
+    # elementwise, three operands
+    WHERE = auto()
+    # reductions; arg: (axes, keepdims) with axes a sorted tuple of non-negative ints
+    SUM = auto()
+    PROD = auto()
+    MAX = auto()
+    MIN = auto()
+    ARGMAX = auto()
+    ARGMIN = auto()
+    ANY = auto()
+    ALL = auto()
+
+
+LEAF = frozenset({Op.INPUT, Op.CONST, Op.SCALAR, Op.COUNT})
+UNARY = frozenset(
+    {
+        Op.NEG, Op.ABS, Op.INVERT, Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.LOG1P, Op.EXPM1,
+        Op.SQRT, Op.RSQRT, Op.SIN, Op.COS, Op.TANH, Op.ERF, Op.SIGMOID, Op.FLOOR, Op.CEIL,
+        Op.SQUARE, Op.RELU, Op.GELU, Op.GELU_TANH, Op.SILU, Op.ISNAN, Op.ISINF, Op.ISFINITE,
+        Op.CAST,
+    }
+)  # fmt: skip
+BINARY = frozenset(
+    {
+        Op.ADD, Op.SUB, Op.MUL, Op.TRUEDIV, Op.FLOORDIV, Op.MOD, Op.POW, Op.MAXIMUM,
+        Op.MINIMUM, Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE, Op.AND, Op.OR, Op.XOR,
+    }
+)  # fmt: skip
+TERNARY = frozenset({Op.WHERE})
+ELEMENTWISE = UNARY | BINARY | TERNARY
+REDUCE = frozenset({Op.SUM, Op.PROD, Op.MAX, Op.MIN, Op.ARGMAX, Op.ARGMIN, Op.ANY, Op.ALL})
+INDEX_REDUCE = frozenset({Op.ARGMAX, Op.ARGMIN})
+
+
+def _erf(x):
+    import math
+
+    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + _erf(x / np.sqrt(x.dtype.type(2.0))))
+
+
+def _gelu_tanh(x):
+    c = np.sqrt(2.0 / np.pi)
+    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x**3)))
+
+
+# The NumPy meaning of every op: the reference for dtype inference and for tests.
+NUMPY: dict[Op, object] = {
+    Op.NEG: np.negative, Op.ABS: np.absolute, Op.INVERT: np.invert, Op.EXP: np.exp,
+    Op.EXP2: np.exp2, Op.LOG: np.log, Op.LOG2: np.log2, Op.LOG1P: np.log1p,
+    Op.EXPM1: np.expm1, Op.SQRT: np.sqrt, Op.RSQRT: lambda x: 1 / np.sqrt(x), Op.SIN: np.sin,
+    Op.COS: np.cos, Op.TANH: np.tanh, Op.ERF: _erf, Op.SIGMOID: _sigmoid, Op.FLOOR: np.floor,
+    Op.CEIL: np.ceil, Op.SQUARE: np.square, Op.RELU: lambda x: np.maximum(x, x.dtype.type(0)),
+    Op.GELU: _gelu, Op.GELU_TANH: _gelu_tanh, Op.SILU: lambda x: x * _sigmoid(x),
+    Op.ISNAN: np.isnan, Op.ISINF: np.isinf, Op.ISFINITE: np.isfinite,
+    Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.TRUEDIV: np.true_divide,
+    Op.FLOORDIV: np.floor_divide, Op.MOD: np.remainder, Op.POW: np.power,
+    Op.MAXIMUM: np.maximum, Op.MINIMUM: np.minimum, Op.LT: np.less, Op.LE: np.less_equal,
+    Op.GT: np.greater, Op.GE: np.greater_equal, Op.EQ: np.equal, Op.NE: np.not_equal,
+    Op.AND: np.bitwise_and, Op.OR: np.bitwise_or, Op.XOR: np.bitwise_xor, Op.WHERE: np.where,
+    Op.SUM: np.sum, Op.PROD: np.prod, Op.MAX: np.max, Op.MIN: np.min, Op.ARGMAX: np.argmax,
+    Op.ARGMIN: np.argmin, Op.ANY: np.any, Op.ALL: np.all,
+}  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One IR value: ``op`` applied to ``srcs``; ``arg`` holds op-specific constants.
+
+    ``dtype`` is the NumPy dtype of the value; ``shape`` its shape for this trace (broadcast).
+    Nodes compare by identity; ``key`` is the structural identity used by caches.
+    """
+
+    op: Op
+    dtype: np.dtype
+    srcs: tuple[Node, ...] = ()
+    arg: object = None
+    shape: tuple[int, ...] = ()
+    weak: bool = False  # a Python scalar: takes part in promotion as NumPy 2's weak scalars
+    key: str = field(init=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "key", fingerprint_of(self))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __repr__(self) -> str:
+        return f"Node({self.op.name}, {self.dtype}, shape={self.shape})"
+
+
+def fingerprint_of(node: Node) -> str:
+    """Recursive structural hash of (op, dtype, arg, source keys); shapes are not part of it."""
+    h = hashlib.blake2b(digest_size=10)
+    arg = node.arg
+    if node.op is Op.CONST:
+        arg = (type(arg).__name__, repr(arg))
+    h.update(repr((node.op.name, str(node.dtype), arg, node.weak, node.ndim)).encode())
+    for s in node.srcs:
+        h.update(s.key.encode())
+    return h.hexdigest()
+
+
+def fingerprint(outputs) -> str:
+    h = hashlib.blake2b(digest_size=10)
+    for o in outputs:
+        h.update(o.key.encode())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# dtype inference and broadcasting
+
+
+def _sample(dtype: np.dtype, weak: bool):
+    if weak:
+        return {"b": False, "i": 0, "u": 0, "f": 0.0}[dtype.kind]
+    return np.ones(1, dtype)
+
+
+@functools.cache
+def _infer(op: Op, operands: tuple[tuple[np.dtype, bool], ...], arg) -> np.dtype:
+    import warnings
+
+    if op is Op.CAST:
+        return np.dtype(arg)
+    samples = [_sample(d, w) for d, w in operands]
+    if all(w for _, w in operands):  # only scalars: NumPy gives them default dtypes
+        samples = [np.asarray(s) for s in samples]
+    fn = NUMPY[op]
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        if op in REDUCE:
+            return np.asarray(fn(*samples, axis=0)).dtype
+        return np.asarray(fn(*samples)).dtype
+
+
+def infer_dtype(op: Op, srcs, arg=None) -> np.dtype:
+    """The NumPy 2 result dtype of ``op`` on ``srcs``; TypeError when NumPy refuses or the
+    result is a dtype the library does not support."""
+    operands = tuple((s.dtype, s.weak) for s in srcs)
+    try:
+        dtype = _infer(op, operands, arg)
+    except TypeError as e:
+        names = ", ".join(str(d) for d, _ in operands)
+        raise TypeError(f"{op.name.lower()} is not defined for ({names}): {e}") from None
+    if dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d) for d, _ in operands)
+        raise TypeError(
+            f"{op.name.lower()}({names}) gives {dtype}, which tessera_tile does not support "
+            f"(supported: {', '.join(map(str, SUPPORTED_DTYPES))})"
+        )
+    return dtype
+
+
+def broadcast_shapes(*shapes) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        raise ValueError(
+            "shapes " + ", ".join(str(tuple(s)) for s in shapes) + " do not broadcast"
+        ) from None
+
+
+def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
+    """``None | int | tuple`` -> sorted tuple of non-negative axes, with NumPy's errors."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int | np.integer) else tuple(axis)
+    out = []
+    for a in axes:
+        if not isinstance(a, int | np.integer):
+            raise TypeError(f"axis must be an int, a tuple of ints or None, got {axis!r}")
+        if not -ndim <= a < ndim:
+            raise ValueError(f"axis {a} is out of bounds for an array of dimension {ndim}")
+        out.append(int(a) % ndim if ndim else 0)
+    if len(set(out)) != len(out):
+        raise ValueError(f"repeated axis in {axis!r}")
+    return tuple(sorted(out))
+
+
+def reduced_shape(shape, axes, keepdims: bool) -> tuple[int, ...]:
+    if keepdims:
+        return tuple(1 if i in axes else n for i, n in enumerate(shape))
+    return tuple(n for i, n in enumerate(shape) if i not in axes)
+
+
+# --------------------------------------------------------------------------------------------
+# construction helpers (no validation beyond what typing needs) and validation
+
+
+def leaf_input(position: int, dtype, shape) -> Node:
+    return Node(Op.INPUT, np.dtype(dtype), arg=position, shape=tuple(shape))
+
+
+def leaf_const(value) -> Node:
+    dtype = np.asarray(value).dtype
+    if isinstance(value, bool):
+        dtype = np.dtype(bool)
+    return Node(Op.CONST, dtype, arg=value, weak=isinstance(value, bool | int | float))
+
+
+def leaf_scalar(position: int, value) -> Node:
+    dtype = np.dtype(bool) if isinstance(value, bool) else np.asarray(value).dtype
+    return Node(Op.SCALAR, dtype, arg=position, weak=isinstance(value, bool | int | float))
+
+
+def elementwise(op: Op, *srcs: Node, arg=None) -> Node:
+    dtype = infer_dtype(op, srcs, arg)
+    shape = broadcast_shapes(*(s.shape for s in srcs))
+    return Node(op, dtype, tuple(srcs), arg, shape, weak=all(s.weak for s in srcs))
+
+
+def reduction(op: Op, src: Node, axis, keepdims: bool) -> Node:
+    axes = normalize_axes(axis, src.ndim)
+    if op in INDEX_REDUCE and axis is not None and len(axes) != 1:
+        raise ValueError(f"{op.name.lower()} takes one axis or None, got {axis!r}")
+    if op in (Op.MAX, Op.MIN, Op.ARGMAX, Op.ARGMIN) and any(src.shape[a] == 0 for a in axes):
+        raise ValueError(
+            f"zero-size array to reduction operation {op.name.lower()} which has no identity"
+        )
+    dtype = infer_dtype(op, (src,))
+    if op in INDEX_REDUCE and axis is None:
+        keepdims_shape = (1,) * src.ndim if keepdims else ()
+        return Node(op, dtype, (src,), (axes, keepdims, True), keepdims_shape)
+    return Node(
+        op, dtype, (src,), (axes, keepdims, False), reduced_shape(src.shape, axes, keepdims)
+    )
+
+
+def walk(outputs) -> list[Node]:
+    """All nodes reachable from ``outputs``, sources before users (topological order)."""
+    seen: dict[int, Node] = {}
+    order: list[Node] = []
+
+    def visit(n: Node):
+        if id(n) in seen:
+            return
+        seen[id(n)] = n
+        for s in n.srcs:
+            visit(s)
+        order.append(n)
+
+    for o in outputs:
+        visit(o)
+    return order
+
+
+def validate(outputs) -> None:
+    """Check a traced graph: operand counts, dtypes and shapes agree with inference."""
+    for n in walk(outputs):
+        if n.op in LEAF:
+            if n.srcs:
+                raise ValueError(f"{n.op.name} takes no operands")
+            continue
+        expected = 1 if n.op in UNARY | REDUCE else 2 if n.op in BINARY else 3
+        if len(n.srcs) != expected:
+            raise ValueError(f"{n.op.name} takes {expected} operands, got {len(n.srcs)}")
+        if n.op in ELEMENTWISE:
+            if n.dtype != infer_dtype(n.op, n.srcs, n.arg):
+                raise TypeError(f"{n.op.name} has dtype {n.dtype}, inference says otherwise")
+            if n.shape != broadcast_shapes(*(s.shape for s in n.srcs)):
+                raise ValueError(f"{n.op.name} has shape {n.shape}, operands disagree")
+        if n.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"unsupported dtype {n.dtype}")
+
+
+def format_ir(outputs) -> str:
+    """Readable text of the graph, one node per line (``%3 = add %1 %2 : float32[4, 8]``)."""
+    names: dict[int, str] = {}
+    lines = []
+    for i, n in enumerate(walk(outputs)):
+        names[id(n)] = f"%{i}"
+        operands = " ".join(names[id(s)] for s in n.srcs)
+        if n.op is Op.INPUT:
+            operands = f"arg{n.arg}"
+        elif n.op is Op.SCALAR:
+            operands = f"scalar arg{n.arg}"
+        elif n.op is Op.COUNT:
+            operands = f"count axes={list(n.arg[1])}"
+        elif n.op is Op.CONST:
+            operands = repr(n.arg)
+        elif n.op is Op.CAST:
+            operands += f" to {np.dtype(n.arg)}"
+        elif n.op in REDUCE:
+            axes, keepdims, flat = n.arg
+            operands += f" axes={list(axes)}" + (" keepdims" if keepdims else "")
+            operands += " flat" if flat else ""
+        shape = ", ".join(map(str, n.shape))
+        lines.append(f"{names[id(n)]} = {n.op.name.lower()} {operands} : {n.dtype}[{shape}]")
+    outs = ", ".join(names[id(o)] for o in outputs)
+    lines.append(f"return {outs}")
+    return "\n".join(lines)
