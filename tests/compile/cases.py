@@ -33,4 +33,18 @@ CASES = [
         budget={"sm_80": 32, "sm_90": 32},
         opcodes={"MUFU.EX2": 1},
     ),
+    Case(
+        "examples/transpose",
+        "transpose_padded",
+        "void(float32[:, ::1], float32[:, ::1])",
+        budget={"sm_80": 33, "sm_90": 35},
+        opcodes={"LDG.E.128": 1, "STG.E.128": 1},
+    ),
+    Case(
+        "examples/transpose",
+        "transpose_unpadded",
+        "void(float32[:, ::1], float32[:, ::1])",
+        budget={"sm_80": 33, "sm_90": 35},
+        opcodes={"LDG.E.128": 1, "STG.E.128": 1, "STS.128": 1},
+    ),
 ]

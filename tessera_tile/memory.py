@@ -1,0 +1,785 @@
+"""Tile descriptors, global <-> shared staging, 16-byte vector accesses, bank-conflict model.
+
+A :class:`Tile` describes a 2-D shared-memory tile: its shape, dtype, row padding and the way a
+warp will read it. ``pad="auto"`` picks the smallest padding that makes that access pattern
+conflict free under :func:`bank_conflict_degree` (32 banks of 4 bytes).
+
+:func:`make_stager` turns a tile into Numba CUDA device functions that a whole block calls to
+move the tile between global memory and shared memory::
+
+    TILE = Tile((32, 32), np.float32, pad="auto", access="column")   # pad -> 1
+    SHAPE = TILE.padded_shape                                          # (32, 33)
+    stage = make_stager(TILE)
+
+    @cuda.jit
+    def transpose(src, dst):
+        tile = cuda.shared.array(SHAPE, float32)
+        row0 = cuda.blockIdx.y * 32
+        col0 = cuda.blockIdx.x * 32
+        stage.global_to_shared(src, row0, col0, tile, 0)
+        cuda.syncthreads()
+        stage.shared_to_global_transposed(tile, dst, col0, row0)
+
+Mapping (any block shape; ``tid`` is the linear thread index): the tile is cut into chunks of
+``16 // itemsize`` consecutive elements of a row (one 16-byte vector), and consecutive threads take
+consecutive chunks, so a warp reads contiguous global memory::
+
+    tile row 0:  | t0 x4 | t1 x4 | t2 x4 | ... | t7 x4 |
+    tile row 1:  | t8 x4 | t9 x4 | ...
+                 (float32, TILE_N = 32: 8 threads per row, a warp covers 4 rows)
+
+A chunk that lies inside the array, on a contiguous row and at a 16-byte aligned address moves
+with one 128-bit instruction (``LDG.E.128`` / ``STG.E.128``); any other chunk moves element by
+element, with elements beyond the array edge never touched (``global_to_shared`` writes ``fill``
+into shared memory for them). Alignment is decided at run time from the address.
+
+:func:`load16` / :func:`store16` (global) and :func:`load16_shared` / :func:`store16_shared` are the
+inline-PTX vector intrinsics underneath; each has a simulator twin.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Literal
+
+import numpy as np
+from llvmlite import ir
+from numba import cuda, types
+from numba.cuda import cgutils
+from numba.cuda.api_util import normalize_indices
+from numba.cuda.extending import intrinsic
+from numba.np import numpy_support
+
+from . import sim
+
+__all__ = [
+    "BANKS",
+    "BANK_BYTES",
+    "SUPPORTED_DTYPES",
+    "Stager",
+    "Tile",
+    "aligned16",
+    "bank_conflict_degree",
+    "load16",
+    "load16_shared",
+    "make_stager",
+    "request_wavefronts",
+    "store16",
+    "store16_shared",
+]
+
+BANKS = 32
+BANK_BYTES = 4
+WARP_SIZE = 32
+VECTOR_BYTES = 16
+MAX_MODEL_WARPS = 1024  # warps of a walk the model looks at (a 128 x 256 tile)
+MAX_AUTO_PAD = 32  # elements; a 32-bank cycle is always enough to find the best pitch
+
+SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int32))
+
+Access = Literal["row", "column"]
+
+
+# -------------------------------------------------------------------------------------------
+# Analytic bank-conflict model
+# -------------------------------------------------------------------------------------------
+
+
+def _request(padded_shape, cols, itemsize, access, vector, scalar, start):
+    """The shared requests one warp makes, as lists of ``(lane, byte_offset, width)``.
+
+    ``row``: lanes walk the tile in row-major order from ``start``, each lane taking ``vector``
+    consecutive elements of a row (one access of ``vector * itemsize`` bytes, or ``vector``
+    one-element accesses when ``scalar``). ``column``: lanes walk in column-major order, each
+    taking ``vector`` consecutive elements down a column (always one element per access).
+    """
+    rows, pitch = padded_shape
+    r0, c0 = start
+    lane_elems: list[tuple[int, list[tuple[int, int]]]] = []
+    for lane in range(WARP_SIZE):
+        if access == "row":
+            pos = r0 * cols + c0 + lane * vector
+            r, c = divmod(pos, cols)
+            elems = [(r, c + k) for k in range(vector)]
+        else:
+            pos = c0 * rows + r0 + lane * vector
+            c, r = divmod(pos, rows)
+            elems = [(r + k, c) for k in range(vector)]
+        if all(r < rows and c < cols for r, c in elems):
+            lane_elems.append((lane, elems))
+    if not lane_elems:
+        return []
+    if access == "row" and not scalar and vector > 1:
+        return [[(lane, (e[0][0] * pitch + e[0][1]) * itemsize, vector * itemsize)
+                 for lane, e in lane_elems]]  # fmt: skip
+    return [
+        [(lane, (e[k][0] * pitch + e[k][1]) * itemsize, itemsize) for lane, e in lane_elems]
+        for k in range(vector)
+    ]
+
+
+def _phase_worst(accesses) -> int:
+    """Largest number of wavefronts any 128-byte phase of one request needs."""
+    width = max(w for _, _, w in accesses)
+    per_phase = 32 if width <= 4 else (16 if width <= 8 else 8)
+    phases: dict[int, list] = {}
+    for a in accesses:
+        phases.setdefault(a[0] // per_phase, []).append(a)
+    return max(sim.wavefronts(p)[0] for p in phases.values())
+
+
+def _check_model_args(padded_shape, dtype, access, vector, cols):
+    rows, pitch = (int(d) for d in padded_shape)
+    dt = np.dtype(dtype)
+    if access not in ("row", "column"):
+        raise ValueError(f"access must be 'row' or 'column', got {access!r}")
+    if vector < 1:
+        raise ValueError(f"vector must be >= 1, got {vector}")
+    cols = pitch if cols is None else int(cols)
+    if not 0 < cols <= pitch or rows <= 0:
+        raise ValueError(f"bad padded shape {padded_shape} for {cols} columns")
+    return (rows, pitch), dt.itemsize, cols
+
+
+def _starts(rows, cols, access, vector):
+    """Where each warp's walk begins when consecutive warps take consecutive stretches."""
+    per_warp = WARP_SIZE * vector
+    starts = []
+    for w in range(min(-(-rows * cols // per_warp), MAX_MODEL_WARPS)):
+        p = w * per_warp
+        starts.append(divmod(p, cols) if access == "row" else divmod(p, rows)[::-1])
+    return starts
+
+
+def request_wavefronts(
+    padded_shape: tuple[int, int],
+    dtype,
+    access: Access = "row",
+    vector: int = 1,
+    *,
+    scalar: bool = False,
+    cols: int | None = None,
+    start: tuple[int, int] = (0, 0),
+) -> list[tuple[int, int]]:
+    """``(wavefronts, ideal)`` of each shared request one warp makes from ``start``.
+
+    The same figures as :attr:`tessera_tile.sim.Profile.shared_wavefronts` for the same access:
+    ``sum(w - ideal)`` over a kernel's requests is what the profiler reports as bank conflicts.
+    ``cols`` is the logical column count (default: all of ``padded_shape[1]``); see
+    :func:`bank_conflict_degree` for the access patterns.
+    """
+    shape, itemsize, cols = _check_model_args(padded_shape, dtype, access, vector, cols)
+    reqs = _request(shape, cols, itemsize, access, vector, scalar, start)
+    return [sim.wavefronts(r) for r in reqs]
+
+
+def bank_conflict_degree(
+    padded_shape: tuple[int, int],
+    dtype,
+    access: Access = "row",
+    vector: int = 1,
+    *,
+    scalar: bool = False,
+    cols: int | None = None,
+) -> int:
+    """Worst-case wavefronts per 128-byte phase of a warp-wide shared request (1 = conflict free).
+
+    Shared memory has 32 banks of 4 bytes; a request takes as many wavefronts as the largest
+    number of distinct words it touches in one bank. 4-byte accesses form one phase per warp,
+    8-byte ones two (half-warps), 16-byte ones four (quarter-warps), so for 4-byte elements the
+    result is the number of wavefronts per request, and in general the n of an n-way conflict.
+
+    Parameters
+    ----------
+    padded_shape:
+        ``(rows, row pitch in elements)`` of the shared array.
+    dtype:
+        element type (its itemsize is what matters).
+    access:
+        ``"row"``: the 32 lanes of a warp walk the tile in row-major order, lane ``l`` taking
+        elements ``l*vector .. l*vector+vector-1`` of the walk (consecutive lanes, consecutive
+        columns; a row shorter than the warp wraps to the next row). ``"column"``: lanes walk in
+        column-major order (consecutive lanes, consecutive rows), each taking ``vector``
+        elements down the column, one element per access.
+    vector:
+        elements per lane. With ``"row"`` they are one ``vector * itemsize``-byte access unless
+        ``scalar`` (then ``vector`` separate one-element accesses, as after a 16-byte global load).
+    cols:
+        logical columns when the pitch includes padding (default ``padded_shape[1]``).
+
+    The worst case is taken over the warps of a block that walks the whole tile this way
+    (warp ``w`` starts at element ``32 * vector * w`` of the walk).
+
+    >>> bank_conflict_degree((32, 32), np.float32, "column")
+    32
+    >>> bank_conflict_degree((32, 33), np.float32, "column")
+    1
+    """
+    shape, itemsize, cols = _check_model_args(padded_shape, dtype, access, vector, cols)
+    return _degree(shape, itemsize, cols, access, vector, bool(scalar))
+
+
+@functools.lru_cache(maxsize=4096)
+def _degree(shape, itemsize, cols, access, vector, scalar) -> int:
+    worst = 1
+    seen = set()
+    for start in _starts(shape[0], cols, access, vector):
+        for req in _request(shape, cols, itemsize, access, vector, scalar, start):
+            base = req[0][1] - req[0][1] % (BANKS * BANK_BYTES)
+            key = tuple((lane, off - base, w) for lane, off, w in req)
+            if key not in seen:  # requests that differ by whole bank cycles cost the same
+                seen.add(key)
+                worst = max(worst, _phase_worst(req))
+    return worst
+
+
+# -------------------------------------------------------------------------------------------
+# Tile descriptor
+# -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A 2-D shared-memory tile: ``shape`` = ``(TILE_M, TILE_N)`` elements of ``dtype``.
+
+    Parameters
+    ----------
+    shape:
+        ``(rows, cols)``, positive ints.
+    dtype:
+        float16, float32, float64 or int32 (anything ``np.dtype`` accepts).
+    pad:
+        extra elements at the end of each row (the row pitch is ``cols + pad``), or ``"auto"``
+        for the smallest padding that makes ``access`` conflict free (see
+        :func:`bank_conflict_degree`). After construction ``pad`` holds the resolved number.
+    access:
+        how warps will read the tile: ``"row"`` (consecutive lanes, consecutive columns) or
+        ``"column"`` (consecutive lanes, consecutive rows: a transpose, a column reduction).
+    vector:
+        elements a lane accesses at once (1, 2, 4, ...; at most 16 bytes). With ``"row"`` they
+        are one vector access, so each row must start 16-byte aligned: padding keeps that.
+
+    >>> Tile((32, 32), np.float32, pad="auto", access="column").padded_shape
+    (32, 33)
+    """
+
+    shape: tuple[int, int]
+    dtype: np.dtype
+    pad: int | Literal["auto"] = 0
+    access: Access = "row"
+    vector: int = 1
+
+    def __post_init__(self) -> None:
+        shape = self.shape
+        if not isinstance(shape, tuple | list) or len(shape) != 2:
+            raise TypeError(f"Tile shape must be a (rows, cols) tuple, got {shape!r}")
+        if not all(isinstance(d, int | np.integer) and not isinstance(d, bool) for d in shape):
+            raise TypeError(f"Tile shape must hold ints, got {shape!r}")
+        shape = (int(shape[0]), int(shape[1]))
+        if min(shape) <= 0:
+            raise ValueError(f"Tile shape must be positive, got {shape}")
+        try:
+            dt = np.dtype(self.dtype)
+        except TypeError as e:
+            raise TypeError(f"Tile dtype {self.dtype!r} is not a dtype") from e
+        if dt not in SUPPORTED_DTYPES:
+            names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+            raise TypeError(f"Tile dtype must be one of {names}, got {dt}")
+        if self.access not in ("row", "column"):
+            raise ValueError(f"Tile access must be 'row' or 'column', got {self.access!r}")
+        v = self.vector
+        if not isinstance(v, int | np.integer) or isinstance(v, bool):
+            raise TypeError(f"Tile vector must be an int, got {v!r}")
+        v = int(v)
+        if v < 1 or v & (v - 1) or v * dt.itemsize > VECTOR_BYTES:
+            raise ValueError(
+                f"Tile vector must be a power of two with vector * itemsize <= {VECTOR_BYTES} "
+                f"bytes, got {v} x {dt.itemsize} bytes"
+            )
+        along = shape[1] if self.access == "row" else shape[0]
+        if along % v:
+            raise ValueError(
+                f"Tile vector {v} must divide the tile's "
+                f"{'cols' if self.access == 'row' else 'rows'} ({along})"
+            )
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", dt)
+        object.__setattr__(self, "vector", v)
+        pad = self.pad
+        if pad == "auto":
+            pad = self._auto_pad()
+        elif isinstance(pad, int | np.integer) and not isinstance(pad, bool):
+            pad = int(pad)
+            if pad < 0:
+                raise ValueError(f"Tile pad must be >= 0 or 'auto', got {pad}")
+            if not self._aligned(pad):
+                raise ValueError(
+                    f"Tile pad {pad} breaks the {v * dt.itemsize}-byte alignment that vector={v} "
+                    "row accesses need: use a multiple of the vector width or 'auto'"
+                )
+        else:
+            raise TypeError(f"Tile pad must be an int or 'auto', got {pad!r}")
+        object.__setattr__(self, "pad", pad)
+
+    def _aligned(self, pad: int) -> bool:
+        return self.access == "column" or (self.shape[1] + pad) % self.vector == 0
+
+    def _auto_pad(self) -> int:
+        best = None
+        for pad in range(MAX_AUTO_PAD + 1):
+            if not self._aligned(pad):
+                continue
+            degree = self._degree(pad)
+            if degree == 1:
+                return pad
+            if best is None or degree < best[0]:
+                best = (degree, pad)
+        return best[1]
+
+    def _degree(self, pad: int) -> int:
+        rows, cols = self.shape
+        return bank_conflict_degree(
+            (rows, cols + pad), self.dtype, self.access, self.vector, cols=cols
+        )
+
+    @property
+    def padded_shape(self) -> tuple[int, int]:
+        """``(rows, cols + pad)``: the shape to give ``cuda.shared.array``."""
+        return (self.shape[0], self.shape[1] + self.pad)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Bytes of the padded tile, rounded up to 16 (what a second tile after it must skip)."""
+        raw = self.padded_shape[0] * self.padded_shape[1] * self.itemsize
+        return -(-raw // VECTOR_BYTES) * VECTOR_BYTES
+
+    @property
+    def conflict_degree(self) -> int:
+        """:func:`bank_conflict_degree` of the declared access on this tile (1 = conflict free)."""
+        return self._degree(self.pad)
+
+    @property
+    def vector_elements(self) -> int:
+        """Elements in one 16-byte vector of this dtype."""
+        return VECTOR_BYTES // self.itemsize
+
+
+# -------------------------------------------------------------------------------------------
+# 16-byte vector intrinsics (inline PTX) and their simulator twins
+# -------------------------------------------------------------------------------------------
+
+
+def _vector_dtype(array):
+    if not isinstance(array, types.Array):
+        raise TypeError(f"expected an array, got {array}")
+    dt = array.dtype
+    if not isinstance(dt, types.Integer | types.Float) or dt.bitwidth not in (16, 32, 64):
+        raise TypeError(f"16-byte vector access needs 16/32/64-bit elements, got {dt}")
+    return dt
+
+
+def _check_index(array, index):
+    count = 1 if isinstance(index, types.Integer) else getattr(index, "count", None)
+    if isinstance(index, types.BaseTuple):
+        count = len(index)
+        if not all(isinstance(t, types.Integer) for t in index):
+            raise TypeError(f"index must hold integers, got {index}")
+    elif not isinstance(index, types.Integer):
+        raise TypeError(f"index must be an integer or a tuple of integers, got {index}")
+    if count != array.ndim:
+        raise TypeError(f"{array.ndim}-D array indexed with {count} indices")
+
+
+def _element_pointer(context, builder, array_type, array, index_type, index):
+    index_type, indices = normalize_indices(
+        context, builder, index_type, index, array_type, array_type.dtype
+    )
+    ary = context.make_array(array_type)(context, builder, value=array)
+    return cgutils.get_item_pointer(context, builder, array_type, ary, indices, wraparound=False)
+
+
+def _words(dtype):
+    """(PTX word type, words per 16 bytes, LLVM word type, elements per word)."""
+    if dtype.bitwidth == 64:
+        return "b64", 2, ir.IntType(64), 1
+    return "b32", 4, ir.IntType(32), 32 // dtype.bitwidth
+
+
+def _address(space: str, operand: str) -> tuple[str, str]:
+    """PTX that turns the generic pointer ``operand`` into an address of ``space``."""
+    if space == "global":
+        return "", operand
+    return f".reg .u64 a; cvta.to.shared.u64 a, {operand}; ", "a"
+
+
+def _make_load(space: str):
+    @intrinsic
+    def vector_load(typingctx, array, index):
+        dt = _vector_dtype(array)
+        _check_index(array, index)
+        n = VECTOR_BYTES * 8 // dt.bitwidth
+
+        def codegen(context, builder, sig, args):
+            array_type, index_type = sig.args
+            ptr = _element_pointer(context, builder, array_type, args[0], index_type, args[1])
+            word, nwords, wty, per_word = _words(array_type.dtype)
+            prelude, addr = _address(space, f"${nwords}")
+            outs = ", ".join(f"${i}" for i in range(nwords))
+            cons = ",".join(["=" + ("l" if word == "b64" else "r")] * nwords) + ",l,~{memory}"
+            asm = f"{{ {prelude}ld.{space}.v{nwords}.{word} {{{outs}}}, [{addr}]; }}"
+            fnty = ir.FunctionType(ir.LiteralStructType([wty] * nwords), [ptr.type])
+            res = builder.call(ir.InlineAsm(fnty, asm, cons, side_effect=True), [ptr])
+            ety = context.get_value_type(array_type.dtype)
+            values = []
+            for w in range(nwords):
+                bits = builder.extract_value(res, w)
+                if per_word == 1:
+                    values.append(builder.bitcast(bits, ety))
+                else:
+                    vec = builder.bitcast(bits, ir.VectorType(ety, per_word))
+                    values.extend(
+                        builder.extract_element(vec, ir.Constant(ir.IntType(32), k))
+                        for k in range(per_word)
+                    )
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return types.UniTuple(dt, n)(array, index), codegen
+
+    return vector_load
+
+
+def _make_store(space: str):
+    @intrinsic
+    def vector_store(typingctx, array, index, values):
+        dt = _vector_dtype(array)
+        _check_index(array, index)
+        n = VECTOR_BYTES * 8 // dt.bitwidth
+        if not isinstance(values, types.BaseTuple) or len(values) != n:
+            raise TypeError(f"store of {dt} needs a tuple of {n} values, got {values}")
+
+        def codegen(context, builder, sig, args):
+            array_type, index_type, values_type = sig.args
+            ptr = _element_pointer(context, builder, array_type, args[0], index_type, args[1])
+            word, nwords, wty, per_word = _words(array_type.dtype)
+            ety = context.get_value_type(array_type.dtype)
+            items = [
+                context.cast(builder, builder.extract_value(args[2], i), t, array_type.dtype)
+                for i, t in enumerate(values_type)
+            ]
+            words = []
+            for w in range(nwords):
+                if per_word == 1:
+                    words.append(builder.bitcast(items[w], wty))
+                else:
+                    vec = ir.Constant(ir.VectorType(ety, per_word), ir.Undefined)
+                    for k in range(per_word):
+                        vec = builder.insert_element(
+                            vec, items[w * per_word + k], ir.Constant(ir.IntType(32), k)
+                        )
+                    words.append(builder.bitcast(vec, wty))
+            prelude, addr = _address(space, "$0")
+            ins = ", ".join(f"${i + 1}" for i in range(nwords))
+            cons = "l," + ",".join([("l" if word == "b64" else "r")] * nwords) + ",~{memory}"
+            asm = f"{{ {prelude}st.{space}.v{nwords}.{word} [{addr}], {{{ins}}}; }}"
+            fnty = ir.FunctionType(ir.VoidType(), [ptr.type] + [wty] * nwords)
+            builder.call(ir.InlineAsm(fnty, asm, cons, side_effect=True), [ptr, *words])
+            return context.get_dummy_value()
+
+        return types.void(array, index, values), codegen
+
+    return vector_store
+
+
+def _host(array):
+    # Under the profiler kernels see TrackedArray wrappers; the address is that of the data.
+    return getattr(array, "_a", array)
+
+
+def _vector_index(array, index):
+    idx = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
+    n = VECTOR_BYTES // array.itemsize
+    return (*idx[:-1], slice(idx[-1], idx[-1] + n)), n
+
+
+def _load16_twin(array, index):
+    sl, n = _vector_index(array, index)
+    values = sim.load(array, sl)
+    if values is None or len(values) != n:
+        return tuple(array.dtype.type(0) for _ in range(n))
+    return tuple(values)
+
+
+def _store16_twin(array, index, values):
+    sl, n = _vector_index(array, index)
+    sim.store(array, sl, np.array(values, dtype=array.dtype))
+
+
+def _aligned16_twin(array, index):
+    a = _host(array)
+    idx = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
+    addr = a.__array_interface__["data"][0] + sum(
+        i * s for i, s in zip(idx, a.strides, strict=True)
+    )
+    return addr % VECTOR_BYTES == 0
+
+
+load16 = sim.twin(_load16_twin)(_make_load("global"))
+load16.__doc__ = """``load16(array, index) -> tuple``: one 16-byte global load (``LDG.E.128``).
+
+Returns the ``16 // itemsize`` elements starting at ``array[index]`` (4 float32/int32, 8 float16,
+2 float64) along the last axis, which must be contiguous there, at a 16-byte aligned address
+(check with :func:`aligned16`) and inside the array: nothing is checked on the GPU.
+"""
+store16 = sim.twin(_store16_twin)(_make_store("global"))
+store16.__doc__ = """``store16(array, index, values)``: one 16-byte global store (``STG.E.128``).
+
+``values`` is a tuple of ``16 // itemsize`` elements; same conditions as :func:`load16`.
+"""
+load16_shared = sim.twin(_load16_twin)(_make_load("shared"))
+load16_shared.__doc__ = "Like :func:`load16` for a shared array (``LDS.128``)."
+store16_shared = sim.twin(_store16_twin)(_make_store("shared"))
+store16_shared.__doc__ = "Like :func:`store16` for a shared array (``STS.128``)."
+
+
+@intrinsic
+def _aligned16_intrinsic(typingctx, array, index):
+    if not isinstance(array, types.Array):
+        raise TypeError(f"expected an array, got {array}")
+    _check_index(array, index)
+
+    def codegen(context, builder, sig, args):
+        array_type, index_type = sig.args
+        ptr = _element_pointer(context, builder, array_type, args[0], index_type, args[1])
+        addr = builder.ptrtoint(ptr, ir.IntType(64))
+        low = builder.and_(addr, ir.Constant(ir.IntType(64), VECTOR_BYTES - 1))
+        return builder.icmp_unsigned("==", low, ir.Constant(ir.IntType(64), 0))
+
+    return types.boolean(array, index), codegen
+
+
+aligned16 = sim.twin(_aligned16_twin)(_aligned16_intrinsic)
+aligned16.__doc__ = "``aligned16(array, index) -> bool``: is ``&array[index]`` 16-byte aligned?"
+
+
+# -------------------------------------------------------------------------------------------
+# Staging device functions
+# -------------------------------------------------------------------------------------------
+
+
+class Stager(ModuleType):
+    """Device functions that stage one :class:`Tile` (from :func:`make_stager`).
+
+    A module object, so kernels can call ``stage.global_to_shared(...)`` on a module-level
+    ``stage`` (Numba resolves attributes of module globals at compile time). All functions are
+    called by every thread of the block, with the same arguments; put ``cuda.syncthreads()``
+    between a write of the shared tile and reads of it by other threads.
+
+    ``global_to_shared(src, row0, col0, shared, fill)``
+        ``shared[i, j] = src[row0 + i, col0 + j]`` for the tile, ``fill`` (cast to the dtype)
+        where ``(row0 + i, col0 + j)`` is outside ``src``.
+    ``shared_to_global(shared, dst, row0, col0)``
+        ``dst[row0 + i, col0 + j] = shared[i, j]`` where inside ``dst``.
+    ``shared_to_global_transposed(shared, dst, row0, col0)``
+        ``dst[row0 + j, col0 + i] = shared[i, j]`` where inside ``dst`` (the tile's columns
+        become rows of ``dst``; threads walk the tile's columns, so pad it for ``"column"``).
+    ``shared_to_registers(shared, row, col, regs)``, ``registers_to_shared(regs, shared, row, col)``
+        one thread's sub-tile ``shared[row:row+R, col:col+C]`` <-> ``regs``, a
+        ``cuda.local.array((R, C), dtype)`` (constant shape: it lives in registers).
+
+    ``row0, col0 >= 0``; arrays are 2-D with the tile's dtype. Declare the shared array with
+    ``alignment=16`` when its pitch is a whole number of 16-byte vectors: staging then uses
+    ``STS.128`` / ``LDS.128`` too. Into a padded (unaligned) pitch a 16-byte chunk is stored
+    element by element: conflict free for 4-byte types on 32-wide tiles, 2-way for float16 and
+    float64 (``bank_conflict_degree(..., "row", 16 // itemsize, scalar=True)`` says which).
+    """
+
+    tile: Tile
+
+
+def _gather(vector: int, along_rows: bool):
+    """Device function reading ``vector`` consecutive shared elements into a tuple."""
+    if along_rows:
+        if vector == 1:
+            return cuda.jit(device=True)(lambda s, i, j: (s[i, j],))
+        if vector == 2:
+            return cuda.jit(device=True)(lambda s, i, j: (s[i, j], s[i, j + 1]))
+        if vector == 4:
+            return cuda.jit(device=True)(
+                lambda s, i, j: (s[i, j], s[i, j + 1], s[i, j + 2], s[i, j + 3])
+            )
+        return cuda.jit(device=True)(
+            lambda s, i, j: (
+                s[i, j], s[i, j + 1], s[i, j + 2], s[i, j + 3],
+                s[i, j + 4], s[i, j + 5], s[i, j + 6], s[i, j + 7],
+            )
+        )  # fmt: skip
+    if vector == 1:
+        return cuda.jit(device=True)(lambda s, i, j: (s[i, j],))
+    if vector == 2:
+        return cuda.jit(device=True)(lambda s, i, j: (s[i, j], s[i + 1, j]))
+    if vector == 4:
+        return cuda.jit(device=True)(
+            lambda s, i, j: (s[i, j], s[i + 1, j], s[i + 2, j], s[i + 3, j])
+        )
+    return cuda.jit(device=True)(
+        lambda s, i, j: (
+            s[i, j], s[i + 1, j], s[i + 2, j], s[i + 3, j],
+            s[i + 4, j], s[i + 5, j], s[i + 6, j], s[i + 7, j],
+        )
+    )  # fmt: skip
+
+
+@functools.cache
+def make_stager(tile: Tile) -> Stager:
+    """The staging device functions of ``tile`` (memoised: one set per distinct tile).
+
+    See :class:`Stager` for the functions and the module docstring for the thread mapping.
+    """
+    if not isinstance(tile, Tile):
+        raise TypeError(f"make_stager needs a Tile, got {tile!r}")
+    TILE_M, TILE_N = tile.shape
+    PITCH = tile.padded_shape[1]
+    ITEMSIZE = tile.itemsize
+    NBT = numpy_support.from_dtype(tile.dtype)  # the Numba type: casts fill values
+    V = VECTOR_BYTES // ITEMSIZE
+    # Rows split into whole 16-byte chunks, or element by element when they do not.
+    VG = V if TILE_N % V == 0 else 1  # chunk along tile rows (global_to_shared, shared_to_global)
+    VT = V if TILE_M % V == 0 else 1  # chunk along tile columns (transposed store)
+    VEC_G = VG > 1
+    VEC_T = VT > 1
+    VEC_S = VEC_G and PITCH % V == 0  # shared rows can be 16-byte aligned
+    CPR = TILE_N // VG
+    CHUNKS = TILE_M * CPR
+    CPR_T = TILE_M // VT
+    CHUNKS_T = TILE_N * CPR_T
+    gather_row = _gather(VG, True)
+    gather_col = _gather(VT, False)
+
+    @cuda.jit(device=True)
+    def _thread():
+        tid = cuda.threadIdx.x + cuda.blockDim.x * (
+            cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z
+        )
+        return tid, cuda.blockDim.x * cuda.blockDim.y * cuda.blockDim.z
+
+    @cuda.jit(device=True)
+    def store_chunk(dst, gr, gc, vals, width, contiguous):
+        # vals: VECTOR elements for dst[gr, gc:gc + VECTOR]; only those inside dst are written.
+        m, n = dst.shape
+        if gr < m:
+            for k in range(width):
+                if gc + k < n:
+                    dst[gr, gc + k] = vals[k]
+
+    @cuda.jit(device=True)
+    def store_chunk16(dst, gr, gc, vals, width, contiguous):
+        m, n = dst.shape
+        if gr < m and gc + width <= n and contiguous and aligned16(dst, (gr, gc)):
+            store16(dst, (gr, gc), vals)
+        elif gr < m:
+            for k in range(width):
+                if gc + k < n:
+                    dst[gr, gc + k] = vals[k]
+
+    @cuda.jit(device=True)
+    def load_row16(shared, r, c):
+        if aligned16(shared, (r, c)):
+            return load16_shared(shared, (r, c))
+        return gather_row(shared, r, c)
+
+    @cuda.jit(device=True)
+    def global_to_shared_scalar(src, row0, col0, shared, fill):
+        tid, nthreads = _thread()
+        m, n = src.shape
+        fill_value = NBT(fill)
+        q = tid
+        while q < TILE_M * TILE_N:  # no range(): its trip count divides by nthreads
+            r = q // TILE_N
+            c = q - r * TILE_N
+            x = fill_value
+            if row0 + r < m and col0 + c < n:
+                x = src[row0 + r, col0 + c]
+            shared[r, c] = x
+            q += nthreads
+
+    @cuda.jit(device=True)
+    def global_to_shared16(src, row0, col0, shared, fill):
+        tid, nthreads = _thread()
+        m, n = src.shape
+        fill_value = NBT(fill)
+        contiguous = src.strides[1] == ITEMSIZE
+        q = tid
+        while q < CHUNKS:
+            r = q // CPR
+            c = (q - r * CPR) * VG
+            gr = row0 + r
+            gc = col0 + c
+            if gr < m and gc + VG <= n and contiguous and aligned16(src, (gr, gc)):
+                vals = load16(src, (gr, gc))
+                if VEC_S and aligned16(shared, (r, c)):
+                    store16_shared(shared, (r, c), vals)
+                else:
+                    for k in range(VG):
+                        shared[r, c + k] = vals[k]
+            else:
+                for k in range(VG):
+                    x = fill_value
+                    if gr < m and gc + k < n:
+                        x = src[gr, gc + k]
+                    shared[r, c + k] = x
+            q += nthreads
+
+    put = store_chunk16 if VEC_G else store_chunk
+    put_t = store_chunk16 if VEC_T else store_chunk
+    get_row = load_row16 if VEC_S else gather_row
+
+    @cuda.jit(device=True)
+    def shared_to_global(shared, dst, row0, col0):
+        tid, nthreads = _thread()
+        contiguous = dst.strides[1] == ITEMSIZE
+        q = tid
+        while q < CHUNKS:
+            r = q // CPR
+            c = (q - r * CPR) * VG
+            put(dst, row0 + r, col0 + c, get_row(shared, r, c), VG, contiguous)
+            q += nthreads
+
+    @cuda.jit(device=True)
+    def shared_to_global_transposed(shared, dst, row0, col0):
+        tid, nthreads = _thread()
+        contiguous = dst.strides[1] == ITEMSIZE
+        q = tid
+        while q < CHUNKS_T:
+            j = q // CPR_T  # tile column = dst row
+            i = (q - j * CPR_T) * VT  # tile row = dst column
+            put_t(dst, row0 + j, col0 + i, gather_col(shared, i, j), VT, contiguous)
+            q += nthreads
+
+    global_to_shared = global_to_shared16 if VEC_G else global_to_shared_scalar
+
+    @cuda.jit(device=True)
+    def shared_to_registers(shared, row, col, regs):
+        for a in range(regs.shape[0]):
+            for b in range(regs.shape[1]):
+                regs[a, b] = shared[row + a, col + b]
+
+    @cuda.jit(device=True)
+    def registers_to_shared(regs, shared, row, col):
+        for a in range(regs.shape[0]):
+            for b in range(regs.shape[1]):
+                shared[row + a, col + b] = regs[a, b]
+
+    stager = Stager(f"tessera_tile.memory.stager_{TILE_M}x{TILE_N}_{tile.dtype}_pad{tile.pad}")
+    stager.tile = tile
+    stager.global_to_shared = global_to_shared
+    stager.shared_to_global = shared_to_global
+    stager.shared_to_global_transposed = shared_to_global_transposed
+    stager.shared_to_registers = shared_to_registers
+    stager.registers_to_shared = registers_to_shared
+    return stager
