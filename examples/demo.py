@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-EXAMPLES = ["elementwise_chain"]
+EXAMPLES = ["elementwise_chain", "row_reductions", "transpose"]
 
 
 def load(name: str):

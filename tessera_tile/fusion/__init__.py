@@ -166,10 +166,12 @@ class FusedFunction:
             if key[i][0] == "array":
                 input_shapes[i] = host.array_meta(a)[0]
         shapes = planner.propagate_shapes(program.trace.nodes, input_shapes)
-        for tid, node in program.plan.temps.items():
-            input_shapes[("temp", tid)] = shapes[node.key]
-        for stage in program.plan.stages:
+        for k, node in enumerate(program.trace.outputs):
+            input_shapes[("out", k)] = shapes[node.key]
+        for stage in program.plan.stages:  # temps get their shapes from the stage writing them
             planner.propagate_shapes(stage.nodes, input_shapes, shapes)
+            for node, dest in stage.outputs:
+                input_shapes[dest] = shapes[node.key]
         return key, program, shapes
 
     def explain(self, *args) -> Explain:

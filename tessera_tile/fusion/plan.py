@@ -62,6 +62,14 @@ def _is_reduce(n: Node) -> bool:
     return n.op in ir.REDUCE
 
 
+def _fits(shape, f_shape) -> bool:
+    """True when ``shape`` broadcasts into ``f_shape`` without growing it."""
+    try:
+        return ir.broadcast_shapes(shape, f_shape) == tuple(f_shape)
+    except ValueError:
+        return False
+
+
 def _padded(shape, ndim) -> tuple[int, ...]:
     return (1,) * (ndim - len(shape)) + tuple(shape)
 
@@ -92,16 +100,20 @@ class _Planner:
         memo[id(node)] = out
         return out
 
-    def materialize(self, node: Node, reason: str) -> None:
-        """Plan ``node`` as the output of earlier stages and use it as a temp input here."""
+    def materialize(self, node: Node, reason: str, outputs) -> None:
+        """Plan ``node`` in earlier stages; later stages read it back from memory.
+
+        A node that is also a result of the function goes straight to its output array.
+        """
         if node.key in self.materialized:
             return
-        tid = len(self.temps)
-        self.temps[tid] = node
-        self.plan_group([(node, ("temp", tid))])
-        self.materialized[node.key] = Node(
-            Op.INPUT, node.dtype, arg=("temp", tid), shape=node.shape
-        )
+        assert node.op is not Op.INPUT, "an input is already in memory"
+        dest = next((d for n, d in outputs if n.key == node.key), None)
+        if dest is None:
+            dest = ("temp", len(self.temps))
+            self.temps[dest[1]] = node
+        self.plan_group([(node, dest)])
+        self.materialized[node.key] = Node(Op.INPUT, node.dtype, arg=dest, shape=node.shape)
         self.reasons.append(reason)
 
     # classification -----------------------------------------------------------------------
@@ -124,6 +136,10 @@ class _Planner:
         while True:
             memo: dict = {}
             outputs = [(self.substitute(n, memo), d) for n, d in outputs]
+            # a result already written by an earlier stage needs nothing more
+            outputs = [(n, d) for n, d in outputs if not (n.op is Op.INPUT and n.arg == d)]
+            if not outputs:
+                return
             nodes = ir.walk([n for n, _ in outputs])
             space = self.spaces(nodes)
             problem = self.find_problem(outputs, nodes, space)
@@ -131,7 +147,7 @@ class _Planner:
                 break
             kind, node, reason = problem
             if kind == "materialize":
-                self.materialize(node, reason)
+                self.materialize(node, reason, outputs)
             else:  # an output planned on its own
                 outputs = [(n, d) for n, d in outputs if n is not node]
                 self.plan_group([(node, kind)])
@@ -168,11 +184,15 @@ class _Planner:
         for n in nodes:
             if space[id(n)] != "F" or _is_reduce(n):
                 continue
-            if ir.broadcast_shapes(n.shape, f_shape) != f_shape:
+            if n.op is not Op.INPUT and not _fits(n.shape, f_shape):
+                dest = next((d for o, d in outputs if o is n), None)
+                if dest is not None:
+                    return (dest, n, f"an output of shape {n.shape} gets a kernel of its own")
                 return (
                     "materialize",
                     n,
-                    f"a value of shape {n.shape} is larger than the kernel's index space",
+                    f"a value of shape {n.shape} does not fit the kernel's index space "
+                    f"{f_shape}: it runs in an earlier kernel",
                 )
             for s in n.srcs:
                 if space[id(s)] != "row":
@@ -235,10 +255,45 @@ class _Planner:
         return Stage(kind, f_shape, axes, outputs, levels, space)
 
 
+def _reduction_class(node: Node):
+    """(source shape, axes) of the first reduction ``node`` depends on, or None."""
+    for n in ir.walk([node]):
+        if _is_reduce(n):
+            return (tuple(n.srcs[0].shape), tuple(n.arg[0]))
+    return None
+
+
+def group_outputs(outputs) -> list[list]:
+    """Outputs grouped by the reductions they need, so that each group can be one stage.
+
+    Outputs without reductions join a group whose index space has their shape.
+    """
+    groups: dict = {}
+    for n, dest in outputs:
+        cls = _reduction_class(n)
+        groups.setdefault(cls or ("shape", tuple(n.shape)), []).append((n, dest))
+    for key in [k for k in groups if k[0] == "shape"]:
+        home = next((k for k in groups if k[0] != "shape" and k[0] == key[1]), None)
+        if home is not None:
+            groups[home] += groups.pop(key)
+    return list(groups.values())
+
+
 def plan(trace) -> Plan:
     """Stages for a trace, in launch order."""
     planner = _Planner()
-    planner.plan_group([(n, ("out", k)) for k, n in enumerate(trace.outputs)])
+    outputs = [(n, ("out", k)) for k, n in enumerate(trace.outputs)]
+    for i, group in enumerate(group_outputs(outputs)):
+        if i:
+            which = ", ".join(str(d[1]) for _, d in group)
+            cls = _reduction_class(group[0][0])
+            why = (
+                f"reduce over axes {list(cls[1])} of shape {cls[0]}"
+                if cls
+                else f"have shape {tuple(group[0][0].shape)}"
+            )
+            planner.reasons.append(f"result(s) {which} {why}: a kernel of their own")
+        planner.plan_group(group)
     return Plan(planner.stages, planner.temps, planner.reasons)
 
 

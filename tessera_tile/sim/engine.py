@@ -73,7 +73,6 @@ class SimThread(greenlet):
         self.blockIdx = Dim3(*block_idx)
         self.wait: Wait | None = None
         self.state: dict = {}  # per-thread scratch for intrinsic twins (e.g. cp.async groups)
-        self.shared_calls: dict = {}
         self.in_atomic = False
         self.shared_accesses = 0  # k of the next shared access (bank-conflict grouping)
 
@@ -320,11 +319,11 @@ class _Shared:
             arr = np.frombuffer(block.dynshared.data, dtype=dtype, count=count)
             key = ("dynamic", dtype.str)
         else:
+            # One array per call instruction, as a GPU allocates it once per kernel: the same
+            # call made again (a device function called twice) gets the same memory, two calls
+            # on one line get two arrays.
             frame = sys._getframe(1)
-            site = (frame.f_code, frame.f_lineno)
-            n = t.shared_calls.get(site, 0)
-            t.shared_calls[site] = n + 1
-            key = (*site, n)
+            key = (frame.f_code, frame.f_lineno, frame.f_lasti)
             arr = block.shared.get(key)
             if arr is None:
                 arr = np.empty(shape, dtype)
@@ -336,22 +335,28 @@ class _Shared:
 
 
 class _Atomic(stock_api.FakeCUDAAtomic):
-    """Atomics are never races; under the profiler they count as one read and one write."""
+    """Atomics are never races; under the profiler each counts one read and one write."""
 
     def __getattribute__(self, name):
         attr = super().__getattribute__(name)
         if name.startswith("_") or not callable(attr):
             return attr
 
-        def atomic(*args, **kwargs):
+        def atomic(array, *args):
             t = getcurrent()
-            if isinstance(t, SimThread):
+            simulated = isinstance(t, SimThread)
+            if simulated:
                 t.in_atomic = True
-                try:
-                    return attr(*args, **kwargs)
-                finally:
+            try:
+                if isinstance(array, profiler.TrackedArray):
+                    index = (0,) * array.ndim if name == "compare_and_swap" else args[0]
+                    if not array.atomic_access(index):
+                        return array.dtype.type(0)  # out of bounds: reported, not done
+                    array = array._a
+                return attr(array, *args)
+            finally:
+                if simulated:
                     t.in_atomic = False
-            return attr(*args, **kwargs)
 
         return atomic
 

@@ -296,6 +296,20 @@ class TrackedArray:
     def __setitem__(self, idx, value):
         self._access(idx, value, True)
 
+    def atomic_access(self, idx) -> bool:
+        """Count an atomic read-modify-write of one element; False when out of bounds."""
+        from .engine import user_site
+
+        site = user_site(3)
+        key = idx if isinstance(idx, tuple) else (idx,)
+        off = self._element_offset(key) if len(key) == self._a.ndim else None
+        if off is None:
+            self._space.out_of_bounds(idx, self._a.shape, True, site)
+            return False
+        self._space.touch([off], self._a.itemsize, False, site)
+        self._space.touch([off], self._a.itemsize, True, site)
+        return True
+
     def vector_access(self, idx, value=None, write: bool = False):
         """One access of a contiguous run (a 4/8/16-byte vector load or store) for twins.
 

@@ -47,4 +47,18 @@ CASES = [
         budget={"sm_80": 33, "sm_90": 35},
         opcodes={"LDG.E.128": 1, "STG.E.128": 1, "STS.128": 1},
     ),
+    Case(
+        "examples/row_reductions",
+        "row_max_sum_warp",
+        "void(float32[:, ::1], float32[::1], float32[::1])",
+        budget={"sm_80": 41, "sm_90": 43},
+        opcodes={"SHFL": 10},
+    ),
+    Case(
+        "examples/row_reductions",
+        "row_max_sum_block",
+        "void(float32[:, ::1], float32[::1], float32[::1])",
+        budget={"sm_80": 53, "sm_90": 56},
+        opcodes={"SHFL": 10, "BAR": 2},
+    ),
 ]

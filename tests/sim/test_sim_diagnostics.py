@@ -96,3 +96,26 @@ def test_install_is_idempotent_and_automatic():
     sim.install()
     sim.install()
     assert sim.installed()
+
+
+@cuda.jit(device=True)
+def stash(value):
+    slot = cuda.shared.array(1, np.int32)
+    old = slot[0]
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0:
+        slot[0] = value
+    cuda.syncthreads()
+    return old
+
+
+@cuda.jit
+def stash_twice(out):
+    stash(7)
+    out[cuda.threadIdx.x] = stash(9)
+
+
+def test_a_device_function_called_twice_gets_the_same_shared_array():
+    out = np.zeros(4, np.int32)
+    stash_twice[1, 4](out)
+    np.testing.assert_array_equal(out, 7)  # the second call sees what the first one stored
