@@ -112,7 +112,8 @@ INDEX_REDUCE = frozenset({Op.ARGMAX, Op.ARGMIN})
 def _erf(x):
     import math
 
-    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
+    out = np.vectorize(math.erf, otypes=[np.float64])(x)
+    return out.astype(np.result_type(x.dtype, np.float16))  # NumPy's float result for x
 
 
 def _sigmoid(x):
@@ -120,12 +121,11 @@ def _sigmoid(x):
 
 
 def _gelu(x):
-    return 0.5 * x * (1.0 + _erf(x / np.sqrt(x.dtype.type(2.0))))
+    return 0.5 * x * (1.0 + _erf(x * 0.7071067811865476))
 
 
 def _gelu_tanh(x):
-    c = np.sqrt(2.0 / np.pi)
-    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
 
 
 # The NumPy meaning of every op: the reference for dtype inference and for tests.
@@ -305,6 +305,13 @@ def reduction(op: Op, src: Node, axis, keepdims: bool) -> Node:
             f"zero-size array to reduction operation {op.name.lower()} which has no identity"
         )
     dtype = infer_dtype(op, (src,))
+    if not axes:  # nothing to reduce (a 0-d value, or axis=()): NumPy returns the value
+        if op in INDEX_REDUCE:
+            false = elementwise(Op.AND, elementwise(Op.ISNAN, src), leaf_const(False))
+            return elementwise(Op.CAST, false, arg=np.dtype(np.int64).str)
+        if op in (Op.ANY, Op.ALL):
+            return elementwise(Op.NE, src, leaf_const(0))
+        return src if dtype == src.dtype else elementwise(Op.CAST, src, arg=dtype.str)
     if op in INDEX_REDUCE and axis is None:
         keepdims_shape = (1,) * src.ndim if keepdims else ()
         return Node(op, dtype, (src,), (axes, keepdims, True), keepdims_shape)

@@ -109,6 +109,7 @@ class _Planner:
             return
         assert node.op is not Op.INPUT, "an input is already in memory"
         dest = next((d for n, d in outputs if n.key == node.key), None)
+        assert len(outputs) > 1 or dest is None, "planning a lone result again cannot progress"
         if dest is None:
             dest = ("temp", len(self.temps))
             self.temps[dest[1]] = node
@@ -225,12 +226,26 @@ class _Planner:
 
     @staticmethod
     def index_space(outputs, nodes, space):
-        """(F, R): the main reduction's source shape and axes, else the outputs' shape."""
-        for n in nodes:
+        """(F, R) of a group.
+
+        F is the broadcast shape of the group's F-space results; R the axes of the first
+        reduction over exactly F. A group of reduced results only takes F and R from the
+        first reduction they need. Every other reduction is materialized by an earlier stage.
+        """
+        f_outs = [tuple(n.shape) for n, _ in outputs if space[id(n)] == "F"]
+        if f_outs:
+            try:
+                f_shape = ir.broadcast_shapes(*f_outs)
+            except ValueError:
+                f_shape = f_outs[0]
+            for n in nodes:
+                if _is_reduce(n) and tuple(n.srcs[0].shape) == f_shape:
+                    return f_shape, tuple(n.arg[0])
+            return f_shape, ()
+        for n in reversed(nodes):  # the reduction nearest the results
             if _is_reduce(n) and space[id(n.srcs[0])] == "F":
                 return tuple(n.srcs[0].shape), tuple(n.arg[0])
-        f_outputs = [n.shape for n, _ in outputs if space[id(n)] == "F"]
-        return (tuple(f_outputs[0]) if f_outputs else ()), ()
+        return (), ()
 
     def make_stage(self, outputs, nodes, space) -> Stage:
         f_shape, axes = self.index_space(outputs, nodes, space)
@@ -256,8 +271,8 @@ class _Planner:
 
 
 def _reduction_class(node: Node):
-    """(source shape, axes) of the first reduction ``node`` depends on, or None."""
-    for n in ir.walk([node]):
+    """(source shape, axes) of the reduction nearest ``node``, or None."""
+    for n in reversed(ir.walk([node])):
         if _is_reduce(n):
             return (tuple(n.srcs[0].shape), tuple(n.arg[0]))
     return None

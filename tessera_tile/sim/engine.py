@@ -9,6 +9,7 @@ when every live thread waits at it, else reports a deadlock naming the lanes and
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import sys
 from collections import deque
@@ -112,6 +113,8 @@ class BlockRun:
             for y in range(by)
             for x in range(bx)
         ]
+        for t in self.threads:  # the launcher's context (numpy.errstate, ...) holds inside
+            t.gr_context = contextvars.copy_context()
 
     def run(self) -> None:
         runnable = deque((t, ()) for t in self.threads)  # () starts a thread
