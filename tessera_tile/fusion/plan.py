@@ -62,6 +62,15 @@ def _is_reduce(n: Node) -> bool:
     return n.op in ir.REDUCE
 
 
+def _is_full(f_shape, axes) -> bool:
+    """A reduction over every axis: many blocks share it (two-stage, one launch).
+
+    A reduction over some axes whose kept axes all have length 1 (softmax of one row) is not
+    full: it stays a row reduction, so that reduce-then-broadcast still fits one kernel.
+    """
+    return bool(axes) and len(axes) == len(f_shape)
+
+
 def _fits(shape, f_shape) -> bool:
     """True when ``shape`` broadcasts into ``f_shape`` without growing it."""
     try:
@@ -181,7 +190,7 @@ class _Planner:
                 )
         ndim = len(f_shape)
         keep_shape = ir.reduced_shape(f_shape, axes, True)
-        full = all(f_shape[a] == 1 or a in axes for a in range(ndim)) and bool(axes)
+        full = _is_full(f_shape, axes)
         for n in nodes:
             if space[id(n)] != "F" or _is_reduce(n):
                 continue
@@ -253,9 +262,9 @@ class _Planner:
         effective = [a for a in range(ndim) if f_shape[a] != 1]
         if not axes:
             kind = "elementwise"
-        elif all(a in axes for a in effective):
+        elif _is_full(f_shape, axes):
             kind = "full"
-        elif effective and effective[-1] in axes:
+        elif not effective or effective[-1] in axes:
             kind = "row"
         else:
             kind = "column"

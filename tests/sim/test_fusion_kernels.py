@@ -1,0 +1,192 @@
+"""@tt.fuse: one test per kernel shape the planner produces, with measured traffic.
+
+The simulator profiler counts every global access; the fused kernels must move exactly what
+``explain()`` predicts, and for elementwise chains and on-chip reduce-then-broadcast chains the
+minimum: each input read once, each output written once.
+"""
+
+import numpy as np
+import pytest
+
+import tessera_tile as tt
+from tessera_tile import sim
+
+pytestmark = pytest.mark.sim_only
+rng = np.random.default_rng(7)
+
+
+def measured(fn, *args):
+    with sim.profile() as prof:
+        result = fn(*args)
+    return result, prof.bytes_read + prof.bytes_written, fn.explain(*args)
+
+
+def minimum_bytes(args, results):
+    results = results if isinstance(results, tuple) else (results,)
+    return sum(a.nbytes for a in args if isinstance(a, np.ndarray)) + sum(r.nbytes for r in results)
+
+
+@tt.fuse
+def chain5(a, b):
+    return tt.tanh(a * b + 1.5) * tt.sigmoid(a - b) - a
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (33,), (4, 65), (2, 3, 5)])
+def test_elementwise_chain_is_one_kernel_with_minimum_traffic(shape):
+    a = rng.standard_normal(shape).astype(np.float32)
+    b = rng.standard_normal(shape).astype(np.float32)
+    got, traffic, ex = measured(chain5, a, b)
+    ref = np.tanh(a * b + np.float32(1.5)) / (1 + np.exp(-(a - b))) - a
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert ex.kernels == 1 and not ex.reasons
+    assert traffic == ex.bytes_fused == minimum_bytes((a, b), got)
+    assert ex.bytes_unfused > ex.bytes_fused or a.size == 0
+
+
+@tt.fuse
+def softmax(x):
+    m = tt.max(x, axis=-1, keepdims=True)
+    e = tt.exp(x - m)
+    return e / tt.sum(e, axis=-1, keepdims=True)
+
+
+def softmax_ref(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("cols", [2, 31, 32, 33, 1024, 1025])
+def test_softmax_is_one_kernel_reading_each_row_once_when_it_fits(cols):
+    x = rng.standard_normal((3, cols)).astype(np.float32)
+    got, traffic, ex = measured(softmax, x)
+    np.testing.assert_allclose(got, softmax_ref(x), rtol=1e-5, atol=1e-7)
+    assert ex.kernels == 1
+    mode = "warp" if cols <= 1024 else "block"
+    assert f"reduced by a {mode}" in ex.stages[0] and "kept on chip" in ex.stages[0]
+    assert traffic == ex.bytes_fused == 2 * x.nbytes
+
+
+def test_long_rows_are_read_once_per_pass_when_they_do_not_fit():
+    x = rng.standard_normal((1, 8200)).astype(np.float32)  # beyond 8192 float32 on chip
+    got, traffic, ex = measured(softmax, x)
+    np.testing.assert_allclose(got, softmax_ref(x), rtol=1e-5, atol=1e-8)
+    assert ex.kernels == 1 and "kept on chip" not in ex.stages[0]
+    assert traffic == ex.bytes_fused == 3 * x.nbytes + x.nbytes  # three passes, one write
+
+
+def test_8192_float32_per_row_stay_on_chip():
+    x = rng.standard_normal((1, 8192)).astype(np.float32)
+    got, traffic, ex = measured(softmax, x)
+    np.testing.assert_allclose(got, softmax_ref(x), rtol=1e-5, atol=1e-8)
+    assert "kept on chip" in ex.stages[0] and traffic == 2 * x.nbytes
+
+
+@tt.fuse
+def layer_norm(x):
+    mu = tt.mean(x, axis=-1, keepdims=True)
+    var = tt.mean(tt.square(x - mu), axis=-1, keepdims=True)
+    return (x - mu) * tt.rsqrt(var + 1e-5)
+
+
+def test_layer_norm_is_one_kernel_with_minimum_traffic():
+    x = rng.standard_normal((5, 100)).astype(np.float32)
+    got, traffic, ex = measured(layer_norm, x)
+    ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    assert ex.kernels == 1 and traffic == ex.bytes_fused == 2 * x.nbytes
+
+
+@tt.fuse
+def row_dot(x, y):
+    return tt.sum(x * y, axis=-1)
+
+
+def test_trailing_axis_reduction_uses_warp_shuffles_per_row():
+    x = rng.standard_normal((9, 70)).astype(np.float32)
+    y = rng.standard_normal((9, 70)).astype(np.float32)
+    got, traffic, ex = measured(row_dot, x, y)
+    np.testing.assert_allclose(got, (x * y).sum(-1), rtol=1e-5, atol=1e-5)
+    assert "shfl_xor_sync" in ex.source and ex.kernels == 1
+    assert traffic == ex.bytes_fused == x.nbytes + y.nbytes + got.nbytes
+
+
+@tt.fuse
+def column_stats(x):
+    return tt.mean(x, axis=0), tt.max(x, axis=0)
+
+
+def test_leading_axis_reduction_is_coalesced_and_shares_one_pass():
+    x = rng.standard_normal((37, 45)).astype(np.float32)
+    (mean, mx), traffic, ex = measured(column_stats, x)
+    np.testing.assert_allclose(mean, x.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(mx, x.max(0))
+    assert ex.kernels == 1 and "coalesced column" in ex.stages[0]
+    assert traffic == ex.bytes_fused == x.nbytes + mean.nbytes + mx.nbytes
+
+
+@tt.fuse
+def middle(x):
+    return tt.sum(x, axis=1)
+
+
+def test_middle_axis_reduction():
+    x = rng.standard_normal((3, 40, 5))
+    got, traffic, ex = measured(middle, x)
+    np.testing.assert_allclose(got, x.sum(1), rtol=1e-12)
+    assert ex.kernels == 1 and traffic == ex.bytes_fused == x.nbytes + got.nbytes
+
+
+@tt.fuse
+def total(x):
+    return tt.sum(x), tt.argmax(x)
+
+
+def test_full_reduction_is_deterministic_and_one_launch():
+    x = rng.standard_normal(5000).astype(np.float32)
+    (s, i), traffic, ex = measured(total, x)
+    np.testing.assert_allclose(s, x.sum(dtype=np.float64), rtol=1e-5)
+    assert i == x.argmax() and ex.kernels == 1 and "two-stage" in ex.stages[0]
+    assert traffic == ex.bytes_fused
+    again = total(x)
+    assert again[0] == s  # the same partials combined in the same order
+
+
+@tt.fuse
+def variance_all(x):
+    return tt.var(x)
+
+
+def test_full_reduce_then_broadcast_takes_two_kernels_and_says_why():
+    x = rng.standard_normal((10, 10))
+    got, traffic, ex = measured(variance_all, x)
+    np.testing.assert_allclose(got, x.var(), rtol=1e-12)
+    assert ex.kernels == 2 and "grid-wide barrier" in ex.reasons[0]
+    assert traffic == ex.bytes_fused
+
+
+@tt.fuse
+def several(x):
+    return tt.exp(x), tt.sum(x, axis=-1), tt.max(x, axis=-1, keepdims=True)
+
+
+def test_outputs_of_different_shapes_from_one_kernel():
+    x = rng.standard_normal((4, 20)).astype(np.float32)
+    (e, s, m), traffic, ex = measured(several, x)
+    assert e.shape == (4, 20) and s.shape == (4,) and m.shape == (4, 1)
+    np.testing.assert_allclose(e, np.exp(x), rtol=1e-6)
+    np.testing.assert_allclose(s, x.sum(-1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(m, x.max(-1, keepdims=True))
+    assert ex.kernels == 1
+    assert traffic == ex.bytes_fused == x.nbytes + e.nbytes + s.nbytes + m.nbytes
+
+
+def test_non_contiguous_views_give_correct_results():
+    base = rng.standard_normal((12, 70)).astype(np.float32)
+    for view in (base.T, base[::2, ::-3], base[:, 5:45]):
+        np.testing.assert_allclose(softmax(view), softmax_ref(view), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(
+            chain5(view, view[::-1]),
+            np.tanh(view * view[::-1] + 1.5) / (1 + np.exp(-(view - view[::-1]))) - view,
+            rtol=1e-5,
+            atol=1e-6,
+        )
