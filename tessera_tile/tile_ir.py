@@ -282,12 +282,13 @@ def leaf_const(value) -> Node:
     dtype = np.asarray(value).dtype
     if isinstance(value, bool):
         dtype = np.dtype(bool)
-    return Node(Op.CONST, dtype, arg=value, weak=isinstance(value, bool | int | float))
+    return Node(Op.CONST, dtype, arg=value, weak=type(value) in (bool, int, float))
 
 
 def leaf_scalar(position: int, value) -> Node:
     dtype = np.dtype(bool) if isinstance(value, bool) else np.asarray(value).dtype
-    return Node(Op.SCALAR, dtype, arg=position, weak=isinstance(value, bool | int | float))
+    # only Python scalars are weak (NEP 50): NumPy scalars and 0-d arrays keep their dtype
+    return Node(Op.SCALAR, dtype, arg=position, weak=type(value) in (bool, int, float))
 
 
 def elementwise(op: Op, *srcs: Node, arg=None) -> Node:

@@ -198,6 +198,25 @@ class FusedFunction:
             stages=stages,
         )
 
+    def inspect(self, *args, arch: str = "sm_90") -> list:
+        """Compile the kernels of this call offline (no GPU needed) for ``arch``.
+
+        Returns one :class:`tessera_tile.inspect.CompileReport` per kernel, in launch order.
+        """
+        from numba import typeof
+
+        from .. import inspect as offline
+
+        _, program, shapes = self._prepare(args)
+        arrays = _placeholder_arrays(program, shapes)
+        reports = []
+        for stage in program.plan.stages:
+            gen, _, threads, params, _ = _kernel_call(stage, arrays, args, shapes, program)
+            block = int(np.prod(threads))
+            signature = tuple(typeof(p) for p in params)
+            reports.append(offline.compile(gen.kernel, signature, arch=arch, block=block))
+        return reports
+
     def __call__(self, *args, out=None):
         if not _simulated() and not _gpu_present():
             raise RuntimeError(
@@ -332,11 +351,10 @@ def _scalar_params(stage, writer_scalars, args, program, shapes):
     return values
 
 
-def _launch(stage, arrays, args, shapes, program) -> None:
+def _kernel_call(stage, arrays, args, shapes, program):
+    """(generated kernel, blocks, threads, parameters) of one stage for these arrays."""
     leaves, outs = _stage_arrays(stage, arrays, args)
     layout = host.Layout(stage, host.stage_index_shape(stage, shapes), leaves, outs)
-    if layout.n_kept == 0 or (stage.kind == "elementwise" and layout.n_red == 0):
-        return
     variant = layout.variant()
     gen = kernel_cache.get(stage, variant)
     blocks, threads = layout.launch_config(variant)
@@ -351,6 +369,14 @@ def _launch(stage, arrays, args, shapes, program) -> None:
         params.append(_zeros(1, np.int32, leaves))
     params += _scalar_params(stage, writer.scalars, args, program, shapes)
     params += layout.sizes()
+    empty = layout.n_kept == 0 or (stage.kind == "elementwise" and layout.n_red == 0)
+    return gen, blocks, threads, params, empty
+
+
+def _launch(stage, arrays, args, shapes, program) -> None:
+    gen, blocks, threads, params, empty = _kernel_call(stage, arrays, args, shapes, program)
+    if empty:
+        return
     if os.environ.get("TESSERA_TILE_DUMP"):
         print(f"launch {gen.name}[{blocks}, {threads}]")
     with np.errstate(all="ignore"):

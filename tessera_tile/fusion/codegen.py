@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import memory
 from .. import tile_ir as ir
 from ..tile_ir import Node, Op
 from . import device
@@ -60,6 +61,7 @@ class Variant:
     red_rank: int
     mode: str = ""  # row: "warp" or "block"
     cache: bool = False  # row: keep multi-pass leaves in shared memory
+    vector: int = 1  # elementwise: elements per 16-byte load/store (contiguous and aligned)
 
 
 @dataclass
@@ -457,9 +459,12 @@ class KernelWriter:
     def write_elementwise(self) -> None:
         s = self.src
         dims = [f"dk{i}" for i in range(self.v.kept_rank)]
-        s("i = cuda.grid(1)")
-        s("step = cuda.gridsize(1)")
         s(f"n = {' * '.join(dims)}")
+        s("step = cuda.gridsize(1)")
+        s("i = cuda.grid(1)")
+        if self.v.vector > 1:
+            self.write_vector_loop(self.v.vector)
+            s(f"i = (n // {self.v.vector}) * {self.v.vector} + cuda.grid(1)  # the tail")
         s("while i < n:")
         with s.block():
             for line in self.unravel("i", dims, "k"):
@@ -469,6 +474,26 @@ class KernelWriter:
             for i, (n, _) in enumerate(self.outputs):
                 val = self.value(n, env, load)
                 s(f"{self.out_name(i)}[{self.index(True, False)}] = {self._store_cast(n, val)}")
+            s("i += step")
+
+    def write_vector_loop(self, width: int) -> None:
+        """Whole 16-byte vectors: one LDG.E.128 per input and one STG.E.128 per output."""
+        s = self.src
+        s(f"while i < n // {width}:")
+        with s.block():
+            s(f"b = i * {width}")
+            lanes = [dict() for _ in range(width)]
+            for leaf in self.leaves:
+                name = self.names[leaf.key]
+                parts = [f"{name}_{lane}" for lane in range(width)]
+                s(f"{', '.join(parts)} = load16({name}, b)")
+                for lane, part in enumerate(parts):
+                    lanes[lane][leaf.key] = part
+            load = self.loader(set())
+            for i, (n, _) in enumerate(self.outputs):
+                vals = [self.value(n, lanes[lane], load) for lane in range(width)]
+                t = TYPE_NAMES[np.dtype(n.dtype)]
+                s(f"store16({self.out_name(i)}, b, ({', '.join(f'{t}({v})' for v in vals)}))")
             s("i += step")
 
     @staticmethod
@@ -851,6 +876,8 @@ def generate(stage: Stage, variant: Variant) -> Generated:
         "mod_int": device.mod_int,
         "mod_float": device.mod_float,
         "pow_int": device.pow_int,
+        "load16": memory.load16,
+        "store16": memory.store16,
         **device.MATH,
     }
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated code

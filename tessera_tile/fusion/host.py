@@ -56,6 +56,12 @@ def _contiguous_strides(shape, itemsize):
     return tuple(reversed(strides))
 
 
+def _address(a) -> int:
+    if isinstance(a, np.ndarray):
+        return a.__array_interface__["data"][0]
+    return a.__cuda_array_interface__["data"][0]
+
+
 def make_view(a, shape, strides):
     """A view of ``a`` (same first element) with the given shape and byte strides."""
     if isinstance(a, np.ndarray):
@@ -171,6 +177,8 @@ class Layout:
 
     def variant(self) -> Variant:
         kind = self.stage.kind
+        if kind == "elementwise":
+            return Variant(kind, self.kept_rank, self.red_rank, vector=self.vector_width())
         if kind != "row":
             return Variant(kind, self.kept_rank, self.red_rank)
         mode = "warp" if self.n_red <= WARP_ROW_MAX else "block"
@@ -179,10 +187,20 @@ class Layout:
         cache = 0 < self.n_red <= length
         return Variant(kind, self.kept_rank, self.red_rank, mode, cache)
 
+    def vector_width(self) -> int:
+        """4 when every array is 1-D, unit-stride, 4-byte and 16-byte aligned, else 1."""
+        if self.kept_rank != 1:
+            return 1
+        for v in self.views:
+            shape, strides, dtype = array_meta(v)
+            if dtype.itemsize != 4 or strides[0] != 4 or _address(v) % 16:
+                return 1
+        return 4
+
     def launch_config(self, variant: Variant):
         kind = variant.kind
         if kind == "elementwise":
-            n = self.n_kept
+            n = -(-self.n_kept // variant.vector)
             return max(1, min(-(-n // BLOCK), MAX_BLOCKS)), BLOCK
         if kind == "row":
             rows_per_block = BLOCK // WARP if variant.mode == "warp" else 1

@@ -482,8 +482,8 @@ def trace(fn, args: tuple, classify) -> Trace:
         if not isinstance(r, Traced):
             where_ = "its result" if single else f"result {k}"
             raise TraceError(
-                f"{fn.__name__}: {where_} is a {type(r).__name__}, not a value computed from "
-                "its arguments"
+                f"{fn.__name__}: {where_} has type {type(r).__name__}, not a value computed "
+                "from its arguments"
             )
         outputs.append(r.node)
     result_trace.outputs = tuple(outputs)

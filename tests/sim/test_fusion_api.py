@@ -1,0 +1,206 @@
+"""@tt.fuse: inputs, outputs, out=, scalars, caching, and errors for bad input."""
+
+import math
+
+import numpy as np
+import pytest
+
+import tessera_tile as tt
+from tessera_tile.fusion import TraceError, kernel_cache
+
+rng = np.random.default_rng(3)
+
+
+def test_scalars_python_and_numpy_and_zero_d():
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+
+    @tt.fuse
+    def scaled(x, a, b, c):
+        return x * a + b - c
+
+    got = scaled(x, 2, np.float32(0.5), np.array(1.5, np.float64))
+    ref = x * 2 + np.float32(0.5) - np.array(1.5)
+    assert got.dtype == ref.dtype == np.float64  # a 0-d float64 array is a strong scalar
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+    assert scaled(x, 2, 0.5, 1.5).dtype == np.float32  # Python scalars are weak
+
+
+def test_results_and_inputs():
+    x = rng.standard_normal((4, 5))
+    before = x.copy()
+
+    @tt.fuse
+    def two(x):
+        return x + 1, tt.sum(x, axis=0)
+
+    a, s = two(x)
+    assert isinstance(a, np.ndarray) and a.shape == (4, 5) and s.shape == (5,)
+    np.testing.assert_array_equal(x, before)
+
+
+def test_out_writes_into_given_arrays_including_views():
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    backing = np.zeros((4, 12), np.float32)
+    out = backing[:, ::2]
+
+    @tt.fuse
+    def double(x):
+        return x * 2
+
+    result = double(x, out=out)
+    assert result is out
+    np.testing.assert_array_equal(backing[:, ::2], x * 2)
+    np.testing.assert_array_equal(backing[:, 1::2], 0)
+
+
+def test_out_errors_name_the_problem():
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+
+    @tt.fuse
+    def double(x):
+        return x * 2
+
+    with pytest.raises(ValueError, match="shape"):
+        double(x, out=np.zeros((4, 5), np.float32))
+    with pytest.raises(ValueError, match="dtype"):
+        double(x, out=np.zeros((4, 6), np.float64))
+    with pytest.raises(ValueError, match="overlaps argument 0"):
+        double(x, out=x)
+    with pytest.raises(ValueError, match="1 result"):
+        double(x, out=(np.zeros((4, 6), np.float32), np.zeros((4, 6), np.float32)))
+    with pytest.raises(TypeError, match="not an array"):
+        double(x, out=[1, 2])
+
+
+def test_bad_arguments_are_named_before_anything_runs():
+    @tt.fuse
+    def add(a, b):
+        return a + b
+
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"\(3, 4\).*\(5,\).*do not broadcast"):
+        add(x, np.ones(5, np.float32))
+    with pytest.raises(TypeError, match="argument 1 of add has dtype complex128"):
+        add(x, np.ones(4, np.complex128))
+    with pytest.raises(TypeError, match="argument 0 of add has dtype <U1"):
+        add(np.array(["a"]), x)
+    with pytest.raises(TypeError, match="argument 1 of add is a list"):
+        add(x, [1, 2, 3, 4])
+    with pytest.raises(TypeError, match="datetime64"):
+        add(x, np.array(["2020-01-01"] * 4, dtype="datetime64[D]"))
+
+
+def test_axis_errors_follow_numpy():
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match="axis 2 is out of bounds"):
+        tt.fuse(lambda x: tt.sum(x, axis=2))(x)
+    with pytest.raises(ValueError, match="repeated axis"):
+        tt.fuse(lambda x: tt.sum(x, axis=(0, -2)))(x)
+    with pytest.raises(ValueError, match="one axis or None"):
+        tt.fuse(lambda x: tt.argmax(x, axis=(0, 1)))(x)
+
+
+def test_empty_reductions_follow_numpy():
+    e = np.zeros((0, 3), np.float32)
+    np.testing.assert_array_equal(tt.fuse(lambda x: tt.sum(x, axis=0))(e), np.zeros(3))
+    np.testing.assert_array_equal(tt.fuse(lambda x: tt.prod(x, axis=0))(e), np.ones(3))
+    with pytest.raises(ValueError, match="zero-size array to reduction operation max"):
+        tt.fuse(lambda x: tt.max(x, axis=0))(e)
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(tt.fuse(lambda x: tt.mean(x))(e))
+
+
+def test_nan_and_inf_propagate_as_in_numpy():
+    x = np.array([[1.0, np.nan, 3.0, np.nan], [np.inf, -np.inf, 0.0, 2.0]], np.float32)
+
+    @tt.fuse
+    def stats(x):
+        return tt.max(x, axis=1), tt.argmax(x, axis=1), tt.min(x), tt.argmin(x, axis=1)
+
+    mx, amx, mn, amn = stats(x)
+    np.testing.assert_array_equal(mx, x.max(1))
+    np.testing.assert_array_equal(amx, x.argmax(1))
+    assert np.isnan(mn) and np.isnan(x.min())
+    np.testing.assert_array_equal(amn, x.argmin(1))
+
+
+def test_what_cannot_be_traced_is_explained():
+    x = np.ones(4, np.float32)
+
+    def branch(x):
+        return x if x > 0 else -x
+
+    with pytest.raises(TraceError, match="tt.where"):
+        tt.fuse(branch)(x)
+    with pytest.raises(TraceError, match="tt.exp"):
+        tt.fuse(lambda x: math.exp(x))(x)
+    with pytest.raises(TraceError, match="numpy.cumsum"):
+        tt.fuse(lambda x: np.cumsum(x))(x)
+
+    def inplace(x):
+        x += 1
+        return x
+
+    with pytest.raises(TraceError, match="in-place"):
+        tt.fuse(inplace)(x)
+
+    def setitem(x):
+        x[0] = 1
+        return x
+
+    with pytest.raises(TraceError, match="in-place"):
+        tt.fuse(setitem)(x)
+    with pytest.raises(TraceError, match="result has type int"):
+        tt.fuse(lambda x: 3)(x)
+    with pytest.raises(TypeError, match="fuse expects a function"):
+        tt.fuse(3)
+
+
+def test_numpy_ufuncs_on_traced_values_work():
+    x = rng.standard_normal(10)
+    np.testing.assert_allclose(tt.fuse(lambda x: np.exp(x) + np.maximum(x, 0))(x),
+                               np.exp(x) + np.maximum(x, 0))  # fmt: skip
+
+
+def test_cache_hits_skip_tracing_and_code_generation():
+    calls = []
+
+    @tt.fuse
+    def f(x, y):
+        calls.append(1)
+        return tt.sum(x * y, axis=-1)
+
+    a = np.ones((3, 5), np.float32)
+    f(a, a)
+    assert f.cache_info()["misses"] == 1 and len(calls) == 1
+    generated = kernel_cache.misses
+    f(np.ones((7, 9), np.float32), np.ones((7, 9), np.float32))  # same signature, new sizes
+    assert f.cache_info()["hits"] == 1 and len(calls) == 1
+    assert kernel_cache.misses == generated  # no code generation
+    f(np.ones((7, 9)), np.ones((7, 9)))  # float64: a new signature
+    assert f.cache_info()["misses"] == 2 and len(calls) == 2
+    f(np.ones((7, 1), np.float32), np.ones((7, 9), np.float32))  # a broadcast axis: new
+    assert f.cache_info()["misses"] == 3 and len(calls) == 3
+
+
+def test_same_structure_shares_kernels_across_functions():
+    x = np.ones((2, 3), np.float32)
+    tt.fuse(lambda x: tt.exp(x) * 3)(x)
+    before = kernel_cache.misses
+    tt.fuse(lambda y: tt.exp(y) * 3)(x)
+    assert kernel_cache.misses == before and kernel_cache.hits > 0
+
+
+def test_explain_reports_the_plan():
+    @tt.fuse
+    def softmax(x):
+        e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))
+        return e / tt.sum(e, axis=-1, keepdims=True)
+
+    x = np.ones((4, 8), np.float32)
+    ex = softmax.explain(x)
+    assert ex.kernels == 1 and ex.reasons == []
+    assert "max" in ex.ir and "sum" in ex.ir and "@cuda.jit" in ex.source
+    assert ex.source.startswith("# tessera_tile fused kernel: max, sub, exp, sum, truediv")
+    assert ex.bytes_fused == 2 * x.nbytes and ex.bytes_unfused > ex.bytes_fused
+    assert "1 kernel(s)" in str(ex)
