@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-EXAMPLES = ["elementwise_chain", "row_reductions", "transpose"]
+EXAMPLES = ["elementwise_chain", "row_reductions", "transpose", "matmul"]
 
 
 def load(name: str):

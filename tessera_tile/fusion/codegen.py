@@ -401,7 +401,11 @@ class KernelWriter:
             raise AssertionError("reduction results are set when their pass ends")
         args = [self.value(s, env, load) for s in n.srcs]
         var = self.fresh("t")
-        self.src(f"{var} = {emit_elementwise(n, args)}")
+        rcp = env.get("rcp:" + n.key)
+        if rcp is not None:  # divide by a per-row value: multiply by its reciprocal
+            self.src(f"{var} = {_cast(args[0], n.srcs[0].dtype, n.dtype)} * {rcp}")
+        else:
+            self.src(f"{var} = {emit_elementwise(n, args)}")
         env[n.key] = var
         return var
 
@@ -560,12 +564,23 @@ class KernelWriter:
                     s(f"out{i}[{self.index(True, False)}] = {self._store_cast(n, val)}")
 
     def emit_row_values(self, env: dict) -> None:
-        """Compute, once per row, every row-space value whose operands are now known."""
+        """Compute, once per row, every row-space value whose operands are now known, and the
+        reciprocal of every per-row divisor (one division per row instead of one per element;
+        the result may differ from an IEEE division in the last bit)."""
         for n in self.nodes:
             if n.key in env or self.space[id(n)] != "row" or n.op in ir.REDUCE:
                 continue
             if all(s.key in env or self.space[id(s)] == "const" for s in n.srcs):
                 self.value(n, env, self.loader(set()))
+        for n in self.nodes:
+            if n.op is not Op.TRUEDIV or self.space[id(n)] != "F" or "rcp:" + n.key in env:
+                continue
+            divisor = n.srcs[1]
+            if self.space[id(divisor)] == "row" and divisor.key in env and is_float(n.dtype):
+                t = TYPE_NAMES[compute_dtype(n.dtype)]
+                var = self.fresh("rcp")
+                self.src(f"{var} = {t}(1.0) / {_cast(env[divisor.key], divisor.dtype, n.dtype)}")
+                env["rcp:" + n.key] = var
 
     # row template ---------------------------------------------------------------------------
     def write_row(self) -> None:

@@ -24,6 +24,7 @@ class Case:
 
 
 F32_1D = "float32[::1]"
+MATMUL = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
 
 CASES = [
     Case(
@@ -60,5 +61,40 @@ CASES = [
         "void(float32[:, ::1], float32[::1], float32[::1])",
         budget={"sm_80": 53, "sm_90": 56},
         opcodes={"SHFL": 10, "BAR": 2},
+    ),
+    Case(
+        "examples/matmul",
+        "matmul_sync",
+        MATMUL,
+        budget={"sm_80": 88, "sm_90": 82},
+        opcodes={"LDS.128": 32, "FFMA": 256, "STG.E.128": 1},
+    ),
+    Case(
+        "examples/matmul",
+        "matmul_2stage",
+        MATMUL,
+        budget={"sm_80": 62, "sm_90": 66},
+        opcodes={"LDGSTS": 1, "LDS.128": 32, "FFMA": 256},
+    ),
+    Case(
+        "examples/matmul",
+        "matmul_3stage",
+        MATMUL,
+        budget={"sm_80": 62, "sm_90": 66},
+        opcodes={"LDGSTS": 1, "LDS.128": 32, "FFMA": 256},
+    ),
+    Case(
+        "examples/matmul",
+        "matmul_3stage_v16",
+        MATMUL,
+        budget={"sm_80": 62, "sm_90": 66},
+        opcodes={"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 256},
+    ),
+    Case(
+        "examples/matmul",
+        "matmul_3stage_8x8",
+        MATMUL,
+        budget={"sm_80": 141, "sm_90": 180},
+        opcodes={"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 512},
     ),
 ]
