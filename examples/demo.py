@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-EXAMPLES = ["elementwise_chain", "row_reductions", "transpose", "matmul"]
+EXAMPLES = ["elementwise_chain", "row_reductions", "transpose", "matmul", "fused_softmax"]
 
 
 def load(name: str):
@@ -42,9 +42,12 @@ def show_reports() -> None:
     from tessera_tile import inspect
 
     for name in EXAMPLES:
-        for kernel, signature in load(name).KERNELS:
-            for arch in ("sm_80", "sm_90"):
+        module = load(name)
+        for arch in ("sm_80", "sm_90"):
+            for kernel, signature in module.KERNELS:
                 print(inspect.compile(kernel, signature, arch=arch))
+            for report in getattr(module, "compile_reports", lambda arch: [])(arch):
+                print(report)
 
 
 def main() -> int:

@@ -17,3 +17,9 @@ def test_elementwise_chain_reference_is_not_trivial():
     chain = load_example("elementwise_chain")
     a = np.array([0.5], np.float32)
     assert chain.reference(a, a, a)[0] == pytest.approx(np.tanh(0.75) / (1 + np.exp(-0.75)) - 0.5)
+
+
+def test_fused_softmax_example_matches_numpy():
+    example = load_example("fused_softmax")
+    assert example.run(rows=5, cols=70) < 1e-4
+    assert example.softmax.explain(example.inputs(4, 40)[0]).kernels == 1
