@@ -52,8 +52,8 @@ def run(rows: int = 16, cols: int = 1000, seed: int = 0) -> float:
     np.testing.assert_allclose(y, softmax_reference(x), rtol=1e-5, atol=1e-7)
     z = layer_norm(x, gamma, beta)
     np.testing.assert_allclose(z, layer_norm_reference(x, gamma, beta), rtol=1e-4, atol=1e-5)
-    return float(max(np.abs(y - softmax_reference(x)).max(initial=0.0),
-                     np.abs(z - layer_norm_reference(x, gamma, beta)).max(initial=0.0)))  # fmt: skip
+    errors = (y - softmax_reference(x), z - layer_norm_reference(x, gamma, beta))
+    return float(max(np.abs(e).max(initial=0.0) for e in errors))
 
 
 KERNELS: list = []  # @tt.fuse generates its kernels; compile_reports() shows them

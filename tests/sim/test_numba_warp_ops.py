@@ -10,10 +10,13 @@ import importlib
 import unittest
 
 import pytest
+from helpers import SIMULATED
 
 import tessera_tile  # noqa: F401 - importing it installs the warp-aware simulator
 
 pytestmark = pytest.mark.sim_only
+if not SIMULATED:
+    pytest.skip("numba-cuda's warp tests are run against the simulator", allow_module_level=True)
 
 CANNOT_PASS = {
     "test_shfl_sync_const_mode_val": "reads the LLVM IR (inspect_llvm): needs the compiler",
