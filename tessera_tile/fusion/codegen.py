@@ -601,7 +601,7 @@ class KernelWriter:
             s("group = 0")
             s("groups = 1")
             s("jstep = cuda.blockDim.x")
-            s(f"scratch = cuda.shared.array({WARP}, {{acc}})")  # filled below
+            s(f"#SCRATCH {WARP}")  # declared by _fix_scratch once the reductions are known
             self.cache_index = "j"
             rows_per_block = 1
         self._declare_caches(rows_per_block)
@@ -631,17 +631,11 @@ class KernelWriter:
         self._cache_groups = groups
 
     def _fix_scratch(self) -> None:
-        """Declare the shared scratch and the row caches now that the body is known."""
+        """Declare the shared scratch and the row caches now that the body is known.
+
+        One scratch array per accumulator dtype: int64 and float64 partials must not share one.
+        """
         lines = self.src.lines
-        accs = [acc_dtype(r) for r in self.reductions] or [np.dtype(np.float32)]
-        widest = max(accs, key=lambda d: d.itemsize)
-        for i, line in enumerate(lines):
-            if "scratch = cuda.shared.array" in line and "{acc}" in line:
-                lines[i] = line.replace("{acc}", TYPE_NAMES[widest])
-                if any(r.op in ir.INDEX_REDUCE for r in self.reductions):
-                    lines.insert(i + 1, line.split("scratch")[0] + "scratchi = cuda.shared.array"
-                                 f"({WARP}, int64)")  # fmt: skip
-                break
         if self.v.cache and self.cached:
             leaves = [n for n in self.leaves if n.key in self.cached]
             length = cache_length(self.stage, self._cache_groups)
@@ -657,6 +651,18 @@ class KernelWriter:
                 )
             lines[self._cache_decl_at : self._cache_decl_at] = decl
             self.cache_length = length
+        for i, line in enumerate(lines):
+            if line.strip().startswith("#SCRATCH"):
+                indent, shape = line.split("#SCRATCH")[0], line.split("#SCRATCH")[1].strip()
+                dtypes = sorted({TYPE_NAMES[acc_dtype(r)] for r in self.reductions})
+                if any(r.op in ir.INDEX_REDUCE for r in self.reductions):
+                    dtypes.append("index")
+                lines[i : i + 1] = [
+                    f"{indent}scratch_{t} = cuda.shared.array({shape}, "
+                    f"{'int64' if t == 'index' else t})"
+                    for t in dtypes
+                ]
+                break
 
     def warp_allreduce(self, r: Node, a: str, ai: str) -> list[str]:
         """Xor butterfly over the 32 lanes of a warp: every lane gets the result."""
@@ -671,21 +677,22 @@ class KernelWriter:
 
     def block_combine(self, r: Node, a: str, ai: str) -> list[str]:
         """Lane 0 of each warp publishes; every thread folds the partials in warp order."""
+        t = TYPE_NAMES[acc_dtype(r)]
         out = [
             "if (cuda.threadIdx.x & 31) == 0:",
-            f"    scratch[cuda.threadIdx.x >> 5] = {a}",
+            f"    scratch_{t}[cuda.threadIdx.x >> 5] = {a}",
         ]
         if ai:
-            out.append(f"    scratchi[cuda.threadIdx.x >> 5] = {ai}")
+            out.append(f"    scratch_index[cuda.threadIdx.x >> 5] = {ai}")
         out.append("cuda.syncthreads()")
         t = TYPE_NAMES[acc_dtype(r)]
-        out.append(f"{a} = {t}(scratch[0])")
+        out.append(f"{a} = {t}(scratch_{t}[0])")
         if ai:
-            out.append(f"{ai} = scratchi[0]")
+            out.append(f"{ai} = scratch_index[0]")
         out += ["w = 1", "while w < (cuda.blockDim.x + 31) >> 5:"]
-        out.append(f"    {a}_w = {t}(scratch[w])")
+        out.append(f"    {a}_w = {t}(scratch_{t}[w])")
         if ai:
-            out.append(f"    {a}_wi = scratchi[w]")
+            out.append(f"    {a}_wi = scratch_index[w]")
         out += ["    " + line for line in combine(r, a, f"{a}_w", ai, f"{a}_wi" if ai else "")]
         out += ["    w += 1", "cuda.syncthreads()"]
         return out
@@ -696,7 +703,7 @@ class KernelWriter:
         kept = [f"dk{i}" for i in range(self.v.kept_rank)]
         s(f"nred = {' * '.join(f'dr{i}' for i in range(self.v.red_rank))}")
         s(f"nkept = {' * '.join(kept)}")
-        s(f"scratch = cuda.shared.array(({COLUMN_BLOCK[1]}, {COLUMN_BLOCK[0]}), {{acc}})")
+        s(f"#SCRATCH ({COLUMN_BLOCK[1]}, {COLUMN_BLOCK[0]})")
         s("tx = cuda.threadIdx.x")
         s("ty = cuda.threadIdx.y")
         s("jstep = cuda.blockDim.y")
@@ -718,34 +725,19 @@ class KernelWriter:
 
             self.write_reduce_body(reduce, lambda: "active and ty == 0", setup)
             s("base += cuda.gridDim.x * cuda.blockDim.x")
-        self._fix_scratch_column()
-
-    def _fix_scratch_column(self) -> None:
-        lines = self.src.lines
-        accs = [acc_dtype(r) for r in self.reductions] or [np.dtype(np.float32)]
-        widest = max(accs, key=lambda d: d.itemsize)
-        for i, line in enumerate(lines):
-            if "scratch = cuda.shared.array" in line and "{acc}" in line:
-                lines[i] = line.replace("{acc}", TYPE_NAMES[widest])
-                if any(r.op in ir.INDEX_REDUCE for r in self.reductions):
-                    lines.insert(
-                        i + 1,
-                        line.split("scratch")[0] + "scratchi = cuda.shared.array"
-                        f"(({COLUMN_BLOCK[1]}, {COLUMN_BLOCK[0]}), int64)",
-                    )
-                break
+        self._fix_scratch()
 
     def column_combine(self, r: Node, a: str, ai: str) -> list[str]:
         t = TYPE_NAMES[acc_dtype(r)]
-        out = [f"scratch[ty, tx] = {a}"]
+        out = [f"scratch_{t}[ty, tx] = {a}"]
         if ai:
-            out.append(f"scratchi[ty, tx] = {ai}")
-        out += ["cuda.syncthreads()", f"{a} = {t}(scratch[0, tx])"]
+            out.append(f"scratch_index[ty, tx] = {ai}")
+        out += ["cuda.syncthreads()", f"{a} = {t}(scratch_{t}[0, tx])"]
         if ai:
-            out.append(f"{ai} = scratchi[0, tx]")
-        out += ["w = 1", "while w < cuda.blockDim.y:", f"    {a}_w = {t}(scratch[w, tx])"]
+            out.append(f"{ai} = scratch_index[0, tx]")
+        out += ["w = 1", "while w < cuda.blockDim.y:", f"    {a}_w = {t}(scratch_{t}[w, tx])"]
         if ai:
-            out.append(f"    {a}_wi = scratchi[w, tx]")
+            out.append(f"    {a}_wi = scratch_index[w, tx]")
         out += ["    " + line for line in combine(r, a, f"{a}_w", ai, f"{a}_wi" if ai else "")]
         out += ["    w += 1", "cuda.syncthreads()"]
         return out
@@ -755,7 +747,7 @@ class KernelWriter:
         s = self.src
         red = [f"dr{i}" for i in range(self.v.red_rank)]
         s(f"nred = {' * '.join(red)}")
-        s(f"scratch = cuda.shared.array({WARP}, {{acc}})")
+        s(f"#SCRATCH {WARP}")
         for i in range(self.v.kept_rank):
             s(f"k{i} = 0")
         passes = plan_passes(self.stage)

@@ -262,3 +262,69 @@ def test_every_elementwise_function_matches_numpy():
             got = tt.fuse(ours)(x)
         assert got.dtype == ref.dtype, name
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=name)
+
+
+REDUCTIONS = {
+    "sum": (tt.sum, np.sum),
+    "prod": (tt.prod, np.prod),
+    "max": (tt.max, np.max),
+    "min": (tt.min, np.min),
+    "mean": (tt.mean, np.mean),
+    "var": (tt.var, np.var),
+    "std": (tt.std, np.std),
+    "any": (tt.any, np.any),
+    "all": (tt.all, np.all),
+    "logsumexp": (
+        tt.logsumexp,
+        lambda x, axis, keepdims: np.log(
+            np.sum(np.exp(x.astype(np.float64)), axis, keepdims=keepdims)
+        ),
+    ),
+}
+
+
+@given(
+    name=st.sampled_from(sorted(REDUCTIONS)),
+    dtype=st.sampled_from(["bool", "int32", "int64", "float16", "float32", "float64"]),
+    shape=st.sampled_from([(7,), (3, 5), (2, 3, 4), (1, 6), (33, 2)]),
+    axis=st.sampled_from([None, 0, -1, (0, -1)]),
+    keepdims=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_every_reduction_matches_numpy(name, dtype, shape, axis, keepdims, seed):
+    x = np.random.default_rng(seed).uniform(-3, 3, shape)
+    x = (x > 0) if dtype == "bool" else x.astype(dtype)
+    if isinstance(axis, tuple) and len(shape) < 2:
+        axis = None
+    ours, theirs = REDUCTIONS[name]
+    try:
+        with np.errstate(all="ignore"):
+            ref = np.asarray(theirs(x, axis=axis, keepdims=keepdims))
+    except TypeError:
+        with pytest.raises(TypeError):
+            tt.fuse(lambda v: ours(v, axis=axis, keepdims=keepdims))(x)
+        return
+    got = tt.fuse(lambda v: ours(v, axis=axis, keepdims=keepdims))(x)
+    if name == "logsumexp":
+        ref = ref.astype(got.dtype)
+    assert_matches(got, ref)
+
+
+@given(
+    dtype=st.sampled_from(["bool", "int32", "int64", "float16", "float32", "float64"]),
+    shape=st.sampled_from([(7,), (3, 5), (1, 6), (33, 2)]),
+    axis=st.sampled_from([None, 0, -1]),
+    seed=st.integers(0, 2**16),
+)
+def test_argmax_and_argmin_match_numpy_with_ties(dtype, shape, axis, seed):
+    x = np.random.default_rng(seed).integers(-2, 3, shape)  # few values: many ties
+    x = (x > 0) if dtype == "bool" else x.astype(dtype)
+
+    @tt.fuse
+    def args(v):
+        return tt.argmax(v, axis=axis), tt.argmin(v, axis=axis, keepdims=True)
+
+    amax, amin = args(x)
+    np.testing.assert_array_equal(amax, np.argmax(x, axis=axis))
+    np.testing.assert_array_equal(amin, np.argmin(x, axis=axis, keepdims=True))
+    assert amax.dtype == np.int64
