@@ -675,27 +675,34 @@ class KernelWriter:
         out.append("    off >>= 1")
         return out
 
-    def block_combine(self, r: Node, a: str, ai: str) -> list[str]:
-        """Lane 0 of each warp publishes; every thread folds the partials in warp order."""
+    @staticmethod
+    def fold_partials(r: Node, a: str, ai: str, guard: str, slot, count: str) -> list[str]:
+        """Publish each partial to shared scratch, then every thread folds them in slot order.
+
+        ``slot(w)`` is the scratch index of partial ``w``; ``guard`` says who publishes.
+        """
         t = TYPE_NAMES[acc_dtype(r)]
-        out = [
-            "if (cuda.threadIdx.x & 31) == 0:",
-            f"    scratch_{t}[cuda.threadIdx.x >> 5] = {a}",
-        ]
+        mine = slot(None)
+        out = [f"if {guard}:", f"    scratch_{t}[{mine}] = {a}"]
         if ai:
-            out.append(f"    scratch_index[cuda.threadIdx.x >> 5] = {ai}")
-        out.append("cuda.syncthreads()")
-        t = TYPE_NAMES[acc_dtype(r)]
-        out.append(f"{a} = {t}(scratch_{t}[0])")
+            out.append(f"    scratch_index[{mine}] = {ai}")
+        out += ["cuda.syncthreads()", f"{a} = {t}(scratch_{t}[{slot('0')}])"]
         if ai:
-            out.append(f"{ai} = scratch_index[0]")
-        out += ["w = 1", "while w < (cuda.blockDim.x + 31) >> 5:"]
-        out.append(f"    {a}_w = {t}(scratch_{t}[w])")
+            out.append(f"{ai} = scratch_index[{slot('0')}]")
+        out += ["w = 1", f"while w < {count}:", f"    {a}_w = {t}(scratch_{t}[{slot('w')}])"]
         if ai:
-            out.append(f"    {a}_wi = scratch_index[w]")
+            out.append(f"    {a}_wi = scratch_index[{slot('w')}]")
         out += ["    " + line for line in combine(r, a, f"{a}_w", ai, f"{a}_wi" if ai else "")]
         out += ["    w += 1", "cuda.syncthreads()"]
         return out
+
+    def block_combine(self, r: Node, a: str, ai: str) -> list[str]:
+        """Lane 0 of each warp publishes the warp's result; warps fold in order."""
+        return self.fold_partials(
+            r, a, ai, "(cuda.threadIdx.x & 31) == 0",
+            lambda w: "cuda.threadIdx.x >> 5" if w is None else w,
+            "(cuda.blockDim.x + 31) >> 5",
+        )  # fmt: skip
 
     # column template ------------------------------------------------------------------------
     def write_column(self) -> None:
@@ -728,19 +735,10 @@ class KernelWriter:
         self._fix_scratch()
 
     def column_combine(self, r: Node, a: str, ai: str) -> list[str]:
-        t = TYPE_NAMES[acc_dtype(r)]
-        out = [f"scratch_{t}[ty, tx] = {a}"]
-        if ai:
-            out.append(f"scratch_index[ty, tx] = {ai}")
-        out += ["cuda.syncthreads()", f"{a} = {t}(scratch_{t}[0, tx])"]
-        if ai:
-            out.append(f"{ai} = scratch_index[0, tx]")
-        out += ["w = 1", "while w < cuda.blockDim.y:", f"    {a}_w = {t}(scratch_{t}[w, tx])"]
-        if ai:
-            out.append(f"    {a}_wi = scratch_index[w, tx]")
-        out += ["    " + line for line in combine(r, a, f"{a}_w", ai, f"{a}_wi" if ai else "")]
-        out += ["    w += 1", "cuda.syncthreads()"]
-        return out
+        """Every y thread of a column publishes; the column's partials fold in y order."""
+        return self.fold_partials(
+            r, a, ai, "True", lambda w: "ty, tx" if w is None else f"{w}, tx", "cuda.blockDim.y"
+        )
 
     # full template --------------------------------------------------------------------------
     def write_full(self) -> None:
