@@ -496,11 +496,6 @@ def _make_store(space: str):
     return vector_store
 
 
-def _host(array):
-    # Under the profiler kernels see TrackedArray wrappers; the address is that of the data.
-    return getattr(array, "_a", array)
-
-
 def _vector_index(array, index):
     idx = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
     n = VECTOR_BYTES // array.itemsize
@@ -521,11 +516,8 @@ def _store16_twin(array, index, values):
 
 
 def _aligned16_twin(array, index):
-    a = _host(array)
     idx = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
-    addr = a.__array_interface__["data"][0] + sum(
-        i * s for i, s in zip(idx, a.strides, strict=True)
-    )
+    addr = sim.address(array) + sum(i * s for i, s in zip(idx, array.strides, strict=True))
     return addr % VECTOR_BYTES == 0
 
 

@@ -157,9 +157,7 @@ def _run(array, index, n: int, what: str, size: int):
         )
     if n > 1 and array.strides[-1] != array.itemsize:
         raise sim.SimulationError(f"cp.async {what}: the last axis is not contiguous")
-    # A TrackedArray (inside a profile) wraps the numpy array it tracks in ``_a``.
-    base = getattr(array, "_a", array).__array_interface__["data"][0]
-    address = base + sum(i * s for i, s in zip(key, array.strides, strict=True))
+    address = sim.address(array) + sum(i * s for i, s in zip(key, array.strides, strict=True))
     if address % size:
         raise sim.SimulationError(
             f"cp.async {what}: address of index {key} is not {size}-byte aligned"

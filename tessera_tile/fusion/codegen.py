@@ -78,12 +78,21 @@ class Generated:
 
 
 def _cast(expr: str, src: np.dtype, dst: np.dtype) -> str:
-    src, dst = compute_dtype(src), compute_dtype(dst)
-    if src == dst:
+    """``expr`` (a value of dtype ``src``, held in its compute dtype) as ``dst``.
+
+    float16 values live in float32 between float16 ops; where one flows into another dtype it
+    is rounded to float16 first, as NumPy would have stored it.
+    """
+    src, dst = np.dtype(src), np.dtype(dst)
+    held = compute_dtype(src)
+    if src == np.float16 and dst != np.float16:
+        expr, held = f"float16({expr})", src
+    target = compute_dtype(dst)
+    if held == target:
         return expr
-    if dst == np.dtype(bool):
+    if target == np.dtype(bool):
         return f"({expr} != 0)"
-    return f"{TYPE_NAMES[dst]}({expr})"
+    return f"{TYPE_NAMES[target]}({expr})"
 
 
 def _common(srcs) -> np.dtype:

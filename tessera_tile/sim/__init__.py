@@ -24,7 +24,17 @@ import importlib.metadata
 import os
 from collections.abc import Callable
 
-from .profiler import OutOfBounds, Profile, Race, TrackedArray, load, profile, store, wavefronts
+from .profiler import (
+    OutOfBounds,
+    Profile,
+    Race,
+    TrackedArray,
+    address,
+    load,
+    profile,
+    store,
+    wavefronts,
+)
 
 __all__ = [
     "OutOfBounds",
@@ -32,6 +42,7 @@ __all__ = [
     "Race",
     "SimulationError",
     "TrackedArray",
+    "address",
     "current_thread",
     "enabled",
     "install",

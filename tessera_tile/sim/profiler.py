@@ -359,6 +359,14 @@ def _run_length(idx, shape) -> int | None:
     return count
 
 
+def address(array) -> int:
+    """Address of an array's first element, seen through the profiler's wrapper (for twins
+    that check alignment)."""
+    if isinstance(array, TrackedArray):
+        array = array._a
+    return array.__array_interface__["data"][0]
+
+
 def load(array, idx):
     """Read ``array[idx]`` as one access (for intrinsic twins); returns a copy."""
     if isinstance(array, TrackedArray):

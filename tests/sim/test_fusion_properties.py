@@ -10,10 +10,11 @@ and booleans must match exactly.
 """
 
 import math
+import warnings
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import tessera_tile as tt
@@ -68,26 +69,34 @@ def trees(n_inputs: int, depth: int):
     )
 
 
-def evaluate(tree, args, lib: int):
-    """lib 0: tessera_tile on traced values; lib 1: NumPy."""
+def evaluate(tree, args, lib: int, dtypes: set | None = None):
+    """lib 0: tessera_tile on traced values; lib 1: NumPy. ``dtypes`` collects the dtypes of
+    every intermediate NumPy result."""
+    value = _evaluate(tree, args, lib, dtypes)
+    if dtypes is not None and hasattr(value, "dtype"):
+        dtypes.add(np.dtype(value.dtype))
+    return value
+
+
+def _evaluate(tree, args, lib: int, dtypes):
     kind = tree[0]
     if kind == "input":
         return args[tree[1]]
     if kind == "const":
         return tree[1]
     if kind == "unary":
-        x = evaluate(tree[2], args, lib)
+        x = evaluate(tree[2], args, lib, dtypes)
         if isinstance(x, int | float):
             return x  # keep constant-only subtrees out of the generated kernel
         return UNARY[tree[1]][lib](x)
     if kind == "binary":
-        a, b = evaluate(tree[2], args, lib), evaluate(tree[3], args, lib)
+        a, b = evaluate(tree[2], args, lib, dtypes), evaluate(tree[3], args, lib, dtypes)
         if isinstance(a, int | float) and isinstance(b, int | float):
             return a
         if tree[1] == "where_gt" and isinstance(a, int | float):
             a, b = b, a  # where() needs an array condition
         return BINARY[tree[1]][lib](a, b)
-    x = evaluate(tree[2], args, lib)
+    x = evaluate(tree[2], args, lib, dtypes)
     if isinstance(x, int | float):
         return x
     axis, keepdims = tree[3], tree[4]
@@ -119,10 +128,15 @@ def problems(draw):
         shape = [1 if draw(st.booleans()) and n != 0 else n for n in base[drop:]]
         arg_shapes.append(tuple(shape))
     arg_shapes[0] = base
-    dtype = draw(st.sampled_from([np.float32, np.float64, np.float16]))
+    dtype = draw(st.sampled_from([np.float32, np.float64, np.float16, np.int32, np.int64, bool]))
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
-    args = [(rng.uniform(-2, 2, s)).astype(dtype) for s in arg_shapes]
+    if dtype is bool:
+        args = [rng.uniform(-2, 2, s) > 0 for s in arg_shapes]
+    elif np.issubdtype(dtype, np.integer):
+        args = [rng.integers(-3, 4, s).astype(dtype) for s in arg_shapes]
+    else:
+        args = [rng.uniform(-2, 2, s).astype(dtype) for s in arg_shapes]
     tree = draw(trees(n_inputs, 3))
     return tree, args
 
@@ -140,6 +154,7 @@ def assert_matches(got, ref):
         np.testing.assert_array_equal(got, ref)
 
 
+@settings(max_examples=60)  # cheap: mostly tiny elementwise kernels
 @given(problems())
 def test_random_expression_trees_match_numpy(problem):
     tree, args = problem
@@ -148,11 +163,21 @@ def test_random_expression_trees_match_numpy(problem):
         return evaluate(tree, xs, 0)
 
     fused = tt.fuse(fn)
+    seen: set = set()
     try:
-        with np.errstate(all="ignore"):
-            ref = evaluate(tree, args, 1)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's "mean of empty slice"
+            ref = evaluate(tree, args, 1, seen)
     except ValueError:  # NumPy cannot broadcast the shapes: neither may we
         with pytest.raises(ValueError, match="broadcast"):
+            fused(*args)
+        return
+    except TypeError:  # NumPy refuses the dtypes (-bool): so do we
+        with pytest.raises(TypeError):
+            fused(*args)
+        return
+    if not seen <= set(tt.tile_ir.SUPPORTED_DTYPES):  # e.g. square(bool) is int8
+        with pytest.raises(TypeError, match="does not support"):
             fused(*args)
         return
     assume(isinstance(ref, np.ndarray | np.generic) and not isinstance(ref, int | float))
