@@ -48,10 +48,6 @@ def is_float(dtype) -> bool:
     return np.dtype(dtype).kind == "f"
 
 
-def tname(dtype) -> str:
-    return TYPE_NAMES[compute_dtype(np.dtype(dtype))]
-
-
 @dataclass(frozen=True)
 class Variant:
     """Layout and strategy of one compiled kernel (part of its cache key)."""
@@ -70,7 +66,6 @@ class Generated:
     source: str
     kernel: object
     params: list[str]  # argument names, in order
-    cached_leaves: list[str]  # keys of leaves kept on chip
 
 
 # --------------------------------------------------------------------------------------------
@@ -419,7 +414,7 @@ class KernelWriter:
         return var
 
     # templates ----------------------------------------------------------------------------
-    def write(self) -> tuple[str, list[str], list[str]]:
+    def write(self) -> tuple[str, list[str]]:
         self.const_values: dict[str, object] = {}
         body = _Source()
         self.src = body
@@ -436,7 +431,7 @@ class KernelWriter:
         head("")
         head("@cuda.jit")
         head(f"def {self.name}({', '.join(self.params())}):")
-        return head.text() + body.text(), self.params(), self.cached
+        return head.text() + body.text(), self.params()
 
     # index helpers
     def unravel(self, linear: str, dims: list[str], prefix: str) -> list[str]:
@@ -868,7 +863,7 @@ def generate(stage: Stage, variant: Variant) -> Generated:
 
     name = kernel_name(stage, variant)
     writer = KernelWriter(stage, variant, name)
-    source, params, cached = writer.write()
+    source, params = writer.write()
     filename = f"<tessera_tile generated {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     if os.environ.get("TESSERA_TILE_DUMP"):
@@ -895,4 +890,4 @@ def generate(stage: Stage, variant: Variant) -> Generated:
         **device.MATH,
     }
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
-    return Generated(name, source, namespace[name], params, cached)
+    return Generated(name, source, namespace[name], params)

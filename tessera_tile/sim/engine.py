@@ -75,7 +75,6 @@ class SimThread(greenlet):
         self.wait: Wait | None = None
         self.state: dict = {}  # per-thread scratch for intrinsic twins (e.g. cp.async groups)
         self.in_atomic = False
-        self.shared_accesses = 0  # k of the next shared access (bank-conflict grouping)
 
 
 def current_thread() -> SimThread:
@@ -329,12 +328,22 @@ class _Shared:
             key = (frame.f_code, frame.f_lineno, frame.f_lasti)
             arr = block.shared.get(key)
             if arr is None:
-                arr = np.empty(shape, dtype)
+                arr = _aligned_empty(shape, dtype, alignment or 16)
                 arr.view(np.uint8).fill(0xFF)
                 block.shared[key] = arr
         if block.recorder:
             return block.recorder.shared_array(key, arr)
         return arr
+
+
+def _aligned_empty(shape, dtype: np.dtype, alignment: int) -> np.ndarray:
+    """An uninitialised array whose first byte sits on ``alignment`` (``alignment=`` of
+    ``cuda.shared.array``; 16 by default, enough for 16-byte vector accesses)."""
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.empty(count * dtype.itemsize + alignment, np.uint8)
+    start = -raw.__array_interface__["data"][0] % alignment
+    flat = raw[start : start + count * dtype.itemsize].view(dtype)
+    return flat.reshape(shape)
 
 
 class _Atomic(stock_api.FakeCUDAAtomic):
