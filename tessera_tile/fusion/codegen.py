@@ -533,24 +533,18 @@ class KernelWriter:
             seen |= pass_leaves(targets)
             for line in red_index_setup():
                 s(line)
+            width = self.v.vector
+            if width > 1:
+                s(f"j = j * {width}")
             s("while j < nred:")
             with s.block():
                 for line in self.unravel("j", [f"dr{i}" for i in range(self.v.red_rank)], "j"):
                     s(line)
-                env = dict(row_env)
-                load = self.loader(reads)
-                for key in sorted(first):
-                    leaf = next(n for n in self.leaves if n.key == key)
-                    var = self.value(leaf, env, load)
-                    s(f"cache_{self.names[key]}[{self.cache_index}] = {var}")
-                for r, a, ai in accs:
-                    val = element_value(r, self.value(r.srcs[0], env, load))
-                    for line in combine(r, a, val, ai, "j"):
-                        s(line)
-                for i, n in outs:
-                    val = self.value(n, env, load)
-                    s(f"out{i}[{self.index(True, True)}] = {self._store_cast(n, val)}")
-                s("j += jstep")
+                if width > 1:
+                    self.write_vector_elements(targets, accs, outs, row_env, first, reads)
+                else:
+                    self.write_elements(accs, outs, row_env, first, reads)
+                s(f"j += jstep * {width}" if width > 1 else "j += jstep")
             for r, a, ai in accs:
                 for line in group_reduce(r, a, ai):
                     s(line)
@@ -566,6 +560,57 @@ class KernelWriter:
                 for i, n in row_outs:
                     val = self.value(n, row_env, self.loader(set()))
                     s(f"out{i}[{self.index(True, False)}] = {self._store_cast(n, val)}")
+
+    def write_elements(self, accs, outs, row_env, first, reads) -> None:
+        """One element per thread per step: load or recall, accumulate, write."""
+        s = self.src
+        env = dict(row_env)
+        load = self.loader(reads)
+        for key in sorted(first):
+            leaf = next(n for n in self.leaves if n.key == key)
+            var = self.value(leaf, env, load)
+            s(f"cache_{self.names[key]}[{self.cache_index}] = {var}")
+        for r, a, ai in accs:
+            val = element_value(r, self.value(r.srcs[0], env, load))
+            for line in combine(r, a, val, ai, "j"):
+                s(line)
+        for i, n in outs:
+            val = self.value(n, env, load)
+            s(f"out{i}[{self.index(True, True)}] = {self._store_cast(n, val)}")
+
+    def write_vector_elements(self, targets, accs, outs, row_env, first, reads) -> None:
+        """``vector`` consecutive elements per thread per step, through 16-byte loads and
+        stores; the elements are folded in index order, so ties resolve as in the scalar loop."""
+        s = self.src
+        width = self.v.vector
+        lanes = [dict(row_env) for _ in range(width)]
+        at = f"({self.index(True, True)},)"
+        for key in sorted(pass_leaves(targets)):
+            name = self.names[key]
+            parts = [self.fresh(f"{name}_") for _ in range(width)]
+            if key in reads:
+                for lane, part in enumerate(parts):
+                    s(f"{part} = cache_{name}[{self.cache_at(lane)}]")
+            else:
+                s(f"{', '.join(parts)} = load16({name}, {at})")
+                if key in first:
+                    for lane, part in enumerate(parts):
+                        s(f"cache_{name}[{self.cache_at(lane)}] = {part}")
+            for lane, part in enumerate(parts):
+                lanes[lane][key] = part
+        no_load = self.loader(set())
+        for lane in range(width):
+            for r, a, ai in accs:
+                val = element_value(r, self.value(r.srcs[0], lanes[lane], no_load))
+                for line in combine(r, a, val, ai, f"(j + {lane})"):
+                    s(line)
+        for i, n in outs:
+            t = TYPE_NAMES[np.dtype(n.dtype)]
+            vals = [f"{t}({self.value(n, lanes[lane], no_load)})" for lane in range(width)]
+            s(f"store16(out{i}, {at}, ({', '.join(vals)}))")
+
+    def cache_at(self, lane: int) -> str:
+        return self.cache_index.replace("j", f"j + {lane}")
 
     def emit_row_values(self, env: dict) -> None:
         """Compute, once per row, every row-space value whose operands are now known, and the

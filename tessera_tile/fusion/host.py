@@ -172,6 +172,7 @@ class Layout:
             return make_view(a, tuple(sizes), tuple(strides))
 
         self.views = [view(*e) for e in entries]
+        self.row_views = [e[2] for e in entries]
         self.kept_rank = len(kept_groups)
         self.red_rank = len(red_groups)
 
@@ -185,7 +186,23 @@ class Layout:
         groups = BLOCK // WARP if mode == "warp" else 1
         length = codegen.cache_length(self.stage, groups)
         cache = 0 < self.n_red <= length
-        return Variant(kind, self.kept_rank, self.red_rank, mode, cache)
+        return Variant(kind, self.kept_rank, self.red_rank, mode, cache, self.row_vector_width())
+
+    def row_vector_width(self) -> int:
+        """4 when every row of every array is 4-byte, unit-stride, 16-byte aligned and a whole
+        number of 16-byte vectors long, else 1."""
+        if self.red_rank != 1 or self.n_red % 4:
+            return 1
+        for v, is_row in zip(self.views, self.row_views, strict=True):
+            if is_row:
+                continue
+            _, strides, dtype = array_meta(v)
+            kept_strides = strides[: self.kept_rank]
+            if dtype.itemsize != 4 or strides[-1] != 4 or _address(v) % 16:
+                return 1
+            if any(st % 16 for st in kept_strides):
+                return 1
+        return 4
 
     def vector_width(self) -> int:
         """4 when every array is 1-D, unit-stride, 4-byte and 16-byte aligned, else 1."""

@@ -90,7 +90,8 @@ def test_contiguous_float32_chain_is_vectorized_and_fits_32_registers(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_softmax_rows_use_shuffles(arch):
+def test_softmax_rows_use_shuffles_and_16_byte_accesses(arch):
     (report,) = tt.fuse(softmax).inspect(f32, arch=arch)
     assert report.count("SHFL") >= 10
+    assert report.count("LDG.E.128") >= 1 and report.count("STG.E.128") >= 1
     assert report.count("LDL") == 0 and report.count("STL") == 0
