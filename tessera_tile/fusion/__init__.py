@@ -426,7 +426,8 @@ def _describe(stage, variant, layout) -> str:
         "column": "coalesced column reduction",
         "full": "full reduction, two-stage in one launch",
     }[stage.kind]
-    passes = len(codegen.plan_passes(stage)) if stage.kind != "elementwise" else 1
+    passes = codegen.plan_passes(stage, codegen.uses_online(variant))
+    passes = len(passes) if stage.kind != "elementwise" else 1
     return (
         f"{what}; {layout.n_kept} x {layout.n_red} index space, {passes} pass(es), "
         f"{len(stage.outputs)} output(s)"

@@ -183,6 +183,8 @@ def emit_elementwise(n: Node, args: list[str]) -> str:
 
 def acc_dtype(r: Node) -> np.dtype:
     """Accumulator dtype: shuffle-able (no bool), float16 widened to float32."""
+    if isinstance(r, Online):
+        return compute_dtype(r.dtype)
     src = compute_dtype(r.srcs[0].dtype)
     if r.op in ir.INDEX_REDUCE:
         return np.dtype(np.int32) if src == np.dtype(bool) else src
@@ -195,6 +197,8 @@ def acc_dtype(r: Node) -> np.dtype:
 def identity(r: Node) -> str:
     d = acc_dtype(r)
     t = TYPE_NAMES[d]
+    if isinstance(r, Online):
+        return f"{t}(-inf)"  # the running maximum; its running sum starts at 0
     if r.op is Op.SUM:
         return f"{t}(0)"
     if r.op is Op.PROD:
@@ -216,6 +220,8 @@ def identity(r: Node) -> str:
 def combine(r: Node, a: str, b: str, ai: str = "", bi: str = "") -> list[str]:
     """Statements that fold (b[, bi]) into the accumulator (a[, ai])."""
     d = acc_dtype(r)
+    if isinstance(r, Online):
+        return online_merge(r, a, ai, b, bi)
     if r.op is Op.SUM:
         return [f"{a} = {a} + {b}"]
     if r.op is Op.PROD:
@@ -249,6 +255,66 @@ def final_value(r: Node, acc: str, acc_index: str) -> str:
     return _cast(acc, acc_dtype(r), r.dtype)
 
 
+class Online:
+    """``sum(exp(f - max(f)))`` folded into the pass that finds ``max(f)``.
+
+    Each thread keeps a running maximum and a sum of ``exp(f - running max)``, rescaled by
+    ``exp(old max - new max)`` whenever the maximum grows; partial pairs merge the same way.
+    At the end the sum is rescaled to the true maximum (which propagates NaN), so the result
+    agrees with the two-pass form. Used when the row does not stay on chip: it saves a pass.
+    """
+
+    op = "online"
+
+    def __init__(self, node: Node, peak: Node):
+        self.node, self.peak = node, peak
+        self.key, self.dtype, self.srcs = node.key, node.dtype, node.srcs
+
+
+def online_sums(nodes) -> dict[str, Node]:
+    """SUM(EXP(SUB(f, MAX(f)))) nodes, over the same axes with keepdims: key -> the MAX."""
+    out = {}
+    for n in nodes:
+        if n.op is not Op.SUM or not is_float(n.dtype):
+            continue
+        e = n.srcs[0]
+        if e.op is not Op.EXP or e.srcs[0].op is not Op.SUB:
+            continue
+        f, peak = e.srcs[0].srcs
+        if (
+            peak.op is Op.MAX
+            and peak.srcs[0].key == f.key
+            and peak.arg[1]
+            and (peak.arg[0] == n.arg[0] and is_float(f.dtype))
+        ):
+            out[n.key] = peak
+    return out
+
+
+def online_element(r: Online, m: str, s: str, v: str) -> list[str]:
+    """Fold element ``v`` into the running (max ``m``, sum ``s``)."""
+    t = TYPE_NAMES[compute_dtype(r.dtype)]
+    return [
+        f"if {v} > {m}:",
+        # exp(v - v) is 1, or NaN for v = inf, as exp(inf - max) is in the two-pass form
+        f"    {s} = {s} * {t}(exp({m} - {v})) + {t}(exp({v} - {v}))",
+        f"    {m} = {v}",
+        f"elif {v} > {t}(-inf):",
+        f"    {s} = {s} + {t}(exp({v} - {m}))",
+    ]
+
+
+def online_merge(r: Online, m: str, s: str, m2: str, s2: str) -> list[str]:
+    """Merge the partial (``m2``, ``s2``) into (``m``, ``s``)."""
+    t = TYPE_NAMES[compute_dtype(r.dtype)]
+    return [
+        f"{m}_n = max({m}, {m2})",
+        f"{s} = ({s} if {m} == {m}_n else {s} * {t}(exp({m} - {m}_n))) + "
+        f"({s2} if {m2} == {m}_n else {s2} * {t}(exp({m2} - {m}_n)))",
+        f"{m} = {m}_n",
+    ]
+
+
 # --------------------------------------------------------------------------------------------
 # passes
 
@@ -257,27 +323,48 @@ def pass_leaves(targets) -> set:
     return {n.key for n in ir.walk(targets) if n.op is Op.INPUT}
 
 
-def plan_passes(stage: Stage):
-    """(values the pass needs, reductions it completes, F outputs it writes) for each pass."""
+def plan_passes(stage: Stage, online: bool = False):
+    """(values the pass needs, reductions it completes, F outputs it writes) for each pass.
+
+    With ``online``, a softmax-style normaliser (see :class:`Online`) completes in the pass of
+    its maximum instead of the next one.
+    """
     f_out = [(i, n) for i, (n, _) in enumerate(stage.outputs) if stage.space[id(n)] == "F"]
+    merged = online_sums(stage.nodes) if online else {}
     level_of: dict[str, int] = {}
     for n in stage.nodes:
         base = max((level_of[s.key] for s in n.srcs), default=0)
-        level_of[n.key] = base + 1 if n.op in ir.REDUCE else base
+        if n.key in merged:
+            level_of[n.key] = level_of[merged[n.key].key]
+        else:
+            level_of[n.key] = base + 1 if n.op in ir.REDUCE else base
+    reductions = [n for n in stage.nodes if n.op in ir.REDUCE]
+    depth = max((level_of[r.key] for r in reductions), default=0)
     passes = []
-    for k, reds in enumerate(stage.levels):
+    for k in range(depth):
+        reds = [
+            Online(r, merged[r.key]) if r.key in merged else r
+            for r in reductions
+            if level_of[r.key] == k + 1
+        ]
+        sources = [r.peak.srcs[0] if isinstance(r, Online) else r.srcs[0] for r in reds]
         outs = [(i, n) for i, n in f_out if level_of[n.key] == k]
-        passes.append(([r.srcs[0] for r in reds] + [n for _, n in outs], reds, outs))
-    late = [(i, n) for i, n in f_out if level_of[n.key] >= len(stage.levels)]
+        passes.append((sources + [n for _, n in outs], reds, outs))
+    late = [(i, n) for i, n in f_out if level_of[n.key] >= depth]
     if late:
         passes.append(([n for _, n in late], [], late))
     return passes
 
 
+def uses_online(variant) -> bool:
+    """Rows that are not kept on chip are read once per pass: fold normalisers in."""
+    return variant.kind in ("row", "column") and not variant.cache
+
+
 def multi_pass_leaves(stage: Stage) -> list[Node]:
     """Leaves read by more than one pass: kept on chip when the row fits."""
     uses: dict[str, int] = {}
-    for targets, _, _ in plan_passes(stage):
+    for targets, _, _ in plan_passes(stage):  # the cached variant makes every pass
         for key in pass_leaves(targets):
             uses[key] = uses.get(key, 0) + 1
     seen, out = set(), []
@@ -419,6 +506,7 @@ class KernelWriter:
         body = _Source()
         self.src = body
         self.cached: list[str] = []
+        self.online_used = False
         with body.block():
             getattr(self, f"write_{self.v.kind}")()
         head = _Source()
@@ -514,7 +602,7 @@ class KernelWriter:
     def write_reduce_body(self, group_reduce, group_lead, red_index_setup):
         """Row and column templates: passes over the reduced index of one kept index."""
         s = self.src
-        passes = plan_passes(self.stage)
+        passes = plan_passes(self.stage, uses_online(self.v))
         cache = {n.key for n in multi_pass_leaves(self.stage)} if self.v.cache else set()
         self.cached = sorted(cache)
         seen: set = set()
@@ -523,9 +611,14 @@ class KernelWriter:
             accs = []
             for r in reds:
                 a = self.fresh("acc")
-                ai = a + "i" if r.op in ir.INDEX_REDUCE else ""
                 s(f"{a} = {identity(r)}")
-                if ai:
+                ai = ""
+                if isinstance(r, Online):
+                    ai = a + "s"
+                    s(f"{ai} = {TYPE_NAMES[acc_dtype(r)]}(0)")
+                    self.online_used = True
+                elif r.op in ir.INDEX_REDUCE:
+                    ai = a + "i"
                     s(f"{ai} = int64(9223372036854775807)")
                 accs.append((r, a, ai))
             first = {k for k in pass_leaves(targets) if k in cache and k not in seen}
@@ -549,7 +642,12 @@ class KernelWriter:
                 for line in group_reduce(r, a, ai):
                     s(line)
                 row_env[r.key] = self.fresh("r")
-                s(f"{row_env[r.key]} = {final_value(r, a, ai)}")
+                if isinstance(r, Online):  # rescale to the true maximum (NaN propagates)
+                    peak, t = row_env[r.peak.key], TYPE_NAMES[acc_dtype(r)]
+                    rescaled = f"{ai} * {t}(exp({a} - {peak}))"
+                    s(f"{row_env[r.key]} = {ai} if {a} == {peak} else {rescaled}")
+                else:
+                    s(f"{row_env[r.key]} = {final_value(r, a, ai)}")
             # row-space values that are now computable
             self.emit_row_values(row_env)
         lead = group_lead()
@@ -571,12 +669,19 @@ class KernelWriter:
             var = self.value(leaf, env, load)
             s(f"cache_{self.names[key]}[{self.cache_index}] = {var}")
         for r, a, ai in accs:
-            val = element_value(r, self.value(r.srcs[0], env, load))
-            for line in combine(r, a, val, ai, "j"):
+            for line in self.fold_element(r, a, ai, env, load, "j"):
                 s(line)
         for i, n in outs:
             val = self.value(n, env, load)
             s(f"out{i}[{self.index(True, True)}] = {self._store_cast(n, val)}")
+
+    def fold_element(self, r, a: str, ai: str, env: dict, load, index: str) -> list[str]:
+        """Statements folding this element of ``r``'s source into its accumulator."""
+        if isinstance(r, Online):
+            f = r.peak.srcs[0]
+            v = _cast(self.value(f, env, load), f.dtype, r.dtype)
+            return online_element(r, a, ai, v)
+        return combine(r, a, element_value(r, self.value(r.srcs[0], env, load)), ai, index)
 
     def write_vector_elements(self, targets, accs, outs, row_env, first, reads) -> None:
         """``vector`` consecutive elements per thread per step, through 16-byte loads and
@@ -601,8 +706,7 @@ class KernelWriter:
         no_load = self.loader(set())
         for lane in range(width):
             for r, a, ai in accs:
-                val = element_value(r, self.value(r.srcs[0], lanes[lane], no_load))
-                for line in combine(r, a, val, ai, f"(j + {lane})"):
+                for line in self.fold_element(r, a, ai, lanes[lane], no_load, f"(j + {lane})"):
                     s(line)
         for i, n in outs:
             t = TYPE_NAMES[np.dtype(n.dtype)]
@@ -704,12 +808,13 @@ class KernelWriter:
             if line.strip().startswith("#SCRATCH"):
                 indent, shape = line.split("#SCRATCH")[0], line.split("#SCRATCH")[1].strip()
                 dtypes = sorted({TYPE_NAMES[acc_dtype(r)] for r in self.reductions})
+                decl = {f"scratch_{t}": t for t in dtypes}
                 if any(r.op in ir.INDEX_REDUCE for r in self.reductions):
-                    dtypes.append("index")
+                    decl["scratch_index"] = "int64"
+                if self.online_used:  # the running sums of online normalisers
+                    decl.update({f"scratch_{t}_b": t for t in dtypes if t.startswith("float")})
                 lines[i : i + 1] = [
-                    f"{indent}scratch_{t} = cuda.shared.array({shape}, "
-                    f"{'int64' if t == 'index' else t})"
-                    for t in dtypes
+                    f"{indent}{name} = cuda.shared.array({shape}, {t})" for name, t in decl.items()
                 ]
                 break
 
@@ -731,16 +836,17 @@ class KernelWriter:
         ``slot(w)`` is the scratch index of partial ``w``; ``guard`` says who publishes.
         """
         t = TYPE_NAMES[acc_dtype(r)]
+        second = f"scratch_{t}_b" if isinstance(r, Online) else "scratch_index"
         mine = slot(None)
         out = [f"if {guard}:", f"    scratch_{t}[{mine}] = {a}"]
         if ai:
-            out.append(f"    scratch_index[{mine}] = {ai}")
+            out.append(f"    {second}[{mine}] = {ai}")
         out += ["cuda.syncthreads()", f"{a} = {t}(scratch_{t}[{slot('0')}])"]
         if ai:
-            out.append(f"{ai} = scratch_index[{slot('0')}]")
+            out.append(f"{ai} = {second}[{slot('0')}]")
         out += ["w = 1", f"while w < {count}:", f"    {a}_w = {t}(scratch_{t}[{slot('w')}])"]
         if ai:
-            out.append(f"    {a}_wi = scratch_index[{slot('w')}]")
+            out.append(f"    {a}_wi = {second}[{slot('w')}]")
         out += ["    " + line for line in combine(r, a, f"{a}_w", ai, f"{a}_wi" if ai else "")]
         out += ["    w += 1", "cuda.syncthreads()"]
         return out

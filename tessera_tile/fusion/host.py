@@ -236,7 +236,7 @@ class Layout:
 
 def predicted_bytes(stage: Stage, variant: Variant, layout: Layout, blocks: int) -> int:
     """Global bytes the generated kernel reads and writes (what the profiler must measure)."""
-    passes = codegen.plan_passes(stage)
+    passes = codegen.plan_passes(stage, codegen.uses_online(variant))
     cached = {n.key for n in codegen.multi_pass_leaves(stage)} if variant.cache else set()
     leaves = {n.key: n for n in stage.nodes if n.op is Op.INPUT}
     elements = layout.n_kept * layout.n_red

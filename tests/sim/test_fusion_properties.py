@@ -353,3 +353,32 @@ def test_argmax_and_argmin_match_numpy_with_ties(dtype, shape, axis, seed):
     np.testing.assert_array_equal(amax, np.argmax(x, axis=axis))
     np.testing.assert_array_equal(amin, np.argmin(x, axis=axis, keepdims=True))
     assert amax.dtype == np.int64
+
+
+@given(
+    shape=st.sampled_from([(1, 3), (5, 4), (33, 2), (70, 3)]),
+    specials=st.lists(
+        st.tuples(
+            st.integers(0, 69), st.integers(0, 3), st.sampled_from([np.inf, -np.inf, np.nan, 30.0])
+        ),
+        max_size=4,
+    ),
+    dtype=st.sampled_from([np.float32, np.float64]),
+    seed=st.integers(0, 2**16),
+)
+def test_softmax_over_columns_folds_max_and_sum_like_two_passes(shape, specials, dtype, seed):
+    """Column reductions never keep the data on chip: the normaliser is computed online."""
+    x = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    for i, j, v in specials:
+        x[i % shape[0], j % shape[1]] = v
+
+    @tt.fuse
+    def softmax0(v):
+        e = tt.exp(v - tt.max(v, axis=0, keepdims=True))
+        return e / tt.sum(e, axis=0, keepdims=True)
+
+    with np.errstate(all="ignore"):
+        e = np.exp(x - x.max(0, keepdims=True))
+        ref = e / e.sum(0, keepdims=True)
+    assert softmax0.explain(x).stages[0].count("2 pass(es)") == 1
+    np.testing.assert_allclose(softmax0(x), ref, rtol=RTOL[dtype] * 10, atol=1e-12, equal_nan=True)
