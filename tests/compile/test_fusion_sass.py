@@ -38,6 +38,11 @@ def layer_norm(x):
     return (x - mu) * tt.rsqrt(tt.var(x, axis=-1, keepdims=True) + 1e-5)
 
 
+def column_softmax(x):
+    e = tt.exp(x - tt.max(x, axis=0, keepdims=True))
+    return e / tt.sum(e, axis=0, keepdims=True)
+
+
 def column_mean(x):
     return tt.mean(x, axis=0)
 
@@ -56,6 +61,8 @@ CASES = {
     "chain5": (chain5, (v32, v32)),
     "softmax_1024": (softmax, (f32,)),
     "softmax_8192": (softmax, (np.zeros((4, 8192), np.float32),)),
+    "softmax_8200_online": (softmax, (np.zeros((4, 8200), np.float32),)),
+    "column_softmax_online": (column_softmax, (f32,)),
     "layer_norm": (layer_norm, (f32,)),
     "column_mean": (column_mean, (f32,)),
     "total_and_argmax": (total_and_argmax, (v32,)),
