@@ -395,7 +395,10 @@ def _to_device(args, outputs, temps, on_device):
     """Move NumPy inputs to the GPU; returns a function that brings results back."""
     from numba import cuda
 
-    dev_args = [cuda.to_device(a) if isinstance(a, np.ndarray) and a.ndim else a for a in args]
+    dev_args = [
+        cuda.to_device(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) and a.ndim else a
+        for a in args
+    ]
     dev_args = [host._as_numba(a) if host.is_device_array(a) else a for a in dev_args]
     dev_outs = [cuda.to_device(o) if isinstance(o, np.ndarray) else host._as_numba(o)
                 for o in outputs]  # fmt: skip
