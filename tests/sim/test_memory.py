@@ -23,7 +23,7 @@ from tessera_tile.memory import (
 )
 
 DTYPES = [np.float16, np.float32, np.float64, np.int32]
-EDGES = [1, 31, 32, 33, 63, 64, 65]  # n-1, n, n+1 around the warp and tile sizes
+EDGES = [1, 31, 32, 33, 63, 64, 65, 127, 128, 129]  # n-1, n, n+1 around warp and tile sizes
 THREADS = (32, 8)
 
 
