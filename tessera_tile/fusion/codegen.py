@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import memory
+from .. import memory, warp
 from .. import tile_ir as ir
 from ..tile_ir import Node, Op
 from . import device
@@ -179,6 +179,17 @@ def emit_elementwise(n: Node, args: list[str]) -> str:
 
 # --------------------------------------------------------------------------------------------
 # reductions
+
+# The warp-level step of each reduction: tessera_tile.warp's xor-butterfly all-reduce with these
+# operators (maximum/minimum propagate NaN like NumPy).
+WARP_OPS = {
+    Op.SUM: warp.add,
+    Op.PROD: warp.multiply,
+    Op.MAX: warp.maximum,
+    Op.MIN: warp.minimum,
+    Op.ANY: device.bit_or,
+    Op.ALL: device.bit_and,
+}
 
 
 def acc_dtype(r: Node) -> np.dtype:
@@ -507,6 +518,7 @@ class KernelWriter:
         self.src = body
         self.cached: list[str] = []
         self.online_used = False
+        self.helpers: dict = {}  # name -> device function the source calls
         with body.block():
             getattr(self, f"write_{self.v.kind}")()
         head = _Source()
@@ -819,15 +831,23 @@ class KernelWriter:
                 break
 
     def warp_allreduce(self, r: Node, a: str, ai: str) -> list[str]:
-        """Xor butterfly over the 32 lanes of a warp: every lane gets the result."""
-        out = ["off = 16", "while off > 0:"]
-        b = a + "_o"
-        out.append(f"    {b} = cuda.shfl_xor_sync(0xFFFFFFFF, {a}, off)")
-        if ai:
-            out.append(f"    {b}i = cuda.shfl_xor_sync(0xFFFFFFFF, {ai}, off)")
-        out += ["    " + line for line in combine(r, a, b, ai, b + "i" if ai else "")]
-        out.append("    off >>= 1")
-        return out
+        """Every lane of the warp gets the warp's result, through tessera_tile.warp."""
+        mask = "0xFFFFFFFF"
+        if isinstance(r, Online):  # a (max, sum) pair: xor butterfly with the online merge
+            b = a + "_o"
+            out = ["off = 16", "while off > 0:"]
+            out.append(f"    {b} = cuda.shfl_xor_sync({mask}, {a}, off)")
+            out.append(f"    {b}i = cuda.shfl_xor_sync({mask}, {ai}, off)")
+            out += ["    " + line for line in combine(r, a, b, ai, b + "i")]
+            out.append("    off >>= 1")
+            return out
+        if r.op in ir.INDEX_REDUCE:
+            fn = "warp_argmax" if r.op is Op.ARGMAX else "warp_argmin"
+            return [f"{a}, {ai} = {fn}({a}, {ai}, {mask})"]
+        dtype = acc_dtype(r)
+        name = f"warp_all{r.op.name.lower()}_{TYPE_NAMES[dtype]}"
+        self.helpers[name] = warp.make_warp_allreduce(WARP_OPS[r.op], dtype)
+        return [f"{a} = {name}({a}, {mask})"]
 
     @staticmethod
     def fold_partials(r: Node, a: str, ai: str, guard: str, slot, count: str) -> list[str]:
@@ -1038,6 +1058,9 @@ def generate(stage: Stage, variant: Variant) -> Generated:
         "pow_int": device.pow_int,
         "load16": memory.load16,
         "store16": memory.store16,
+        "warp_argmax": warp.warp_argmax,
+        "warp_argmin": warp.warp_argmin,
+        **writer.helpers,
         **device.MATH,
     }
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated code

@@ -111,3 +111,15 @@ def pow_int(a, b):
         base = base * base
         e >>= 1
     return result
+
+
+@cuda.jit(device=True)
+def bit_or(a, b):
+    """any(): accumulators are 0/1 int32 (shuffles do not move booleans)."""
+    return a | b
+
+
+@cuda.jit(device=True)
+def bit_and(a, b):
+    """all(): accumulators are 0/1 int32."""
+    return a & b
