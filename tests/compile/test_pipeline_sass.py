@@ -4,6 +4,7 @@ import functools
 
 import pytest
 from numba import cuda, float32
+from pipeline_kernels import stream_sum_kernel
 
 from tessera_tile import inspect, pipeline
 
@@ -12,27 +13,6 @@ ALIGN = pipeline.SHARED_ALIGN
 F32_1D = "float32[::1]"
 F32_2D = "float32[:, ::1]"
 REGISTER_BUDGET = 64  # measured 22..40; a blow-up (64-bit divisions, spills) shows here
-
-
-@functools.cache
-def stream_sum_kernel(stages: int, async_copy: bool):
-    ring_t = pipeline.ring_buffer(stages, (256,), float32, async_copy=async_copy)
-    shape = ring_t.shape
-
-    @cuda.jit
-    def stream_sum(x, out):
-        ring = cuda.shared.array(shape, float32, alignment=ALIGN)
-        t = cuda.threadIdx.x
-        ring_t.fill(ring, x)
-        acc = float32(0)
-        for k in range(ring_t.num_tiles(x)):
-            s = ring_t.wait_tile(k)
-            ring_t.load_tile(ring, x, k + ring_t.stages - 1)
-            ring_t.commit()
-            acc += ring[s, t]
-        out[t] = acc
-
-    return stream_sum
 
 
 @functools.cache
@@ -100,7 +80,7 @@ def check(report) -> None:
 @pytest.mark.parametrize("stages", [2, 3, 4])
 def test_async_ring_compiles_to_ldgsts(arch, stages):
     report = inspect.compile(
-        stream_sum_kernel(stages, True), f"void({F32_1D}, {F32_1D})", arch=arch
+        stream_sum_kernel(stages, True, 256), f"void({F32_1D}, {F32_1D})", arch=arch
     )
     check(report)
     assert report.count("LDGSTS") >= 1, report
@@ -112,7 +92,7 @@ def test_async_ring_compiles_to_ldgsts(arch, stages):
 @pytest.mark.parametrize("stages", [2, 4])
 def test_sync_ring_has_no_ldgsts(arch, stages):
     report = inspect.compile(
-        stream_sum_kernel(stages, False), f"void({F32_1D}, {F32_1D})", arch=arch
+        stream_sum_kernel(stages, False, 256), f"void({F32_1D}, {F32_1D})", arch=arch
     )
     check(report)
     assert report.count("LDGSTS") == 0, report

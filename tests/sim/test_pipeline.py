@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda, float32
+from pipeline_kernels import stream_sum_kernel
 
 import tessera_tile  # noqa: F401 - installs the warp-aware simulator
 from tessera_tile import pipeline, sim
@@ -14,28 +15,6 @@ from tessera_tile import pipeline, sim
 ALIGN = pipeline.SHARED_ALIGN
 WIDTH = 32  # 1-d tile: one float per thread of a 32-thread block
 ROWS, COLS = 4, 8  # 2-d tile
-
-
-@functools.cache
-def stream_sum_kernel(stages: int, async_copy: bool):
-    """out[t] = sum_k x[k*WIDTH + t]: streams every tile of x through the ring."""
-    ring_t = pipeline.ring_buffer(stages, (WIDTH,), float32, async_copy=async_copy)
-    shape = ring_t.shape
-
-    @cuda.jit
-    def stream_sum(x, out):
-        ring = cuda.shared.array(shape, float32, alignment=ALIGN)
-        t = cuda.threadIdx.x
-        ring_t.fill(ring, x)
-        acc = float32(0)
-        for k in range(ring_t.num_tiles(x)):
-            s = ring_t.wait_tile(k)
-            ring_t.load_tile(ring, x, k + ring_t.stages - 1)
-            ring_t.commit()
-            acc += ring[s, t]
-        out[t] = acc
-
-    return stream_sum
 
 
 def stream_sum_reference(x: np.ndarray) -> np.ndarray:
@@ -98,7 +77,7 @@ def around(n: int) -> list[int]:
 def test_stream_sum_matches_numpy(stages, async_copy, n):
     x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     out = np.zeros(WIDTH, np.float32)
-    stream_sum_kernel(stages, async_copy)[1, WIDTH](x, out)
+    stream_sum_kernel(stages, async_copy, WIDTH)[1, WIDTH](x, out)
     np.testing.assert_allclose(out, stream_sum_reference(x), rtol=1e-5, atol=1e-5)
 
 
@@ -107,7 +86,7 @@ def test_stream_sum_matches_numpy(stages, async_copy, n):
 def test_every_stage_count_streams_many_tiles(stages, async_copy):
     x = np.arange(7 * WIDTH + 3, dtype=np.float32)
     out = np.zeros(WIDTH, np.float32)
-    stream_sum_kernel(stages, async_copy)[1, WIDTH](x, out)
+    stream_sum_kernel(stages, async_copy, WIDTH)[1, WIDTH](x, out)
     np.testing.assert_array_equal(out, stream_sum_reference(x))
 
 
@@ -285,7 +264,7 @@ def test_streamed_sum_traffic_is_exact():
     x = np.arange(3 * WIDTH + 5, dtype=np.float32)
     out = np.zeros(WIDTH, np.float32)
     with sim.profile() as prof:
-        stream_sum_kernel(3, True)[1, WIDTH](x, out)
+        stream_sum_kernel(3, True, WIDTH)[1, WIDTH](x, out)
     assert prof.bytes_read == x.nbytes and prof.bytes_written == out.nbytes
     assert not prof.races and not prof.out_of_bounds, str(prof)
 
