@@ -226,11 +226,15 @@ class FusedFunction:
         key, program, shapes = self._prepare(args)
         on_device = not _simulated() and any(host.is_device_array(a) for a in args)
         if not _simulated():
-            kinds = {host.is_device_array(a) for a in args if host.is_array(a)}
-            if len(kinds) > 1:
+            arrays_at = [
+                i for i, a in enumerate(args) if host.is_array(a) and host.array_meta(a)[0]
+            ]
+            on_host = [i for i in arrays_at if isinstance(args[i], np.ndarray)]
+            if on_host and len(on_host) < len(arrays_at):
+                device = next(i for i in arrays_at if i not in on_host)
                 raise TypeError(
-                    f"{self.fn.__name__}: host (NumPy) and device arrays are mixed; move them "
-                    "to one side first"
+                    f"{self.fn.__name__}: argument {on_host[0]} is a host (NumPy) array and "
+                    f"argument {device} a device array; move them to one side first"
                 )
         outputs = _outputs(program, shapes, out, args, self.fn.__name__)
         temps = {
