@@ -226,16 +226,7 @@ class FusedFunction:
         key, program, shapes = self._prepare(args)
         on_device = not _simulated() and any(host.is_device_array(a) for a in args)
         if not _simulated():
-            arrays_at = [
-                i for i, a in enumerate(args) if host.is_array(a) and host.array_meta(a)[0]
-            ]
-            on_host = [i for i in arrays_at if isinstance(args[i], np.ndarray)]
-            if on_host and len(on_host) < len(arrays_at):
-                device = next(i for i in arrays_at if i not in on_host)
-                raise TypeError(
-                    f"{self.fn.__name__}: argument {on_host[0]} is a host (NumPy) array and "
-                    f"argument {device} a device array; move them to one side first"
-                )
+            _check_one_side(self.fn.__name__, args)
         outputs = _outputs(program, shapes, out, args, self.fn.__name__)
         temps = {
             tid: np.empty(shapes[node.key], node.dtype) for tid, node in program.plan.temps.items()
@@ -262,6 +253,18 @@ def fuse(fn) -> FusedFunction:
 
 # --------------------------------------------------------------------------------------------
 # helpers
+
+
+def _check_one_side(name: str, args) -> None:
+    """On a GPU, arrays must all be on the host or all on the device."""
+    arrays_at = [i for i, a in enumerate(args) if host.is_array(a) and host.array_meta(a)[0]]
+    on_host = [i for i in arrays_at if isinstance(args[i], np.ndarray)]
+    if on_host and len(on_host) < len(arrays_at):
+        device = next(i for i in arrays_at if i not in on_host)
+        raise TypeError(
+            f"{name}: argument {on_host[0]} is a host (NumPy) array and argument {device} a "
+            "device array; move them to one side first"
+        )
 
 
 def _check_dtype(dtype, name) -> None:

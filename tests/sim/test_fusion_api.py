@@ -204,3 +204,21 @@ def test_explain_reports_the_plan():
     assert ex.source.startswith("# tessera_tile fused kernel: max, sub, exp, sum, truediv")
     assert ex.bytes_fused == 2 * x.nbytes and ex.bytes_unfused > ex.bytes_fused
     assert "1 kernel(s)" in str(ex)
+
+
+class FakeDeviceArray:
+    """Stands for a CuPy / Numba device array: only the interface is looked at."""
+
+    def __init__(self, shape):
+        self.__cuda_array_interface__ = {
+            "shape": shape, "typestr": "<f4", "data": (0, False), "strides": None, "version": 3,
+        }  # fmt: skip
+
+
+def test_host_and_device_arrays_cannot_be_mixed():
+    from tessera_tile.fusion import _check_one_side
+
+    with pytest.raises(TypeError, match="argument 0 is a host .* argument 1 a device array"):
+        _check_one_side("f", (np.ones(3, np.float32), FakeDeviceArray((3,))))
+    _check_one_side("f", (FakeDeviceArray((3,)), FakeDeviceArray((3,)), 2.0))
+    _check_one_side("f", (np.ones(3), np.array(1.0), 2.0))
