@@ -47,12 +47,11 @@ from typing import Literal
 import numpy as np
 from llvmlite import ir
 from numba import cuda, types
-from numba.cuda import cgutils
-from numba.cuda.api_util import normalize_indices
 from numba.cuda.extending import intrinsic
 from numba.np import numpy_support
 
 from . import sim
+from .intrinsics import check_index, element_pointer
 
 __all__ = [
     "BANKS",
@@ -384,26 +383,6 @@ def _vector_dtype(array):
     return dt
 
 
-def _check_index(array, index):
-    count = 1 if isinstance(index, types.Integer) else getattr(index, "count", None)
-    if isinstance(index, types.BaseTuple):
-        count = len(index)
-        if not all(isinstance(t, types.Integer) for t in index):
-            raise TypeError(f"index must hold integers, got {index}")
-    elif not isinstance(index, types.Integer):
-        raise TypeError(f"index must be an integer or a tuple of integers, got {index}")
-    if count != array.ndim:
-        raise TypeError(f"{array.ndim}-D array indexed with {count} indices")
-
-
-def _element_pointer(context, builder, array_type, array, index_type, index):
-    index_type, indices = normalize_indices(
-        context, builder, index_type, index, array_type, array_type.dtype
-    )
-    ary = context.make_array(array_type)(context, builder, value=array)
-    return cgutils.get_item_pointer(context, builder, array_type, ary, indices, wraparound=False)
-
-
 def _words(dtype):
     """(PTX word type, words per 16 bytes, LLVM word type, elements per word)."""
     if dtype.bitwidth == 64:
@@ -422,12 +401,12 @@ def _make_load(space: str):
     @intrinsic
     def vector_load(typingctx, array, index):
         dt = _vector_dtype(array)
-        _check_index(array, index)
+        check_index("16-byte vector access", array, index)
         n = VECTOR_BYTES * 8 // dt.bitwidth
 
         def codegen(context, builder, sig, args):
             array_type, index_type = sig.args
-            ptr = _element_pointer(context, builder, array_type, args[0], index_type, args[1])
+            ptr = element_pointer(context, builder, array_type, args[0], index_type, args[1])
             word, nwords, wty, per_word = _words(array_type.dtype)
             prelude, addr = _address(space, f"${nwords}")
             outs = ", ".join(f"${i}" for i in range(nwords))
@@ -458,14 +437,14 @@ def _make_store(space: str):
     @intrinsic
     def vector_store(typingctx, array, index, values):
         dt = _vector_dtype(array)
-        _check_index(array, index)
+        check_index("16-byte vector access", array, index)
         n = VECTOR_BYTES * 8 // dt.bitwidth
         if not isinstance(values, types.BaseTuple) or len(values) != n:
             raise TypeError(f"store of {dt} needs a tuple of {n} values, got {values}")
 
         def codegen(context, builder, sig, args):
             array_type, index_type, values_type = sig.args
-            ptr = _element_pointer(context, builder, array_type, args[0], index_type, args[1])
+            ptr = element_pointer(context, builder, array_type, args[0], index_type, args[1])
             word, nwords, wty, per_word = _words(array_type.dtype)
             ety = context.get_value_type(array_type.dtype)
             items = [
@@ -543,11 +522,11 @@ store16_shared.__doc__ = "Like :func:`store16` for a shared array (``STS.128``).
 def _aligned16_intrinsic(typingctx, array, index):
     if not isinstance(array, types.Array):
         raise TypeError(f"expected an array, got {array}")
-    _check_index(array, index)
+    check_index("16-byte vector access", array, index)
 
     def codegen(context, builder, sig, args):
         array_type, index_type = sig.args
-        ptr = _element_pointer(context, builder, array_type, args[0], index_type, args[1])
+        ptr = element_pointer(context, builder, array_type, args[0], index_type, args[1])
         addr = builder.ptrtoint(ptr, ir.IntType(64))
         low = builder.and_(addr, ir.Constant(ir.IntType(64), VECTOR_BYTES - 1))
         return builder.icmp_unsigned("==", low, ir.Constant(ir.IntType(64), 0))

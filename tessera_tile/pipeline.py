@@ -87,13 +87,12 @@ from typing import Any, NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import cuda, types
-from numba.cuda import cgutils
-from numba.cuda.api_util import normalize_indices
 from numba.cuda.core.errors import NumbaTypeError
 from numba.cuda.extending import intrinsic
 from numba.cuda.np import numpy_support
 
 from . import sim
+from .intrinsics import check_index, element_pointer
 
 __all__ = [
     "SHARED_ALIGN",
@@ -219,27 +218,6 @@ def _wait_all_twin() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _check_index(name: str, array, index) -> None:
-    if not isinstance(array, types.Array):
-        raise NumbaTypeError(f"{name} copies between arrays, got {array}")
-    if isinstance(index, types.Integer):
-        count = 1
-    elif isinstance(index, types.BaseTuple) and all(isinstance(t, types.Integer) for t in index):
-        count = len(index)
-    else:
-        raise NumbaTypeError(f"{name}: {index} is not an integer index")
-    if count != array.ndim:
-        raise NumbaTypeError(f"{name}: {count} indices for a {array.ndim}-d array")
-
-
-def _element_pointer(context, builder, array_type, array, index_type, index):
-    index_type, indices = normalize_indices(
-        context, builder, index_type, index, array_type, array_type.dtype
-    )
-    struct = context.make_array(array_type)(context, builder, value=array)
-    return cgutils.get_item_pointer(context, builder, array_type, struct, indices)
-
-
 def _make_copy(size: int, cache: str, zfill: bool) -> Any:
     name = f"cp_async{'_cg' if cache == 'cg' else ''}_{size}{'_zfill' if zfill else ''}"
     operands = "[$0], [$1], " + (f"{size}, $2" if zfill else f"{size}")
@@ -247,8 +225,8 @@ def _make_copy(size: int, cache: str, zfill: bool) -> Any:
     constraints = "r,l,r,~{memory}" if zfill else "r,l,~{memory}"
 
     def typer(typingctx, dst, dst_index, src, src_index, *rest):
-        _check_index(name, dst, dst_index)
-        _check_index(name, src, src_index)
+        check_index(name, dst, dst_index)
+        check_index(name, src, src_index)
         if dst.dtype != src.dtype:
             raise NumbaTypeError(f"{name}: shared {dst.dtype} and global {src.dtype} differ")
         item = dst.dtype.bitwidth // 8
@@ -264,8 +242,8 @@ def _make_copy(size: int, cache: str, zfill: bool) -> Any:
 
         def codegen(context, builder, sig, llargs):
             dst_t, dst_it, src_t, src_it = sig.args[:4]
-            dptr = _element_pointer(context, builder, dst_t, llargs[0], dst_it, llargs[1])
-            sptr = _element_pointer(context, builder, src_t, llargs[2], src_it, llargs[3])
+            dptr = element_pointer(context, builder, dst_t, llargs[0], dst_it, llargs[1])
+            sptr = element_pointer(context, builder, src_t, llargs[2], src_it, llargs[3])
             byte = ir.IntType(8)
             # Generic -> shared window (cvta.to.shared): a 32-bit address, as PTX wants.
             dshared = builder.addrspacecast(
