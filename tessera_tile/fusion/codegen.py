@@ -1,6 +1,7 @@
 """Code generation: the Python source of one ``@cuda.jit`` kernel per stage, and its cache.
 
-Codegen is dict dispatch (``EMIT[op]``) into a few templates (elementwise, row, column, full).
+Elementwise ops become expressions through small tables (operator symbols, library functions)
+plus a few special cases; stages become one of four templates (elementwise, row, column, full).
 Every value is computed in its compute dtype (float16 in float32) and every constant is cast to
 it, so float32 kernels contain no float64 instruction. Loops are ``while`` loops: a ``range``
 with a run-time step makes Numba divide in 64 bits to get the trip count.
@@ -95,6 +96,19 @@ def _common(srcs) -> np.dtype:
     return ir.infer_dtype(Op.MAXIMUM, srcs)
 
 
+ARITHMETIC = {Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.TRUEDIV: "/"}
+BITWISE = {Op.AND: "&", Op.OR: "|", Op.XOR: "^"}
+COMPARE = {Op.LT: "<", Op.LE: "<=", Op.GT: ">", Op.GE: ">=", Op.EQ: "==", Op.NE: "!="}
+# math functions by the name the generated source calls (see device.MATH)
+LIBRARY = {
+    op: op.name.lower()
+    for op in (
+        Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.LOG1P, Op.EXPM1, Op.SQRT, Op.SIN, Op.COS, Op.TANH,
+        Op.ERF,
+    )
+}  # fmt: skip
+
+
 def emit_elementwise(n: Node, args: list[str]) -> str:
     """The expression of elementwise node ``n`` given its operands' expressions."""
     op, out = n.op, compute_dtype(n.dtype)
@@ -108,28 +122,23 @@ def emit_elementwise(n: Node, args: list[str]) -> str:
         return f"{t}({value!r})"
 
     floating = is_float(out)
-    if op in (Op.ADD, Op.SUB, Op.MUL):
-        if out == np.dtype(bool):
+    if op in ARITHMETIC:
+        if out == np.dtype(bool):  # NumPy: + is "or", * is "and" on booleans
             return f"({c(0)} {'|' if op is Op.ADD else '&'} {c(1)})"
-        return f"({c(0)} {'+' if op is Op.ADD else '-' if op is Op.SUB else '*'} {c(1)})"
-    if op is Op.TRUEDIV:
-        return f"({c(0)} / {c(1)})"
-    if op is Op.FLOORDIV:
-        return f"{t}(floordiv_{'float' if floating else 'int'}({c(0)}, {c(1)}))"
-    if op is Op.MOD:
-        return f"{t}(mod_{'float' if floating else 'int'}({c(0)}, {c(1)}))"
+        return f"({c(0)} {ARITHMETIC[op]} {c(1)})"
+    if op in BITWISE:
+        return f"({c(0)} {BITWISE[op]} {c(1)})"
+    if op in COMPARE:
+        common = _common(srcs)
+        return f"({c(0, common)} {COMPARE[op]} {c(1, common)})"
+    if op in (Op.FLOORDIV, Op.MOD):
+        helper = ("floordiv_" if op is Op.FLOORDIV else "mod_") + ("float" if floating else "int")
+        return f"{t}({helper}({c(0)}, {c(1)}))"
     if op is Op.POW:
         return f"({c(0)} ** {c(1)})" if floating else f"{t}(pow_int({c(0)}, {c(1)}))"
     if op in (Op.MAXIMUM, Op.MINIMUM):
         name = "max" if op is Op.MAXIMUM else "min"
         return f"{name}_nan({c(0)}, {c(1)})" if floating else f"{name}({c(0)}, {c(1)})"
-    if op in (Op.LT, Op.LE, Op.GT, Op.GE, Op.EQ, Op.NE):
-        common = _common(srcs)
-        sym = {Op.LT: "<", Op.LE: "<=", Op.GT: ">", Op.GE: ">=", Op.EQ: "==", Op.NE: "!="}[op]
-        return f"({c(0, common)} {sym} {c(1, common)})"
-    if op in (Op.AND, Op.OR, Op.XOR):
-        sym = {Op.AND: "&", Op.OR: "|", Op.XOR: "^"}[op]
-        return f"({c(0)} {sym} {c(1)})"
     if op is Op.WHERE:
         return f"({c(1)} if {args[0]} else {c(2)})"
     if op is Op.NEG:
@@ -157,12 +166,8 @@ def emit_elementwise(n: Node, args: list[str]) -> str:
     if op is Op.RELU:
         return f"max_nan({c(0)}, {k(0.0)})" if floating else f"max({c(0)}, {t}(0))"
     x = c(0)
-    if op in (Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.LOG1P, Op.EXPM1, Op.SQRT, Op.SIN, Op.COS):
-        return f"{t}({op.name.lower()}({x}))"
-    if op is Op.TANH:
-        return f"{t}(tanh({x}))"
-    if op is Op.ERF:
-        return f"{t}(erf({x}))"
+    if op in LIBRARY:
+        return f"{t}({LIBRARY[op]}({x}))"
     if op is Op.RSQRT:
         return f"({k(1.0)} / {t}(sqrt({x})))"
     if op is Op.SIGMOID:
