@@ -124,7 +124,7 @@ class FusedFunction:
                 descr.append(("scalar", dtype.str))
                 continue
             ones = tuple(n == 1 for n in shape)
-            contiguous = strides == host._contiguous_strides(shape, dtype.itemsize)
+            contiguous = strides == host.contiguous_strides(shape, dtype.itemsize)
             descr.append(("array", dtype.str, len(shape), ones, contiguous))
         return tuple(descr)
 
@@ -325,8 +325,7 @@ def _extent(a):
 
 
 def _stage_arrays(stage, arrays, args):
-    writer_leaves = codegen.KernelWriter._unique([n for n in stage.nodes if n.op is ir.Op.INPUT])
-    leaves = [arrays[n.arg] if isinstance(n.arg, tuple) else args[n.arg] for n in writer_leaves]
+    leaves = [arrays[n.arg] if isinstance(n.arg, tuple) else args[n.arg] for n in stage.leaves]
     outs = [arrays[dest] for _, dest in stage.outputs]
     return leaves, outs
 
@@ -343,14 +342,14 @@ def _placeholder_arrays(program, shapes):
 
 def _fake(shape, dtype):
     base = np.zeros(1, dtype)
-    strides = host._contiguous_strides(shape, np.dtype(dtype).itemsize)
+    strides = host.contiguous_strides(shape, np.dtype(dtype).itemsize)
     return np.lib.stride_tricks.as_strided(base, shape, strides)
 
 
-def _scalar_params(stage, writer_scalars, args, program, shapes):
+def _scalar_params(scalars, args, program, shapes):
     counts = planner.count_values(program.trace, shapes)
     values = []
-    for n in writer_scalars:
+    for n in scalars:
         if n.op is ir.Op.COUNT:
             values.append(counts[n.arg])
         else:
@@ -365,16 +364,14 @@ def _kernel_call(stage, arrays, args, shapes, program):
     variant = layout.variant()
     gen = kernel_cache.get(stage, variant)
     blocks, threads = layout.launch_config(variant)
-    writer = codegen.KernelWriter(stage, variant, gen.name)
     params = list(layout.views)
     if variant.kind == "full":
-        for level in stage.levels:
-            for r in level:
-                params.append(_zeros(blocks, codegen.acc_dtype(r), leaves))
-                if r.op in ir.INDEX_REDUCE:
-                    params.append(_zeros(blocks, np.int64, leaves))
+        for r in stage.reductions:
+            params.append(_zeros(blocks, codegen.acc_dtype(r), leaves))
+            if r.op in ir.INDEX_REDUCE:
+                params.append(_zeros(blocks, np.int64, leaves))
         params.append(_zeros(1, np.int32, leaves))
-    params += _scalar_params(stage, writer.scalars, args, program, shapes)
+    params += _scalar_params(stage.scalars, args, program, shapes)
     params += layout.sizes()
     empty = layout.n_kept == 0 or (stage.kind == "elementwise" and layout.n_red == 0)
     return gen, blocks, threads, params, empty

@@ -66,7 +66,6 @@ class Generated:
     name: str
     source: str
     kernel: object
-    params: list[str]  # argument names, in order
 
 
 # --------------------------------------------------------------------------------------------
@@ -435,23 +434,14 @@ class KernelWriter:
         self.src = _Source()
         self.nodes = stage.nodes
         self.space = stage.space
-        self.leaves = self._unique([n for n in self.nodes if n.op is Op.INPUT])
-        self.scalars = self._unique([n for n in self.nodes if n.op in (Op.SCALAR, Op.COUNT)])
+        self.leaves = stage.leaves
+        self.scalars = stage.scalars
         self.consts: dict[str, str] = {}
         self.names: dict[str, str] = {n.key: f"in{i}" for i, n in enumerate(self.leaves)}
         self.names.update({n.key: f"s{i}" for i, n in enumerate(self.scalars)})
         self.outputs = stage.outputs
-        self.reductions = [r for level in stage.levels for r in level]
+        self.reductions = stage.reductions
         self.counter = 0
-
-    @staticmethod
-    def _unique(nodes):
-        seen, out = set(), []
-        for n in nodes:
-            if n.key not in seen:
-                seen.add(n.key)
-                out.append(n)
-        return out
 
     # naming -------------------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -517,7 +507,7 @@ class KernelWriter:
         return var
 
     # templates ----------------------------------------------------------------------------
-    def write(self) -> tuple[str, list[str]]:
+    def write(self) -> str:
         self.const_values: dict[str, object] = {}
         body = _Source()
         self.src = body
@@ -536,7 +526,7 @@ class KernelWriter:
         head("")
         head("@cuda.jit")
         head(f"def {self.name}({', '.join(self.params())}):")
-        return head.text() + body.text(), self.params()
+        return head.text() + body.text()
 
     # index helpers
     def unravel(self, linear: str, dims: list[str], prefix: str) -> list[str]:
@@ -1039,7 +1029,7 @@ def generate(stage: Stage, variant: Variant) -> Generated:
 
     name = kernel_name(stage, variant)
     writer = KernelWriter(stage, variant, name)
-    source, params = writer.write()
+    source = writer.write()
     filename = f"<tessera_tile generated {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     if os.environ.get("TESSERA_TILE_DUMP"):
@@ -1069,4 +1059,4 @@ def generate(stage: Stage, variant: Variant) -> Generated:
         **device.MATH,
     }
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
-    return Generated(name, source, namespace[name], params)
+    return Generated(name, source, namespace[name])

@@ -44,11 +44,11 @@ def array_meta(a):
     shape = tuple(cai["shape"])
     strides = cai.get("strides")
     if strides is None:
-        strides = _contiguous_strides(shape, dtype.itemsize)
+        strides = contiguous_strides(shape, dtype.itemsize)
     return shape, tuple(strides), dtype
 
 
-def _contiguous_strides(shape, itemsize):
+def contiguous_strides(shape, itemsize):
     strides, step = [], itemsize
     for n in reversed(shape):
         strides.append(step)
@@ -84,9 +84,8 @@ def _as_numba(a):
 
 def stage_index_shape(stage: Stage, shapes: dict) -> tuple[int, ...]:
     """F for this call."""
-    for level in stage.levels:
-        for r in level:
-            return shapes[r.srcs[0].key]
+    for r in stage.reductions:  # every reduction of a stage runs over F
+        return shapes[r.srcs[0].key]
     for n, _ in stage.outputs:
         if stage.space[id(n)] == "F":
             return shapes[n.key]
@@ -132,7 +131,7 @@ class Layout:
     """Views of every array of a stage and the variant they call for."""
 
     def __init__(self, stage: Stage, f_shape, leaves, outputs):
-        """``leaves``: arrays in KernelWriter.leaves order; ``outputs``: in stage order."""
+        """``leaves``: arrays in ``stage.leaves`` order; ``outputs``: in stage order."""
         self.stage = stage
         axes = set(stage.axes)
         ndim = len(f_shape)
@@ -254,10 +253,9 @@ def predicted_bytes(stage: Stage, variant: Variant, layout: Layout, blocks: int)
         per_row = stage.space[id(node)] == "row"
         total += node.dtype.itemsize * (layout.n_kept if per_row else elements)
     if stage.kind == "full":
-        for level in stage.levels:
-            for r in level:
-                width = codegen.acc_dtype(r).itemsize + (8 if r.op in ir.INDEX_REDUCE else 0)
-                total += 2 * width * blocks  # each block writes its partial, the last reads all
+        for r in stage.reductions:
+            width = codegen.acc_dtype(r).itemsize + (8 if r.op in ir.INDEX_REDUCE else 0)
+            total += 2 * width * blocks  # each block writes its partial, the last reads all
         total += 2 * 4 * blocks + 4  # the ticket: one atomic per block, then a reset
     return total
 

@@ -19,6 +19,7 @@ recorded with its reason.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,23 +33,38 @@ class Stage:
     """One kernel launch."""
 
     kind: str  # "elementwise", "row", "column" or "full"
-    shape: tuple[int, ...]  # F at trace time (ranks and size-1 pattern hold for every call)
     axes: tuple[int, ...]  # R
     outputs: list[tuple[Node, object]]  # (node, destination): ("out", k) or ("temp", k)
-    levels: list[list[Node]] = field(default_factory=list)  # reductions per pass
     space: dict[int, str] = field(default_factory=dict)  # id(node) -> "F", "row" or "const"
 
-    @property
+    # Derived once: a stage never changes after planning, and calls read these every time.
+    @functools.cached_property
     def nodes(self) -> list[Node]:
         return ir.walk([n for n, _ in self.outputs])
 
-    @property
-    def leaves(self) -> list[Node]:
-        return [n for n in self.nodes if n.op is Op.INPUT]
+    @functools.cached_property
+    def reductions(self) -> list[Node]:
+        """In dependency order; ``codegen.plan_passes`` groups them into passes."""
+        return [n for n in self.nodes if n.op in ir.REDUCE]
 
-    @property
+    @functools.cached_property
+    def leaves(self) -> list[Node]:
+        """Input arrays, one per distinct value, in the order the kernel takes them."""
+        return _unique([n for n in self.nodes if n.op is Op.INPUT])
+
+    @functools.cached_property
+    def scalars(self) -> list[Node]:
+        """Run-time scalars (SCALAR and COUNT leaves), in the order the kernel takes them."""
+        return _unique([n for n in self.nodes if n.op in (Op.SCALAR, Op.COUNT)])
+
+    @functools.cached_property
     def key(self) -> str:
         return ir.fingerprint([n for n, _ in self.outputs])
+
+
+def _unique(nodes: list[Node]) -> list[Node]:
+    seen: set = set()
+    return [n for n in nodes if not (n.key in seen or seen.add(n.key))]
 
 
 @dataclass
@@ -268,15 +284,7 @@ class _Planner:
             kind = "row"
         else:
             kind = "column"
-        level: dict[int, int] = {}
-        for n in nodes:
-            deps = [level[id(s)] for s in n.srcs]
-            base = max(deps, default=0)
-            level[id(n)] = base + 1 if _is_reduce(n) else base
-        reductions = [n for n in nodes if _is_reduce(n)]
-        depth = max((level[id(r)] for r in reductions), default=0)
-        levels = [[r for r in reductions if level[id(r)] == k + 1] for k in range(depth)]
-        return Stage(kind, f_shape, axes, outputs, levels, space)
+        return Stage(kind, axes, outputs, space)
 
 
 def _reduction_class(node: Node):
