@@ -1,0 +1,56 @@
+"""Every private numba-cuda name that :mod:`tessera_tile.sim` and :mod:`tessera_tile.inspect`
+rely on, in one place, each with a smoke test (``tests/sim/test_compat.py``,
+``tests/compile/test_inspect.py``), so that a numba-cuda upgrade fails here, clearly, and
+nowhere else.
+
+The supported numba-cuda range is checked once, when this module is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import threading
+
+SUPPORTED_NUMBA_CUDA = ((0, 30), (0, 31))  # [lowest, highest) major.minor
+
+
+def _check_version() -> None:
+    version = importlib.metadata.version("numba-cuda")
+    major_minor = tuple(int(p) for p in version.split(".")[:2])
+    low, high = SUPPORTED_NUMBA_CUDA
+    if not low <= major_minor < high:
+        raise ImportError(
+            f"tessera_tile supports numba-cuda {low[0]}.{low[1]}.x (it extends numba-cuda's "
+            f"simulator through private names); numba-cuda {version} is installed. Run: "
+            f"pip install 'numba-cuda[cu13]>={low[0]}.{low[1]},<{high[0]}.{high[1]}'"
+        )
+
+
+_check_version()
+
+
+# -- inspect: compiling kernels that call device functions without a GPU -----------------------
+
+_device_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def current_device_answered(cc: tuple[int, int]):
+    """Inside, numba-cuda's dispatcher sees a current device of compute capability ``cc``.
+
+    numba-cuda compiles a called device function for the current device's compute capability,
+    which asks the driver for a device; with no GPU, this answers for it.
+    """
+    import numba.cuda.dispatcher as dispatcher
+
+    class _TargetDevice:
+        compute_capability = cc
+
+    with _device_lock:
+        saved = dispatcher.get_current_device
+        dispatcher.get_current_device = lambda: _TargetDevice()
+        try:
+            yield
+        finally:
+            dispatcher.get_current_device = saved
