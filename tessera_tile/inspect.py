@@ -2,9 +2,15 @@
 
 Works with no GPU: Numba lowers the kernel through NVVM to PTX, ``ptxas`` assembles it into a
 cubin for the chosen architecture and reports registers, spills, stack and static shared memory,
-and ``nvdisasm`` prints the SASS. ``ptxas`` and ``nvdisasm`` come from the pip wheels
-``nvidia-cuda-nvcc`` and ``nvidia-cuda-nvdisasm`` of the same minor version as the NVVM that
-numba-cuda uses (an older ``ptxas`` rejects newer PTX).
+and ``nvdisasm`` disassembles the SASS. ``ptxas`` and ``nvdisasm`` are found by
+``cuda.pathfinder``; tessera_tile depends on the pip wheels ``nvidia-cuda-nvcc`` and
+``nvidia-cuda-nvdisasm`` of the same minor version as the NVVM that numba-cuda uses (an older
+``ptxas`` rejects newer PTX).
+
+A ``@cuda.jit`` kernel compiles with the options it would run with: ``fastmath``, ``opt``,
+``debug``, ``lineinfo`` and ``launch_bounds`` reach NVVM, ``max_registers`` reaches ``ptxas``
+(as ``-maxrregcount``, where numba-cuda's linker puts it). The PTX is assembled on its own, not
+link-time optimised: a kernel with ``link=`` files is refused.
 
 Shared memory figures are ``ptxas``'s static figure: they exclude the 1 KiB per block that the
 system reserves on sm_80 and newer (the occupancy model adds it back).
@@ -18,16 +24,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.metadata
-import os
+import io
+import json
 import re
-import shutil
 import subprocess
 import tempfile
-import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from . import _config
 
 __all__ = ["ARCHS", "CompileReport", "compile", "occupancy"]
 
@@ -77,6 +84,18 @@ def occupancy(arch: str, registers: int, shared_bytes: int, block: int) -> float
     return blocks * warps / lim.max_warps
 
 
+# Options of numba-cuda's @cuda.jit that change the code a kernel compiles to, with their
+# defaults; the others (extensions, shared_memory_carveout, ...) act at launch time.
+_CODEGEN_DEFAULTS: dict[str, Any] = {
+    "debug": False,
+    "lineinfo": False,
+    "fastmath": False,
+    "opt": True,
+    "launch_bounds": None,
+    "max_registers": None,  # not an NVVM option: numba-cuda passes it to its linker (ptxas)
+}
+
+
 @dataclass(frozen=True)
 class CompileReport:
     """What one kernel compiles to for one architecture."""
@@ -96,6 +115,7 @@ class CompileReport:
     block: int
     occupancy: float
     tools: dict[str, str]
+    options: dict[str, Any] = field(default_factory=dict)  # jit options that differ from default
 
     @property
     def instructions(self) -> int:
@@ -129,98 +149,144 @@ class CompileReport:
         )
 
     def __str__(self) -> str:
-        lines = [
-            f"{self.name} [{self.arch}] {self.signature}",
-            f"  registers {self.registers}, spills {self.spill_stores} B stored / "
-            f"{self.spill_loads} B loaded, stack {self.stack_bytes} B, "
-            f"static shared {self.shared_bytes} B (ptxas)",
-            f"  occupancy {self.occupancy:.0%} at {self.block} threads/block, "
-            f"{self.instructions} SASS instructions",
-            f"  key opcodes: {self.key_opcodes() or '-'}",
-            "  tools: " + ", ".join(f"{k} {v}" for k, v in self.tools.items()),
+        # Rendered with rich like the simulator's profile: plain text, no colour codes, and
+        # Text cells so that "[sm_90]" or "float32[::1]" are never read as markup.
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+
+        rows = [
+            ("registers", str(self.registers)),
+            ("spills", f"{self.spill_stores} B stored, {self.spill_loads} B loaded"),
+            ("stack", f"{self.stack_bytes} B"),
+            ("shared", f"{self.shared_bytes} B static (ptxas; excludes the 1 KiB system reserve)"),
+            ("occupancy", f"{self.occupancy:.0%} at {self.block} threads/block"),
+            ("instructions", f"{self.instructions} SASS"),
+            ("key opcodes", self.key_opcodes() or "-"),
         ]
-        return "\n".join(lines)
+        if self.options:
+            rows.append(("options", ", ".join(f"{k}={v}" for k, v in self.options.items())))
+        rows.append(("tools", ", ".join(f"{k} {v}" for k, v in self.tools.items())))
+        table = Table.grid(padding=(0, 2), pad_edge=True)
+        table.add_column(no_wrap=True)
+        table.add_column(overflow="fold")
+        for label, value in rows:
+            table.add_row(Text(label), Text(value))
+        buf = io.StringIO()
+        console = Console(
+            file=buf, width=100, color_system=None, markup=False, highlight=False, emoji=False
+        )
+        console.print(Text(f"{self.name} [{self.arch}] {self.signature}"))
+        console.print(table)
+        return "\n".join(line.rstrip() for line in buf.getvalue().rstrip().splitlines())
 
 
 def compile(  # noqa: A001 - the public name asked for by users of this module
-    fn: Any, signature: Any, arch: str = "sm_90", *, block: int = DEFAULT_BLOCK
+    fn: Any, signature: Any, arch: str = "sm_90", *, block: int | None = None
 ) -> CompileReport:
     """Compile a kernel for ``arch`` without a GPU and report its resources and SASS.
 
     Parameters
     ----------
     fn:
-        A ``@cuda.jit`` kernel or the plain Python function of one.
+        A ``@cuda.jit`` kernel (compiled with its own options: ``fastmath``, ``opt``, ``debug``,
+        ``lineinfo``, ``launch_bounds``, ``max_registers``) or the plain Python function of one
+        (compiled with numba-cuda's defaults).
     signature:
         A Numba signature, as a string (``"void(float32[::1], int32)"``) or a tuple of types.
     arch:
         ``"sm_80"``, ``"sm_86"``, ``"sm_89"`` or ``"sm_90"``.
     block:
-        Threads per block for the occupancy figure (default 256).
+        Threads per block for the occupancy figure (default: the kernel's ``launch_bounds``
+        maximum if it has one, else 256).
+
+    Raises ``RuntimeError`` when a tool is missing or fails, or when its output cannot be read:
+    a report is never built from figures that were not found.
     """
     pyfunc = _python_function(fn)
     lim = _arch(arch)
-    if _simulator_enabled():
+    if _config.SIMULATED:
         raise RuntimeError(
             "tessera_tile.inspect.compile needs the real compiler; it cannot run with "
             "NUMBA_ENABLE_CUDASIM=1 (run the compile tier in a separate process)"
         )
-    if not isinstance(block, int) or not 1 <= block <= 1024:
-        raise ValueError(f"block must be an int in 1..1024, got {block!r}")
+    options = _codegen_options(fn, pyfunc.__name__)
+    block = _block(block, options.get("launch_bounds"))
     sig = tuple(signature) if isinstance(signature, list) else signature
-    return _compile_cached(pyfunc, sig, arch, lim.cc, block)
+    return _compile_cached(pyfunc, sig, arch, lim.cc, block, tuple(options.items()))
 
 
 @functools.lru_cache(maxsize=512)
-def _compile_cached(pyfunc, signature, arch: str, cc, block: int) -> CompileReport:
-    from numba import cuda
-    from numba.core.errors import TypingError
-
-    try:
-        with _device_free_compilation(cc):
-            ptx, _ = cuda.compile_ptx(pyfunc, signature, cc=cc)
-    except TypingError as e:
-        first = str(e).strip().splitlines()[0]
-        raise TypeError(
-            f"kernel {pyfunc.__name__!r} does not type for signature {signature}: {first}"
-        ) from e
+def _compile_cached(pyfunc, signature, arch: str, cc, block: int, options) -> CompileReport:
+    name = pyfunc.__name__
+    nvvm_options = dict(options)
+    max_registers = nvvm_options.pop("max_registers", None)
+    ptx = _ptx(pyfunc, signature, cc, nvvm_options)
     tools = _tools()
+    ptxas_flags = [f"-arch={arch}", "-v"]
+    if max_registers:
+        ptxas_flags.append(f"-maxrregcount={max_registers}")
     with tempfile.TemporaryDirectory(prefix="tessera_tile_") as tmp:
         ptx_path, cubin_path = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")
         ptx_path.write_text(ptx)
         res = subprocess.run(
-            [tools["ptxas_path"], f"-arch={arch}", "-v", "-o", str(cubin_path), str(ptx_path)],
+            [tools["ptxas_path"], *ptxas_flags, "-o", str(cubin_path), str(ptx_path)],
             capture_output=True,
             text=True,
         )
         if res.returncode != 0:
             raise RuntimeError(
-                f"ptxas failed for {pyfunc.__name__!r} on {arch}: {res.stderr.strip()}\n"
-                "ptxas must be of the same CUDA minor version as numba-cuda's NVVM "
-                "(pip install 'nvidia-cuda-nvcc==13.5.*')"
+                f"ptxas failed for {name!r} on {arch}: {res.stderr.strip()}\n"
+                f"({tools['ptxas_path']}, version {tools['ptxas']}.) ptxas must be of the same "
+                f"CUDA minor version as numba-cuda's NVVM: pip install {_tool_wheels()}"
             )
         cubin = cubin_path.read_bytes()
-        sass = subprocess.run(
-            [tools["nvdisasm_path"], "-c", str(cubin_path)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    resources = _parse_ptxas(res.stdout + res.stderr)
-    histogram = _histogram(sass)
+        sass = _disassemble(tools["nvdisasm_path"], cubin_path, [])
+        sass_json = _disassemble(tools["nvdisasm_path"], cubin_path, ["-json"])
+    resources = _parse_ptxas(res.stdout + res.stderr, name, arch)
     return CompileReport(
-        name=pyfunc.__name__,
+        name=name,
         arch=arch,
         signature=str(signature),
         ptx=ptx,
         cubin=cubin,
         sass=sass,
-        histogram=histogram,
+        histogram=_parse_sass_json(sass_json, name, arch),
         block=block,
         occupancy=occupancy(arch, resources["registers"], resources["shared_bytes"], block),
         tools={k: v for k, v in tools.items() if not k.endswith("_path")},
+        options=dict(options),
         **resources,
     )
+
+
+def _ptx(pyfunc, signature, cc, nvvm_options: dict[str, Any]) -> str:
+    from numba import cuda
+    from numba.core.errors import TypingError
+
+    from .sim import compat
+
+    # A kernel that calls a device function asks numba-cuda for the current device; with no
+    # GPU, compat answers for it with the target's compute capability.
+    device = (
+        contextlib.nullcontext() if _config.gpu_present() else compat.current_device_answered(cc)
+    )
+    try:
+        with device:
+            ptx, _ = cuda.compile_ptx(pyfunc, signature, cc=cc, **nvvm_options)
+    except TypingError as e:
+        first = str(e).strip().splitlines()[0]
+        raise TypeError(
+            f"kernel {pyfunc.__name__!r} does not type for signature {signature}: {first}"
+        ) from e
+    return ptx
+
+
+def _disassemble(nvdisasm: str, cubin: Path, flags: list[str]) -> str:
+    res = subprocess.run([nvdisasm, *flags, "-c", str(cubin)], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvdisasm {' '.join(flags)} failed: {res.stderr.strip()}")
+    return res.stdout
 
 
 def _python_function(fn: Any):
@@ -236,6 +302,37 @@ def _python_function(fn: Any):
     return py
 
 
+def _codegen_options(fn: Any, name: str) -> dict[str, Any]:
+    """The kernel's jit options that change its code and differ from numba-cuda's defaults."""
+    targetoptions = getattr(fn, "targetoptions", None) or {}
+    if targetoptions.get("link"):
+        raise NotImplementedError(
+            f"kernel {name!r} links external code (link={list(targetoptions['link'])}); "
+            "tessera_tile.inspect assembles the kernel's own PTX only"
+        )
+    options = {}
+    for key, default in _CODEGEN_DEFAULTS.items():
+        value = targetoptions.get(key, default)
+        if isinstance(value, list):  # launch_bounds=[128, 2]; the compile cache needs a tuple
+            value = tuple(value)
+        if key in ("debug", "lineinfo", "opt"):
+            value = bool(value)  # numba-cuda stores debug=0
+        if value != default:
+            options[key] = value
+    return options
+
+
+def _block(block: int | None, launch_bounds: Any) -> int:
+    bound = launch_bounds if isinstance(launch_bounds, (int, type(None))) else launch_bounds[0]
+    if block is None:
+        block = bound or DEFAULT_BLOCK
+    if not isinstance(block, int) or not 1 <= block <= 1024:
+        raise ValueError(f"block must be an int in 1..1024, got {block!r}")
+    if bound and block > bound:
+        raise ValueError(f"block={block} exceeds the kernel's launch_bounds ({bound} threads)")
+    return block
+
+
 def _arch(arch: str) -> ArchLimits:
     try:
         return ARCHS[arch]
@@ -243,62 +340,31 @@ def _arch(arch: str) -> ArchLimits:
         raise ValueError(f"unknown target {arch!r}; known: {', '.join(ARCHS)}") from None
 
 
-def _simulator_enabled() -> bool:
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
-
-
-_patch_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _device_free_compilation(cc):
-    """Let kernels that call device functions compile with no GPU.
-
-    numba-cuda compiles a called device function for the current device's compute capability,
-    which asks the driver for a device. With no GPU we answer for it with the target's.
-    """
-    if _gpu_present():
-        yield
-        return
-    import numba.cuda.dispatcher as dispatcher
-
-    class _TargetDevice:
-        compute_capability = cc
-
-    with _patch_lock:
-        saved = dispatcher.get_current_device
-        dispatcher.get_current_device = lambda: _TargetDevice()
-        try:
-            yield
-        finally:
-            dispatcher.get_current_device = saved
-
-
-@functools.lru_cache(maxsize=1)
-def _gpu_present() -> bool:
-    from numba import cuda
-
+def _dist(name: str) -> str:
     try:
-        return bool(cuda.is_available())
-    except Exception:
-        return False
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _tool_wheels() -> str:
+    """The pip requirements that bring ptxas and nvdisasm matching the installed NVVM."""
+    nvvm = _dist("nvidia-nvvm").split(".")
+    pin = f"=={nvvm[0]}.{nvvm[1]}.*" if len(nvvm) >= 2 and nvvm[0].isdigit() else ""
+    return f"'nvidia-cuda-nvcc{pin}' 'nvidia-cuda-nvdisasm{pin}'"
 
 
 def _find_tool(name: str) -> str:
-    with contextlib.suppress(ImportError):
-        import nvidia
+    from cuda.pathfinder import find_nvidia_binary_utility
 
-        for base in nvidia.__path__:
-            for sub in ("cu13/bin", "cuda_nvcc/bin", "cuda_nvdisasm/bin"):
-                p = Path(base, sub, name)
-                if p.exists():
-                    return str(p)
-    found = shutil.which(name)
-    if found:
-        return found
-    raise RuntimeError(
-        f"{name} not found: pip install 'nvidia-cuda-nvcc==13.5.*' 'nvidia-cuda-nvdisasm==13.5.*'"
-    )
+    # Searches the NVIDIA wheels first, then CONDA_PREFIX, CUDA_PATH/CUDA_HOME and the toolkit.
+    found = find_nvidia_binary_utility(name)
+    if found is None:
+        raise RuntimeError(
+            f"{name} not found (tessera_tile.inspect needs ptxas and nvdisasm of the same CUDA "
+            f"minor version as numba-cuda's NVVM): pip install {_tool_wheels()}"
+        )
+    return found
 
 
 @functools.lru_cache(maxsize=1)
@@ -310,16 +376,10 @@ def _tools() -> dict[str, str]:
         m = re.search(r"V(\d+\.\d+\.\d+)", out)
         return m.group(1) if m else "unknown"
 
-    def dist(name: str) -> str:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            return "not installed"
-
     return {
-        "numba": dist("numba"),
-        "numba-cuda": dist("numba-cuda"),
-        "nvvm": dist("nvidia-nvvm"),
+        "numba": _dist("numba"),
+        "numba-cuda": _dist("numba-cuda"),
+        "nvvm": _dist("nvidia-nvvm"),
         "ptxas": version(ptxas),
         "nvdisasm": version(nvdisasm),
         "ptxas_path": ptxas,
@@ -327,33 +387,61 @@ def _tools() -> dict[str, str]:
     }
 
 
-_PTXAS_PATTERNS = {
-    "stack_bytes": r"(\d+) bytes stack frame",
-    "spill_stores": r"(\d+) bytes spill stores",
-    "spill_loads": r"(\d+) bytes spill loads",
-    "registers": r"Used (\d+) registers",
-    "shared_bytes": r"(\d+) bytes smem",
-}
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_REGISTERS = re.compile(r"Used (\d+) registers[^\n]*")
+_FRAME = r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+_SHARED = re.compile(r"(\d+) bytes smem")
 
 
-def _parse_ptxas(log: str) -> dict[str, int]:
-    """Resources of the entry function from ``ptxas -v`` output."""
-    # Keep only the block that follows "Compiling entry function": device functions that were
-    # not inlined have blocks of their own.
-    start = log.find("Compiling entry function")
-    entry = log[start:] if start >= 0 else log
-    nxt = entry.find("Compiling", 10)
-    if nxt > 0:
-        entry = entry[:nxt]
-    out = {}
-    for key, pat in _PTXAS_PATTERNS.items():
-        m = re.search(pat, entry)
-        out[key] = int(m.group(1)) if m else 0
-    return out
+def _parse_ptxas(log: str, kernel: str, arch: str) -> dict[str, int]:
+    """Resources of the one entry function in ``ptxas -v`` output.
+
+    Raises ``RuntimeError`` naming what is missing rather than reading a miss as zero.
+    """
+
+    def fail(what: str):
+        raise RuntimeError(
+            f"cannot read the resources of kernel {kernel!r} on {arch} from ptxas -v: {what}\n"
+            f"--- ptxas output ---\n{log.strip()}"
+        )
+
+    entries = _ENTRY.findall(log)
+    if len(entries) != 1:
+        fail(f"expected one 'Compiling entry function' line, found {len(entries)}")
+    entry = log[log.index("Compiling entry function") :]
+    # The frame line under the entry's own "Function properties" (device functions that were
+    # not inlined have their own).
+    frame = re.search(rf"Function properties for {re.escape(entries[0])}\s+{_FRAME}", entry)
+    if frame is None:
+        fail("no 'N bytes stack frame, N bytes spill stores, N bytes spill loads' line")
+    used = _REGISTERS.search(entry)
+    if used is None:
+        fail("no 'Used N registers' line")
+    smem = _SHARED.search(used.group(0))  # ptxas leaves it out when the kernel uses none
+    return {
+        "registers": int(used.group(1)),
+        "stack_bytes": int(frame.group(1)),
+        "spill_stores": int(frame.group(2)),
+        "spill_loads": int(frame.group(3)),
+        "shared_bytes": int(smem.group(1)) if smem else 0,
+    }
 
 
-_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
-
-
-def _histogram(sass: str) -> dict[str, int]:
-    return dict(Counter(m.group(1) for m in _SASS_LINE.finditer(sass)))
+def _parse_sass_json(text: str, kernel: str, arch: str) -> dict[str, int]:
+    """Opcode histogram of every function in ``nvdisasm -json`` output (the kernel and the
+    subroutines it calls). Raises ``RuntimeError`` when it holds no instruction."""
+    try:
+        doc = json.loads(text)
+        functions = [f for part in doc if isinstance(part, list) for f in part]
+        opcodes = [ins["opcode"] for f in functions for ins in f["sass-instructions"]]
+    except (ValueError, LookupError, TypeError) as e:
+        raise RuntimeError(
+            f"cannot read the SASS of kernel {kernel!r} on {arch}: nvdisasm -json printed "
+            f"an unexpected document ({type(e).__name__}: {e})"
+        ) from e
+    if not opcodes:
+        raise RuntimeError(
+            f"the SASS of kernel {kernel!r} on {arch} has no instructions "
+            f"({len(functions)} functions in nvdisasm -json output)"
+        )
+    return dict(Counter(opcodes))
