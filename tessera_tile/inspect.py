@@ -10,7 +10,10 @@ and ``nvdisasm`` disassembles the SASS. ``ptxas`` and ``nvdisasm`` are found by
 A ``@cuda.jit`` kernel compiles with the options it would run with: ``fastmath``, ``opt``,
 ``debug``, ``lineinfo`` and ``launch_bounds`` reach NVVM, ``max_registers`` reaches ``ptxas``
 (as ``-maxrregcount``, where numba-cuda's linker puts it). The PTX is assembled on its own, not
-link-time optimised: a kernel with ``link=`` files is refused.
+link-time optimised: a kernel with ``link=`` files is refused. numba-cuda itself links with
+nvJitLink LTO by default; on the example kernels that gives the same global and shared memory
+opcodes, and registers and instruction counts equal or within a few (transpose on sm_80: 31-32
+registers linked with LTO against 30 here, 8 instructions fewer).
 
 Shared memory figures are ``ptxas``'s static figure: they exclude the 1 KiB per block that the
 system reserves on sm_80 and newer (the occupancy model adds it back).
