@@ -1,9 +1,21 @@
-"""Plumbing shared by the inline-PTX intrinsics of :mod:`memory` and :mod:`pipeline`."""
+"""Device plumbing shared by :mod:`memory`, :mod:`pipeline` and :mod:`warp`: the thread's rank
+in its block, and the typing and pointer helpers of the inline-PTX intrinsics."""
 
+from numba import cuda
 from numba.core import types
-from numba.cuda import cgutils
-from numba.cuda.api_util import normalize_indices
-from numba.cuda.core.errors import NumbaTypeError
+
+from .sim.compat import NumbaTypeError, cgutils, normalize_indices
+
+
+@cuda.jit(device=True)
+def thread_rank():
+    """``(rank, block size)``: this thread's linear rank ``x + X*(y + Y*z)`` in its block.
+
+    The order in which the hardware forms warps (rank // 32 is the warp), for any block shape.
+    """
+    t = cuda.threadIdx
+    d = cuda.blockDim
+    return t.x + d.x * (t.y + d.y * t.z), d.x * d.y * d.z
 
 
 def check_index(name: str, array, index) -> None:

@@ -1,8 +1,9 @@
-"""Tile descriptors, global <-> shared staging, 16-byte vector accesses, bank-conflict model.
+"""Tile descriptors, global <-> shared staging, 16-byte vector accesses.
 
 A :class:`Tile` describes a 2-D shared-memory tile: its shape, dtype, row padding and the way a
 warp will read it. ``pad="auto"`` picks the smallest padding that makes that access pattern
-conflict free under :func:`bank_conflict_degree` (32 banks of 4 bytes).
+conflict free under :func:`bank_conflict_degree` (32 banks of 4 bytes; the model lives in
+:mod:`tessera_tile.banks`, shared with the simulator's profiler, and is re-exported here).
 
 :func:`make_stager` turns a tile into Numba CUDA device functions that a whole block calls to
 move the tile between global memory and shared memory::
@@ -51,7 +52,8 @@ from numba.cuda.extending import intrinsic
 from numba.np import numpy_support
 
 from . import sim
-from .intrinsics import check_index, element_pointer
+from .banks import BANK_BYTES, BANKS, Access, bank_conflict_degree, request_wavefronts
+from .intrinsics import check_index, element_pointer, thread_rank
 
 __all__ = [
     "BANKS",
@@ -69,170 +71,10 @@ __all__ = [
     "store16_shared",
 ]
 
-BANKS = 32
-BANK_BYTES = 4
-WARP_SIZE = 32
 VECTOR_BYTES = 16
-MAX_MODEL_WARPS = 1024  # warps of a walk the model looks at (a 128 x 256 tile)
 MAX_AUTO_PAD = 32  # elements; a 32-bank cycle is always enough to find the best pitch
 
 SUPPORTED_DTYPES = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int32))
-
-Access = Literal["row", "column"]
-
-
-# -------------------------------------------------------------------------------------------
-# Analytic bank-conflict model
-# -------------------------------------------------------------------------------------------
-
-
-def _request(padded_shape, cols, itemsize, access, vector, scalar, start):
-    """The shared requests one warp makes, as lists of ``(lane, byte_offset, width)``.
-
-    ``row``: lanes walk the tile in row-major order from ``start``, each lane taking ``vector``
-    consecutive elements of a row (one access of ``vector * itemsize`` bytes, or ``vector``
-    one-element accesses when ``scalar``). ``column``: lanes walk in column-major order, each
-    taking ``vector`` consecutive elements down a column (always one element per access).
-    """
-    rows, pitch = padded_shape
-    r0, c0 = start
-    lane_elems: list[tuple[int, list[tuple[int, int]]]] = []
-    for lane in range(WARP_SIZE):
-        if access == "row":
-            pos = r0 * cols + c0 + lane * vector
-            r, c = divmod(pos, cols)
-            elems = [(r, c + k) for k in range(vector)]
-        else:
-            pos = c0 * rows + r0 + lane * vector
-            c, r = divmod(pos, rows)
-            elems = [(r + k, c) for k in range(vector)]
-        if all(r < rows and c < cols for r, c in elems):
-            lane_elems.append((lane, elems))
-    if not lane_elems:
-        return []
-    if access == "row" and not scalar and vector > 1:
-        return [[(lane, (e[0][0] * pitch + e[0][1]) * itemsize, vector * itemsize)
-                 for lane, e in lane_elems]]  # fmt: skip
-    return [
-        [(lane, (e[k][0] * pitch + e[k][1]) * itemsize, itemsize) for lane, e in lane_elems]
-        for k in range(vector)
-    ]
-
-
-def _phase_worst(accesses) -> int:
-    """Largest number of wavefronts any 128-byte phase of one request needs."""
-    width = max(w for _, _, w in accesses)
-    per_phase = 32 if width <= 4 else (16 if width <= 8 else 8)
-    phases: dict[int, list] = {}
-    for a in accesses:
-        phases.setdefault(a[0] // per_phase, []).append(a)
-    return max(sim.wavefronts(p)[0] for p in phases.values())
-
-
-def _check_model_args(padded_shape, dtype, access, vector, cols):
-    rows, pitch = (int(d) for d in padded_shape)
-    dt = np.dtype(dtype)
-    if access not in ("row", "column"):
-        raise ValueError(f"access must be 'row' or 'column', got {access!r}")
-    if vector < 1:
-        raise ValueError(f"vector must be >= 1, got {vector}")
-    cols = pitch if cols is None else int(cols)
-    if not 0 < cols <= pitch or rows <= 0:
-        raise ValueError(f"bad padded shape {padded_shape} for {cols} columns")
-    return (rows, pitch), dt.itemsize, cols
-
-
-def _starts(rows, cols, access, vector):
-    """Where each warp's walk begins when consecutive warps take consecutive stretches."""
-    per_warp = WARP_SIZE * vector
-    starts = []
-    for w in range(min(-(-rows * cols // per_warp), MAX_MODEL_WARPS)):
-        p = w * per_warp
-        starts.append(divmod(p, cols) if access == "row" else divmod(p, rows)[::-1])
-    return starts
-
-
-def request_wavefronts(
-    padded_shape: tuple[int, int],
-    dtype,
-    access: Access = "row",
-    vector: int = 1,
-    *,
-    scalar: bool = False,
-    cols: int | None = None,
-    start: tuple[int, int] = (0, 0),
-) -> list[tuple[int, int]]:
-    """``(wavefronts, ideal)`` of each shared request one warp makes from ``start``.
-
-    The same figures as :attr:`tessera_tile.sim.Profile.shared_wavefronts` for the same access:
-    ``sum(w - ideal)`` over a kernel's requests is what the profiler reports as bank conflicts.
-    ``cols`` is the logical column count (default: all of ``padded_shape[1]``); see
-    :func:`bank_conflict_degree` for the access patterns.
-    """
-    shape, itemsize, cols = _check_model_args(padded_shape, dtype, access, vector, cols)
-    reqs = _request(shape, cols, itemsize, access, vector, scalar, start)
-    return [sim.wavefronts(r) for r in reqs]
-
-
-def bank_conflict_degree(
-    padded_shape: tuple[int, int],
-    dtype,
-    access: Access = "row",
-    vector: int = 1,
-    *,
-    scalar: bool = False,
-    cols: int | None = None,
-) -> int:
-    """Worst-case wavefronts per 128-byte phase of a warp-wide shared request (1 = conflict free).
-
-    Shared memory has 32 banks of 4 bytes; a request takes as many wavefronts as the largest
-    number of distinct words it touches in one bank. 4-byte accesses form one phase per warp,
-    8-byte ones two (half-warps), 16-byte ones four (quarter-warps), so for 4-byte elements the
-    result is the number of wavefronts per request, and in general the n of an n-way conflict.
-
-    Parameters
-    ----------
-    padded_shape:
-        ``(rows, row pitch in elements)`` of the shared array.
-    dtype:
-        element type (its itemsize is what matters).
-    access:
-        ``"row"``: the 32 lanes of a warp walk the tile in row-major order, lane ``l`` taking
-        elements ``l*vector .. l*vector+vector-1`` of the walk (consecutive lanes, consecutive
-        columns; a row shorter than the warp wraps to the next row). ``"column"``: lanes walk in
-        column-major order (consecutive lanes, consecutive rows), each taking ``vector``
-        elements down the column, one element per access.
-    vector:
-        elements per lane. With ``"row"`` they are one ``vector * itemsize``-byte access unless
-        ``scalar`` (then ``vector`` separate one-element accesses, as after a 16-byte global load).
-    cols:
-        logical columns when the pitch includes padding (default ``padded_shape[1]``).
-
-    The worst case is taken over the warps of a block that walks the whole tile this way
-    (warp ``w`` starts at element ``32 * vector * w`` of the walk).
-
-    >>> bank_conflict_degree((32, 32), np.float32, "column")
-    32
-    >>> bank_conflict_degree((32, 33), np.float32, "column")
-    1
-    """
-    shape, itemsize, cols = _check_model_args(padded_shape, dtype, access, vector, cols)
-    return _degree(shape, itemsize, cols, access, vector, bool(scalar))
-
-
-@functools.lru_cache(maxsize=4096)
-def _degree(shape, itemsize, cols, access, vector, scalar) -> int:
-    worst = 1
-    seen = set()
-    for start in _starts(shape[0], cols, access, vector):
-        for req in _request(shape, cols, itemsize, access, vector, scalar, start):
-            base = req[0][1] - req[0][1] % (BANKS * BANK_BYTES)
-            key = tuple((lane, off - base, w) for lane, off, w in req)
-            if key not in seen:  # requests that differ by whole bank cycles cost the same
-                seen.add(key)
-                worst = max(worst, _phase_worst(req))
-    return worst
-
 
 # -------------------------------------------------------------------------------------------
 # Tile descriptor
@@ -475,14 +317,23 @@ def _make_store(space: str):
     return vector_store
 
 
-def _vector_index(array, index):
+def _vector_index(array, index, what: str):
+    """The slice of the 16-byte vector at ``array[index]``; faults like the GPU would."""
     idx = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
     n = VECTOR_BYTES // array.itemsize
+    if sim.element_address(array, idx) % VECTOR_BYTES:
+        raise sim.SimulationError(
+            f"{what}: misaligned address: index {idx} is not 16-byte aligned (the GPU faults)"
+        )
+    if array.strides[-1] != array.itemsize:
+        raise sim.SimulationError(
+            f"{what}: the last axis is not contiguous (a vector access reads 16 consecutive bytes)"
+        )
     return (*idx[:-1], slice(idx[-1], idx[-1] + n)), n
 
 
 def _load16_twin(array, index):
-    sl, n = _vector_index(array, index)
+    sl, n = _vector_index(array, index, "16-byte vector load")
     values = sim.load(array, sl)
     if values is None or len(values) != n:
         return tuple(array.dtype.type(0) for _ in range(n))
@@ -490,14 +341,12 @@ def _load16_twin(array, index):
 
 
 def _store16_twin(array, index, values):
-    sl, n = _vector_index(array, index)
+    sl, n = _vector_index(array, index, "16-byte vector store")
     sim.store(array, sl, np.array(values, dtype=array.dtype))
 
 
 def _aligned16_twin(array, index):
-    idx = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
-    addr = sim.address(array) + sum(i * s for i, s in zip(idx, array.strides, strict=True))
-    return addr % VECTOR_BYTES == 0
+    return sim.element_address(array, index) % VECTOR_BYTES == 0
 
 
 load16 = sim.twin(_load16_twin)(_make_load("global"))
@@ -505,7 +354,9 @@ load16.__doc__ = """``load16(array, index) -> tuple``: one 16-byte global load (
 
 Returns the ``16 // itemsize`` elements starting at ``array[index]`` (4 float32/int32, 8 float16,
 2 float64) along the last axis, which must be contiguous there, at a 16-byte aligned address
-(check with :func:`aligned16`) and inside the array: nothing is checked on the GPU.
+(check with :func:`aligned16`) and inside the array. On the GPU a misaligned address faults
+(the launch fails) and nothing else is checked; the simulator twin raises
+:class:`tessera_tile.sim.SimulationError` for a misaligned address or a non-contiguous last axis.
 """
 store16 = sim.twin(_store16_twin)(_make_store("global"))
 store16.__doc__ = """``store16(array, index, values)``: one 16-byte global store (``STG.E.128``).
@@ -574,36 +425,24 @@ class Stager(ModuleType):
 
 
 def _gather(vector: int, along_rows: bool):
-    """Device function reading ``vector`` consecutive shared elements into a tuple."""
-    if along_rows:
-        if vector == 1:
-            return cuda.jit(device=True)(lambda s, i, j: (s[i, j],))
-        if vector == 2:
-            return cuda.jit(device=True)(lambda s, i, j: (s[i, j], s[i, j + 1]))
-        if vector == 4:
-            return cuda.jit(device=True)(
-                lambda s, i, j: (s[i, j], s[i, j + 1], s[i, j + 2], s[i, j + 3])
-            )
-        return cuda.jit(device=True)(
-            lambda s, i, j: (
-                s[i, j], s[i, j + 1], s[i, j + 2], s[i, j + 3],
-                s[i, j + 4], s[i, j + 5], s[i, j + 6], s[i, j + 7],
-            )
-        )  # fmt: skip
+    """Device function reading ``vector`` consecutive shared elements (along a row or down a
+    column) into a tuple."""
+    di, dj = (0, 1) if along_rows else (1, 0)  # constants: Numba folds the zero steps away
     if vector == 1:
-        return cuda.jit(device=True)(lambda s, i, j: (s[i, j],))
-    if vector == 2:
-        return cuda.jit(device=True)(lambda s, i, j: (s[i, j], s[i + 1, j]))
-    if vector == 4:
-        return cuda.jit(device=True)(
-            lambda s, i, j: (s[i, j], s[i + 1, j], s[i + 2, j], s[i + 3, j])
-        )
-    return cuda.jit(device=True)(
-        lambda s, i, j: (
-            s[i, j], s[i + 1, j], s[i + 2, j], s[i + 3, j],
-            s[i + 4, j], s[i + 5, j], s[i + 6, j], s[i + 7, j],
-        )
-    )  # fmt: skip
+        fn = lambda s, i, j: (s[i, j],)
+    elif vector == 2:
+        fn = lambda s, i, j: (s[i, j], s[i + di, j + dj])
+    elif vector == 4:
+        fn = lambda s, i, j: (
+            s[i, j], s[i + di, j + dj], s[i + 2 * di, j + 2 * dj], s[i + 3 * di, j + 3 * dj]
+        )  # fmt: skip
+    else:
+        fn = lambda s, i, j: (
+            s[i, j], s[i + di, j + dj], s[i + 2 * di, j + 2 * dj], s[i + 3 * di, j + 3 * dj],
+            s[i + 4 * di, j + 4 * dj], s[i + 5 * di, j + 5 * dj], s[i + 6 * di, j + 6 * dj],
+            s[i + 7 * di, j + 7 * dj],
+        )  # fmt: skip
+    return cuda.jit(device=True)(fn)
 
 
 @functools.cache
@@ -633,13 +472,6 @@ def make_stager(tile: Tile) -> Stager:
     gather_col = _gather(VT, False)
 
     @cuda.jit(device=True)
-    def _thread():
-        tid = cuda.threadIdx.x + cuda.blockDim.x * (
-            cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z
-        )
-        return tid, cuda.blockDim.x * cuda.blockDim.y * cuda.blockDim.z
-
-    @cuda.jit(device=True)
     def store_chunk(dst, gr, gc, vals, width, contiguous):
         # vals: VECTOR elements for dst[gr, gc:gc + VECTOR]; only those inside dst are written.
         m, n = dst.shape
@@ -666,7 +498,7 @@ def make_stager(tile: Tile) -> Stager:
 
     @cuda.jit(device=True)
     def global_to_shared_scalar(src, row0, col0, shared, fill):
-        tid, nthreads = _thread()
+        tid, nthreads = thread_rank()
         m, n = src.shape
         fill_value = NBT(fill)
         q = tid
@@ -681,7 +513,7 @@ def make_stager(tile: Tile) -> Stager:
 
     @cuda.jit(device=True)
     def global_to_shared16(src, row0, col0, shared, fill):
-        tid, nthreads = _thread()
+        tid, nthreads = thread_rank()
         m, n = src.shape
         fill_value = NBT(fill)
         contiguous = src.strides[1] == ITEMSIZE
@@ -712,7 +544,7 @@ def make_stager(tile: Tile) -> Stager:
 
     @cuda.jit(device=True)
     def shared_to_global(shared, dst, row0, col0):
-        tid, nthreads = _thread()
+        tid, nthreads = thread_rank()
         contiguous = dst.strides[1] == ITEMSIZE
         q = tid
         while q < CHUNKS:
@@ -723,7 +555,7 @@ def make_stager(tile: Tile) -> Stager:
 
     @cuda.jit(device=True)
     def shared_to_global_transposed(shared, dst, row0, col0):
-        tid, nthreads = _thread()
+        tid, nthreads = thread_rank()
         contiguous = dst.strides[1] == ITEMSIZE
         q = tid
         while q < CHUNKS_T:

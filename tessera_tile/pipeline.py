@@ -87,12 +87,11 @@ from typing import Any, NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import cuda, types
-from numba.cuda.core.errors import NumbaTypeError
 from numba.cuda.extending import intrinsic
-from numba.cuda.np import numpy_support
 
 from . import sim
-from .intrinsics import check_index, element_pointer
+from .intrinsics import check_index, element_pointer, thread_rank
+from .sim.compat import NumbaTypeError, as_dtype
 
 __all__ = [
     "SHARED_ALIGN",
@@ -156,8 +155,7 @@ def _run(array, index, n: int, what: str, size: int):
         )
     if n > 1 and array.strides[-1] != array.itemsize:
         raise sim.SimulationError(f"cp.async {what}: the last axis is not contiguous")
-    address = sim.address(array) + sum(i * s for i, s in zip(key, array.strides, strict=True))
-    if address % size:
+    if sim.element_address(array, key) % size:
         raise sim.SimulationError(
             f"cp.async {what}: address of index {key} is not {size}-byte aligned"
         )
@@ -430,7 +428,7 @@ def ring_buffer(
     Launch with any block shape; the threads are linearised (x fastest).
     """
     tile_t = (tile,) if isinstance(tile, int) else tuple(int(t) for t in tile)
-    np_dtype = np.dtype(numpy_support.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype)
+    np_dtype = np.dtype(as_dtype(dtype) if isinstance(dtype, types.Type) else dtype)
     if k_axis is None:
         k_axis = 1 if len(tile_t) == 2 else 0
     return _ring_buffer(int(stages), tile_t, np_dtype, int(k_axis), bool(async_copy), copy_bytes)
@@ -464,11 +462,6 @@ def _ring_buffer(
     tile_k = tile[k_axis]
 
     @cuda.jit(device=True)
-    def linear_thread():
-        t, d = cuda.threadIdx, cuda.blockDim
-        return t.x + d.x * (t.y + d.y * t.z), d.x * d.y * d.z
-
-    @cuda.jit(device=True)
     def num_tiles(src):
         return (src.shape[k_axis] + tile_k - 1) // tile_k
 
@@ -481,7 +474,7 @@ def _ring_buffer(
             if k >= num_tiles(src):
                 return
             stage = k % stages
-            tid, nthreads = linear_thread()
+            tid, nthreads = thread_rank()
             n = src.shape[0]
             v = tid
             while v < vectors:  # not range(): its trip count costs a 64-bit division
@@ -505,7 +498,7 @@ def _ring_buffer(
             if k >= num_tiles(src):
                 return
             stage = k % stages
-            tid, nthreads = linear_thread()
+            tid, nthreads = thread_rank()
             n_rows, n_cols = src.shape
             row0 = k * rows if k_axis == 0 else 0
             col0 = k * cols if k_axis == 1 else 0

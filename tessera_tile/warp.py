@@ -48,6 +48,8 @@ import numpy as np
 from numba import cuda, int32
 from numba.core import types
 
+from .intrinsics import thread_rank
+
 __all__ = [
     "FULL_MASK",
     "WARP_SIZE",
@@ -382,14 +384,6 @@ def warp_argmin(value, index, mask):
 # -- block reductions --------------------------------------------------------------------------
 
 
-@cuda.jit(device=True)
-def _thread_rank():
-    """This thread's rank in the block (the order warps are formed in) and the block size."""
-    t = cuda.threadIdx
-    d = cuda.blockDim
-    return t.x + d.x * (t.y + d.y * t.z), d.x * d.y * d.z
-
-
 def make_block_reduce(op: Callable, dtype) -> Callable:
     """``f(value)``: ``op`` over one value from every thread of the block; valid in thread 0.
 
@@ -413,7 +407,7 @@ def _block_reduce(op, acc, broadcast):
     @cuda.jit(device=True)
     def block_reduce(value):
         scratch = cuda.shared.array(_SCRATCH, acc)
-        rank, size = _thread_rank()
+        rank, size = thread_rank()
         # Shifts, not % and //: Numba's signed % and // add floor-rounding fixups.
         lane = rank & (WARP_SIZE - 1)
         warp = rank >> _LOG2_WARP
@@ -459,7 +453,7 @@ def _block_argreduce(wins, acc, broadcast):
     def block_argreduce(value, index):
         values = cuda.shared.array(_SCRATCH, acc)
         indices = cuda.shared.array(_SCRATCH, int32)
-        rank, size = _thread_rank()
+        rank, size = thread_rank()
         # Shifts, not % and //: Numba's signed % and // add floor-rounding fixups.
         lane = rank & (WARP_SIZE - 1)
         warp = rank >> _LOG2_WARP

@@ -7,11 +7,16 @@ it, and every simulated kernel gets it, whether or not it uses tessera_tile:
 * warp operations with CUDA's semantics: ``shfl_sync``, ``shfl_up_sync``, ``shfl_down_sync``,
   ``shfl_xor_sync``, ``syncwarp``, ``all_sync``, ``any_sync``, ``eq_sync``, ``ballot_sync``,
   ``match_any_sync``, ``match_all_sync``, ``activemask``, ``lanemask_lt``, ``laneid``,
-  ``warpsize``; a bad mask or a divergent deadlock raises :class:`SimulationError` naming the
-  lanes and source lines instead of hanging;
+  ``warpsize``; masks follow PTX (lanes that exited or do not exist are not waited for;
+  :func:`strict_masks` makes naming them an error); a mask that excludes the caller or a
+  divergent deadlock raises :class:`SimulationError` naming the lanes and source lines
+  instead of hanging;
+* the GPU's rules: a non-contiguous host array passed to a kernel is refused as on a GPU, and
+  integer arithmetic follows Numba's typing (``int32 + int32`` is int64);
 * speed: a block's threads are greenlets in one OS thread, not OS threads polled in a loop;
 * twins: inline-PTX intrinsics register a Python implementation with :func:`twin`;
-* ``with profile() as prof:``: global traffic, bank conflicts, races and out-of-bounds accesses.
+* ``with profile() as prof:``: global traffic, bank conflicts, races, out-of-bounds accesses
+  and undefined shuffle reads.
 
 Kernels must refer to the module as ``cuda`` (``from numba import cuda``), as numba-cuda's
 simulator requires.
@@ -20,20 +25,21 @@ simulator requires.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
-import os
-from collections.abc import Callable
 
+from .. import _config
+from ..banks import wavefronts
+from . import engine
+from ._base import SimulationError, twin, twins
+from .engine import strict_masks
 from .profiler import (
     OutOfBounds,
     Profile,
     Race,
     TrackedArray,
     address,
+    element_address,
     load,
-    profile,
     store,
-    wavefronts,
 )
 
 __all__ = [
@@ -44,6 +50,7 @@ __all__ = [
     "TrackedArray",
     "address",
     "current_thread",
+    "element_address",
     "enabled",
     "install",
     "installed",
@@ -51,57 +58,36 @@ __all__ = [
     "profile",
     "stock",
     "store",
+    "strict_masks",
     "twin",
     "twins",
     "wavefronts",
 ]
 
-SUPPORTED_NUMBA_CUDA = ((0, 30), (0, 31))  # [lowest, highest) major.minor
-
 
 def enabled() -> bool:
     """True when Numba runs kernels in its simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
-
-
-def _check_version() -> None:
-    version = importlib.metadata.version("numba-cuda")
-    major_minor = tuple(int(p) for p in version.split(".")[:2])
-    low, high = SUPPORTED_NUMBA_CUDA
-    if not low <= major_minor < high:
-        raise RuntimeError(
-            f"tessera_tile.sim supports numba-cuda {low[0]}.{low[1]} up to (not including) "
-            f"{high[0]}.{high[1]}; numba-cuda {version} is installed. Install a supported "
-            "version (pip install 'numba-cuda[cu13]>=0.30,<0.31')."
-        )
+    return _config.SIMULATED
 
 
 def install() -> None:
     """Install the warp-aware simulator (idempotent). Needs ``NUMBA_ENABLE_CUDASIM=1``."""
-    if not enabled():
+    if not _config.SIMULATED:
         raise RuntimeError(
             "tessera_tile.sim.install() needs NUMBA_ENABLE_CUDASIM=1 set before Numba is imported"
         )
-    _check_version()
-    from . import engine
-
     if not engine.patched():
         engine.patch()
 
 
 def installed() -> bool:
-    if not enabled():
-        return False
-    from . import engine
-
-    return engine.patched()
+    """True when simulated launches go through this simulator."""
+    return _config.SIMULATED and engine.patched()
 
 
 @contextlib.contextmanager
 def stock():
     """Run the launches inside with numba-cuda's own simulator (for side-by-side benchmarks)."""
-    from . import engine
-
     was = engine.patched()
     engine.unpatch()
     try:
@@ -113,55 +99,22 @@ def stock():
 
 def current_thread():
     """The simulated thread running now; twins keep per-thread state in its ``state`` dict."""
-    from .engine import current_thread as _current
-
-    return _current()
+    return engine.current_thread()
 
 
-_TWINS: dict[str, tuple[Callable, Callable]] = {}
+def profile() -> Profile:
+    """Profile the simulated launches made inside the ``with`` block.
 
+    >>> with tessera_tile.sim.profile() as prof:
+    ...     kernel[blocks, threads](x, y)
+    >>> prof.bytes_read, prof.bytes_written, prof.bank_conflicts, prof.races
 
-def twin(python_impl: Callable) -> Callable[[Callable], Callable]:
-    """Register ``python_impl`` as the simulator twin of an inline-PTX intrinsic.
-
-    ::
-
-        @twin(_cp_async_commit_twin)
-        @intrinsic
-        def cp_async_commit(typingctx): ...
-
-    Under the simulator the decorated name is bound to the twin, which must have the same
-    semantics (an async copy lands at its wait, not before); on a GPU, to the intrinsic.
-    Accesses a twin makes through :func:`load` and :func:`store` are attributed to the kernel
-    line that called it.
+    See :class:`Profile` for what it holds; ``print(prof)`` shows a report.
     """
-
-    def register(intrinsic: Callable) -> Callable:
-        name = f"{python_impl.__module__}.{getattr(intrinsic, '__name__', python_impl.__name__)}"
-        _TWINS[name] = (intrinsic, python_impl)
-        if enabled():
-            from .engine import _transparent_code
-
-            _transparent_code.add(python_impl.__code__)
-            return python_impl
-        return intrinsic
-
-    return register
-
-
-def twins() -> dict[str, tuple[Callable, Callable]]:
-    """Registered intrinsics: name -> (intrinsic, twin)."""
-    return dict(_TWINS)
-
-
-def __getattr__(name: str):
-    if name == "SimulationError":
-        from .engine import SimulationError
-
-        return SimulationError
-    raise AttributeError(name)
+    install()
+    return Profile()
 
 
 def _auto_install() -> None:
-    if enabled():
+    if _config.SIMULATED:
         install()

@@ -29,6 +29,59 @@ def _check_version() -> None:
 
 _check_version()
 
+# The imports below are the private names themselves; they come after the version check so that
+# an unsupported numba-cuda fails with its message, not with an ImportError from inside it.
+# ruff: noqa: E402
+
+# The simulator (numba.cuda.simulator: launch path, fake module, fake arrays) and the typing and
+# lowering helpers of tessera_tile.intrinsics.
+from numba.cuda import cgutils
+from numba.cuda.api_util import normalize_indices
+from numba.cuda.core.errors import NumbaTypeError
+from numba.cuda.errors import normalize_kernel_dimensions
+from numba.cuda.np.numpy_support import as_dtype
+from numba.cuda.simulator.args import ArgHint, InOut
+from numba.cuda.simulator.cudadrv.devicearray import (
+    FakeCUDAArray,
+    FakeWithinKernelCUDAArray,
+    sentry_contiguous,
+)
+from numba.cuda.simulator.kernel import (
+    FakeCUDAKernel,
+    _get_kernel_context,
+    _push_kernel_context,
+)
+from numba.cuda.simulator.kernelapi import (
+    Dim3,
+    FakeCUDAAtomic,
+    FakeCUDALocal,
+    FakeCUDAModule,
+    swapped_cuda_module,
+)
+
+__all__ = [
+    "SUPPORTED_NUMBA_CUDA",
+    "ArgHint",
+    "Dim3",
+    "FakeCUDAArray",
+    "FakeCUDAAtomic",
+    "FakeCUDAKernel",
+    "FakeCUDALocal",
+    "FakeCUDAModule",
+    "FakeWithinKernelCUDAArray",
+    "InOut",
+    "NumbaTypeError",
+    "as_dtype",
+    "cgutils",
+    "current_device_answered",
+    "normalize_indices",
+    "normalize_kernel_dimensions",
+    "sentry_contiguous",
+    "swapped_cuda_module",
+    "_get_kernel_context",
+    "_push_kernel_context",
+]
+
 
 # -- inspect: compiling kernels that call device functions without a GPU -----------------------
 

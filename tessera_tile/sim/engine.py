@@ -3,53 +3,57 @@
 numba-cuda's simulator runs every CUDA thread as an OS thread and busy-polls them. Here a block's
 threads are greenlets run by one scheduler in the calling thread: a thread runs until it reaches
 a barrier, a warp operation or its end, then hands control back. When no thread can run, the
-scheduler completes the warp operations whose lanes have all arrived, else releases the barrier
-when every live thread waits at it, else reports a deadlock naming the lanes and source lines.
+scheduler completes the warp operations whose lanes have all arrived (the lanes of the mask that
+have not exited, as PTX defines it), else releases the barrier when every live thread waits at
+it, else reports a deadlock naming the lanes and source lines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import sys
 from collections import deque
 from contextlib import ExitStack
-from pathlib import Path
 
 import numpy as np
 from greenlet import getcurrent, greenlet
-from numba.cuda.simulator import kernel as stock_kernel
-from numba.cuda.simulator import kernelapi as stock_api
-from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+from numba.cuda import types
 
-from . import profiler, warp_ops
-from .warp_ops import FULL_MASK, WARP_SIZE, lane_ranges, lanes_of
+from . import compat, ints
+from ._base import SimulationError, format_site, user_site
+from .profiler import Profile, TrackedArray, active
+from .warp_ops import (
+    FULL_MASK,
+    SHUFFLE_MODES,
+    WARP_SIZE,
+    lane_ranges,
+    lanes_bits,
+    lanes_of,
+    match_all,
+    match_any,
+    shuffle,
+    vote,
+)
 
-_SIM_DIR = str(Path(__file__).resolve().parent)
-_transparent_code: set = set()  # code objects of twins: accesses inside them belong to the caller
-
-
-class SimulationError(RuntimeError):
-    """A kernel did something that has no defined meaning on a GPU (bad mask, deadlock...)."""
-
-
-def user_site(depth: int = 2) -> tuple[str, int]:
-    """(file, line) of the nearest frame outside the simulator and registered twins."""
-    frame = sys._getframe(depth)
-    while frame is not None and (
-        frame.f_code.co_filename.startswith(_SIM_DIR) or frame.f_code in _transparent_code
-    ):
-        frame = frame.f_back
-    if frame is None:
-        return ("<unknown>", 0)
-    return (frame.f_code.co_filename, frame.f_lineno)
+_strict = False  # strict_masks(): a mask naming exited or absent lanes is an error
 
 
-def format_site(site: tuple[str, int]) -> str:
-    return f"{Path(site[0]).name}:{site[1]}"
+@contextlib.contextmanager
+def strict_masks(enabled: bool = True):
+    """Inside, a warp operation whose mask names lanes that exited or do not exist raises
+    :class:`SimulationError` instead of leaving them out as PTX does (opt-in: such a mask is
+    legal, but usually a bug)."""
+    global _strict
+    saved, _strict = _strict, bool(enabled)
+    try:
+        yield
+    finally:
+        _strict = saved
 
 
-class Dim3(stock_api.Dim3):
+class Dim3(compat.Dim3):
     __slots__ = ()
 
 
@@ -179,6 +183,12 @@ class BlockRun:
         return progressed
 
     def _ready_group(self, warp: int, t: SimThread, waiting: dict) -> dict | None:
+        """The lanes taking part in ``t``'s warp operation, once all of them have arrived.
+
+        PTX (shfl.sync, vote.sync, match.sync, bar.warp.sync) waits only for the non-exited
+        threads the mask names: lanes that exited, or that do not exist in a partial warp, are
+        left out (an error under :func:`strict_masks`).
+        """
         w = t.wait
         if w.kind == "activemask":
             return {
@@ -186,47 +196,58 @@ class BlockRun:
                 for lane, u in waiting.items()
                 if u.wait is not None and u.wait.kind == "activemask" and u.wait.site == w.site
             }
-        where = f"{w.kind} at {format_site(w.site)} (warp {warp}, mask 0x{w.mask:08x})"
         if not (w.mask >> t.lane) & 1:
             raise SimulationError(
-                f"{where}: lane {t.lane} calls it with a mask that excludes itself"
+                f"{self._where(warp, w)}: lane {t.lane} calls it with a mask that excludes itself"
             )
-        lanes = lanes_of(w.mask)
         base = warp * WARP_SIZE
-        absent = [lane for lane in lanes if base + lane >= self.nthreads]
-        if absent:
-            raise SimulationError(
-                f"{where}: the mask names lanes {lane_ranges(absent)} that do not exist "
-                f"(this warp has {self.nthreads - base} lanes)"
-            )
-        exited = [lane for lane in lanes if self.threads[base + lane].dead]
-        if exited:
-            raise SimulationError(
-                f"{where}: the mask names lanes {lane_ranges(exited)} that exited"
-            )
+        lanes = lanes_of(w.mask)
+        if _strict:
+            self._check_strict(warp, w, lanes)
         group = {}
         for lane in lanes:
+            if base + lane >= self.nthreads or self.threads[base + lane].dead:
+                continue
             u = waiting.get(lane)
             if u is None or u.wait is None or u.wait.kind != w.kind or u.wait.mask != w.mask:
                 return None
             group[lane] = u
         return group
 
-    @staticmethod
-    def _compute(w: Wait, group: dict) -> dict:
+    def _where(self, warp: int, w: Wait) -> str:
+        return f"{w.kind} at {format_site(w.site)} (warp {warp}, mask 0x{w.mask:08x})"
+
+    def _check_strict(self, warp: int, w: Wait, lanes: list[int]) -> None:
+        base = warp * WARP_SIZE
+        absent = [lane for lane in lanes if base + lane >= self.nthreads]
+        if absent:
+            raise SimulationError(
+                f"{self._where(warp, w)}: the mask names lanes {lane_ranges(absent)} that do not "
+                f"exist (this warp has {self.nthreads - base} lanes; strict_masks is on)"
+            )
+        exited = [lane for lane in lanes if self.threads[base + lane].dead]
+        if exited:
+            raise SimulationError(
+                f"{self._where(warp, w)}: the mask names lanes {lane_ranges(exited)} that exited "
+                "(strict_masks is on)"
+            )
+
+    def _compute(self, w: Wait, group: dict) -> dict:
         kind = w.kind
         args = {lane: u.wait.arg for lane, u in group.items()}
-        if kind in warp_ops.SHUFFLE_MODES:
-            return warp_ops.shuffle(kind, args, w.mask)
+        if kind in SHUFFLE_MODES:
+            results, undefined = shuffle(kind, args, w.mask)
+            if undefined and self.launch.profile:
+                self.launch.profile.note_undefined_shuffle(kind, w.site, undefined)
+            return results
         if kind in ("all_sync", "any_sync", "eq_sync", "ballot_sync"):
-            return warp_ops.vote(kind, args, w.mask)
+            return vote(kind, args, w.mask)
         if kind == "match_any_sync":
-            return warp_ops.match_any(args)
+            return match_any(args)
         if kind == "match_all_sync":
-            return warp_ops.match_all(args, w.mask)
+            return match_all(args)
         if kind == "activemask":
-            bits = sum(1 << lane for lane in group)
-            return dict.fromkeys(group, np.uint32(bits))
+            return dict.fromkeys(group, lanes_bits(group))
         return dict.fromkeys(group)  # syncwarp
 
     def _describe_waits(self, live) -> str:
@@ -244,14 +265,12 @@ class Launch:
     """One kernel launch: the fake ``cuda`` module, arguments and blocks."""
 
     def __init__(self, kernel, args):
-        from numba.cuda.errors import normalize_kernel_dimensions
-
-        self.grid_dim, self.block_dim = normalize_kernel_dimensions(
+        self.grid_dim, self.block_dim = compat.normalize_kernel_dimensions(
             kernel.grid_dim, kernel.block_dim
         )
         self.dynshared_size = kernel.dynshared_size
         self.kernel = kernel
-        self.profile = profiler.active()
+        self.profile: Profile | None = active()
         self.module = WarpAwareModule(self)
         self.swaps = ExitStack()
         self.swapped: set[int] = set()
@@ -269,28 +288,33 @@ class Launch:
             (None, arg),
         )
         if isinstance(arg, np.ndarray) and arg.ndim > 0 and arg.dtype.fields is None:
-            return arg  # run on the array itself: no copy, no wrapper on every access
-        if isinstance(arg, stock_kernel.ArgHint):
+            flags = arg.flags
+            if not (flags.c_contiguous or flags.f_contiguous):
+                # A GPU launch copies a host array as one block and refuses a strided view
+                # (broadcast views pass): the same check, the same ValueError.
+                compat.sentry_contiguous(arg)
+            return ints.typed_view(arg)  # run on the array itself: no copy
+        if isinstance(arg, compat.ArgHint):
             arg = arg.to_device(self.retr)
-        if isinstance(arg, FakeCUDAArray) and arg._ary.dtype.fields is None:
-            return arg._ary
+        if isinstance(arg, compat.FakeCUDAArray) and arg._ary.dtype.fields is None:
+            return ints.typed_view(arg._ary)  # device arrays and their views: any strides
         if isinstance(arg, np.ndarray) and arg.ndim > 0:
-            arg = stock_kernel.InOut(arg).to_device(self.retr)
+            arg = compat.InOut(arg).to_device(self.retr)
         elif isinstance(arg, np.void):
-            arg = FakeCUDAArray(arg)
-        if isinstance(arg, FakeCUDAArray):
-            return stock_kernel.FakeWithinKernelCUDAArray(arg)
-        return arg
+            arg = compat.FakeCUDAArray(arg)
+        if isinstance(arg, compat.FakeCUDAArray):
+            return compat.FakeWithinKernelCUDAArray(arg)
+        return ints.narrow(arg)  # an int32 scalar argument computes as Numba types it
 
     def swap_module_of(self, fn) -> None:
         """Point ``cuda`` in ``fn``'s module at the fake module for the rest of the launch."""
         gid = id(fn.__globals__)
         if gid not in self.swapped:
             self.swapped.add(gid)
-            self.swaps.enter_context(stock_api.swapped_cuda_module(fn, self.module))
+            self.swaps.enter_context(compat.swapped_cuda_module(fn, self.module))
 
     def run(self) -> None:
-        with stock_kernel._push_kernel_context(self.module), self.swaps:
+        with compat._push_kernel_context(self.module), self.swaps:
             self.swap_module_of(self.kernel.fn)
             for block_idx in np.ndindex(*self.grid_dim):
                 BlockRun(self, block_idx).run()
@@ -308,17 +332,14 @@ class _Shared:
     """
 
     def array(self, shape, dtype, alignment=None):
-        from numba.cuda import types
-        from numba.cuda.np import numpy_support
-
         t = current_thread()
         block = t.block
         if isinstance(dtype, types.Type):
-            dtype = numpy_support.as_dtype(dtype)
+            dtype = compat.as_dtype(dtype)
         dtype = np.dtype(dtype)
         if shape == 0 or shape == (0,):
             count = block.dynshared.size // dtype.itemsize
-            arr = np.frombuffer(block.dynshared.data, dtype=dtype, count=count)
+            arr = ints.typed_view(np.frombuffer(block.dynshared.data, dtype=dtype, count=count))
             key = ("dynamic", dtype.str)
         else:
             # One array per call instruction, as a GPU allocates it once per kernel: the same
@@ -330,7 +351,7 @@ class _Shared:
             if arr is None:
                 arr = _aligned_empty(shape, dtype, alignment or 16)
                 arr.view(np.uint8).fill(0xFF)
-                block.shared[key] = arr
+                arr = block.shared[key] = ints.typed_view(arr)
         if block.recorder:
             return block.recorder.shared_array(key, arr)
         return arr
@@ -346,7 +367,14 @@ def _aligned_empty(shape, dtype: np.dtype, alignment: int) -> np.ndarray:
     return flat.reshape(shape)
 
 
-class _Atomic(stock_api.FakeCUDAAtomic):
+class _Local(compat.FakeCUDALocal):
+    """``cuda.local``: numba-cuda's, with narrow integers typed as Numba types them."""
+
+    def array(self, shape, dtype, alignment=None):
+        return ints.typed_view(super().array(shape, dtype, alignment))
+
+
+class _Atomic(compat.FakeCUDAAtomic):
     """Atomics are never races; under the profiler each counts one read and one write."""
 
     def __getattribute__(self, name):
@@ -360,7 +388,7 @@ class _Atomic(stock_api.FakeCUDAAtomic):
             if simulated:
                 t.in_atomic = True
             try:
-                if isinstance(array, profiler.TrackedArray):
+                if isinstance(array, TrackedArray):
                     index = (0,) * array.ndim if name == "compare_and_swap" else args[0]
                     if not array.atomic_access(index):
                         return array.dtype.type(0)  # out of bounds: reported, not done
@@ -391,13 +419,14 @@ class _CooperativeGroups:
         return _GridGroup(self._launch)
 
 
-class WarpAwareModule(stock_api.FakeCUDAModule):
+class WarpAwareModule(compat.FakeCUDAModule):
     """The ``cuda`` module seen by kernels: numba-cuda's, plus warp operations."""
 
     def __init__(self, launch: Launch):
         super().__init__(launch.grid_dim, launch.block_dim, launch.dynshared_size)
         self._launch = launch
         self._shared = _Shared()
+        self._local = _Local()
         self._atomic = _Atomic()
         self._cg = _CooperativeGroups(launch)
 
@@ -483,15 +512,22 @@ class WarpAwareModule(stock_api.FakeCUDAModule):
         return block_on("activemask")
 
     def lanemask_lt(self):
-        return np.uint32((1 << getcurrent().lane) - 1)
+        return lanes_bits(range(getcurrent().lane))
+
+    # Bit operations in the operand's own width (numba-cuda's simulator formats a negative
+    # value with a minus sign, so popc of a ballot with lane 31 set was wrong).
+    popc = staticmethod(ints.popc)
+    clz = staticmethod(ints.clz)
+    ffs = staticmethod(ints.ffs)
+    brev = staticmethod(ints.brev)
 
 
-_stock_call = stock_kernel.FakeCUDAKernel.__call__
+_stock_call = compat.FakeCUDAKernel.__call__
 
 
 def _call(self, *args):
     """Replacement for ``FakeCUDAKernel.__call__``: launches go through :class:`Launch`."""
-    context = stock_kernel._get_kernel_context()
+    context = compat._get_kernel_context()
     if isinstance(context, WarpAwareModule):
         context._launch.swap_module_of(self.fn)
         return self.fn(*args)
@@ -501,12 +537,15 @@ def _call(self, *args):
 
 
 def patch() -> None:
-    stock_kernel.FakeCUDAKernel.__call__ = _call
+    """Route simulated launches through :class:`Launch`."""
+    compat.FakeCUDAKernel.__call__ = _call
 
 
 def unpatch() -> None:
-    stock_kernel.FakeCUDAKernel.__call__ = _stock_call
+    """Give launches back to numba-cuda's simulator."""
+    compat.FakeCUDAKernel.__call__ = _stock_call
 
 
 def patched() -> bool:
-    return stock_kernel.FakeCUDAKernel.__call__ is _call
+    """Whether launches go through :class:`Launch`."""
+    return compat.FakeCUDAKernel.__call__ is _call

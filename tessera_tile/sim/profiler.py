@@ -4,12 +4,10 @@ Inside ``with profile() as prof:`` kernel arguments and shared arrays are wrappe
 :class:`TrackedArray`, which counts every element access a thread makes and records where it
 happened. Nothing is wrapped outside a profile, so unprofiled launches pay nothing.
 
-Bank conflicts follow the hardware's model: shared memory has 32 banks of 4 bytes; the k-th
-shared access of each lane of a warp (made at the same source line) forms one warp-wide request.
-A request takes as many wavefronts as the largest number of distinct 4-byte words it touches in
-one bank (lanes reading the same word share it). 8-byte accesses are served per half-warp and
-16-byte accesses per quarter-warp (128 bytes per wavefront), so their ideal is 2 or 4 wavefronts;
-``bank_conflicts`` counts wavefronts beyond the ideal.
+Bank conflicts follow the hardware's model (:mod:`tessera_tile.banks`, the one the analytic
+model of :mod:`tessera_tile.memory` uses): the k-th shared access of each lane of a warp (made at
+the same source line) forms one warp-wide request; ``bank_conflicts`` counts its wavefronts
+beyond the ideal (one per 128-byte phase).
 
 A shared-memory race is two threads touching the same byte address, at least one writing, with
 no ``syncthreads`` between them (and, within one warp, no warp operation between them).
@@ -25,6 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from greenlet import getcurrent
+
+from ..banks import wavefronts
+from ._base import format_site, user_site
 
 _active: Profile | None = None
 
@@ -82,6 +83,9 @@ class Profile:
         self.conflict_lines: Counter = Counter()
         self.races: list[Race] = []
         self.out_of_bounds: list[OutOfBounds] = []
+        # "shfl_down_sync at file.py:12" -> lanes that read a lane the mask names but that
+        # exited or does not exist (legal PTX, undefined value: the simulator returns poison)
+        self.undefined_shuffle_reads: Counter = Counter()
         self._race_keys: set = set()
 
     # totals -----------------------------------------------------------------------------
@@ -98,9 +102,6 @@ class Profile:
         global _active
         if _active is not None:
             raise RuntimeError("a tessera_tile.sim.profile() is already active")
-        from . import install
-
-        install()
         _active = self
         return self
 
@@ -125,6 +126,9 @@ class Profile:
 
     def block_recorder(self, block) -> _BlockRecorder:
         return _BlockRecorder(self, block)
+
+    def note_undefined_shuffle(self, kind: str, site, lanes: int) -> None:
+        self.undefined_shuffle_reads[f"{kind} at {format_site(site)}"] += lanes
 
     def _add_race(self, race: Race) -> None:
         key = (race.array, race.kind, race.first_line, race.second_line)
@@ -162,23 +166,14 @@ class Profile:
         console.print(f"out-of-bounds accesses: {len(self.out_of_bounds)}")
         for oob in self.out_of_bounds[:10]:
             console.print(f"  {oob}")
+        if self.undefined_shuffle_reads:
+            console.print(
+                f"undefined shuffle reads: {sum(self.undefined_shuffle_reads.values())} "
+                "(from lanes the mask names that exited or do not exist)"
+            )
+            for where, lanes in self.undefined_shuffle_reads.most_common(5):
+                console.print(f"  {where}: {lanes} lane(s)")
         return buf.getvalue().rstrip()
-
-
-def profile() -> Profile:
-    """Profile the simulated launches made inside the ``with`` block.
-
-    >>> with tessera_tile.sim.profile() as prof:
-    ...     kernel[blocks, threads](x, y)
-    >>> prof.bytes_read, prof.bytes_written, prof.bank_conflicts, prof.races
-    """
-    return Profile()
-
-
-def _site_text(site) -> str:
-    from .engine import format_site
-
-    return format_site(site)
 
 
 class _Space:
@@ -207,7 +202,7 @@ class _Space:
                     tuple(shape),
                     tuple(getattr(t, "threadIdx", ())),
                     tuple(getattr(t, "blockIdx", ())),
-                    _site_text(site),
+                    format_site(site),
                     write,
                 )
             )
@@ -261,8 +256,6 @@ class TrackedArray:
         return (start + (grids.T * np.array(sub.strides)).sum(axis=1)).tolist()
 
     def _access(self, idx, value, write: bool):
-        from .engine import user_site
-
         a = self._a
         site = user_site(3)
         key = idx if isinstance(idx, tuple) else (idx,)
@@ -298,8 +291,6 @@ class TrackedArray:
 
     def atomic_access(self, idx) -> bool:
         """Count an atomic read-modify-write of one element; False when out of bounds."""
-        from .engine import user_site
-
         site = user_site(3)
         key = idx if isinstance(idx, tuple) else (idx,)
         off = self._element_offset(key) if len(key) == self._a.ndim else None
@@ -316,8 +307,6 @@ class TrackedArray:
         Unlike a slice in Python, a run that crosses the end of the array is out of bounds:
         it is reported, a read returns zeros and a write is dropped.
         """
-        from .engine import user_site
-
         site = user_site(3)
         count = _run_length(idx, self._a.shape)
         sub = None if count is None else self._a[idx]
@@ -328,7 +317,7 @@ class TrackedArray:
         if write:
             self._a[idx] = value
             return None
-        return np.array(sub)
+        return np.array(sub, subok=True)  # a copy that keeps Numba's integer typing
 
 
 def _requested(idx) -> int:
@@ -367,11 +356,17 @@ def address(array) -> int:
     return array.__array_interface__["data"][0]
 
 
+def element_address(array, index) -> int:
+    """Address of ``array[index]`` (an int or one int per dimension; not bounds checked)."""
+    key = index if isinstance(index, tuple) else (index,)
+    return address(array) + sum(int(i) * s for i, s in zip(key, array.strides, strict=True))
+
+
 def load(array, idx):
     """Read ``array[idx]`` as one access (for intrinsic twins); returns a copy."""
     if isinstance(array, TrackedArray):
         return array.vector_access(idx)
-    return np.array(array[idx])
+    return np.array(array[idx], subok=True)
 
 
 def store(array, idx, values) -> None:
@@ -397,7 +392,7 @@ class _BlockRecorder:
         space = self.spaces.get(key)
         if space is None:
             name = (
-                "dynamic" if isinstance(key[0], str) else _site_text((key[0].co_filename, key[1]))
+                "dynamic" if isinstance(key[0], str) else format_site((key[0].co_filename, key[1]))
             )
             space = _Space(self.profile, name, arr, recorder=self, key=key)
             self.spaces[key] = space
@@ -444,9 +439,9 @@ class _BlockRecorder:
                 space.name,
                 kind,
                 tuple(first[5]),
-                _site_text(first[4]),
+                format_site(first[4]),
                 tuple(second[5]),
-                _site_text(second[4]),
+                format_site(second[4]),
             )
         )
 
@@ -469,21 +464,4 @@ class _BlockRecorder:
                     prof.shared_wavefronts += total
                     if total > ideal:
                         prof.bank_conflicts += total - ideal
-                        prof.conflict_lines[_site_text(site)] += total - ideal
-
-
-def wavefronts(accesses) -> tuple[int, int]:
-    """(wavefronts, ideal wavefronts) of one warp-wide shared request.
-
-    ``accesses`` holds ``(lane, byte_offset, width)``; 32 banks of 4 bytes; 8-byte accesses are
-    served per half-warp, 16-byte ones per quarter-warp.
-    """
-    width = max(w for _, _, w in accesses)
-    lanes_per_phase = 32 if width <= 4 else (16 if width <= 8 else 8)
-    phases: dict[int, dict[int, set]] = {}
-    for lane, off, w in accesses:
-        banks = phases.setdefault(lane // lanes_per_phase, {})
-        for word in range(off // 4, (off + w - 1) // 4 + 1):
-            banks.setdefault(word % 32, set()).add(word)
-    total = sum(max(len(words) for words in banks.values()) for banks in phases.values())
-    return total, len(phases)
+                        prof.conflict_lines[format_site(site)] += total - ideal

@@ -1,12 +1,21 @@
 """The semantics of warp-level operations, as pure functions of the participating lanes.
 
 Each function takes ``args``, a dict from lane (0..31) to that lane's arguments, and returns a
-dict from lane to result. The engine calls them once every lane named in the mask has arrived.
+dict from lane to result. The engine calls them once every lane named in the mask that has not
+exited has arrived (PTX ISA, "Parallel Synchronization and Communication Instructions":
+``shfl.sync``, ``vote.sync``, ``match.sync`` wait for the non-exited threads of the mask), so
+``args`` holds the participating lanes: lanes that exited, or that do not exist in a partial
+warp, are absent from it. Integer results are typed as Numba types them (:mod:`.ints`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from .ints import NARROW
+
+_INT32 = NARROW[np.int32]
+_UINT32 = NARROW[np.uint32]
 
 WARP_SIZE = 32
 FULL_MASK = 0xFFFFFFFF
@@ -43,7 +52,7 @@ def shuffle_source(mode: str, lane: int, b: int, c: int) -> tuple[int, bool]:
 
 
 def undefined_like(value):
-    """What a lane reads from a lane outside the mask: undefined on the GPU.
+    """What a lane reads from a lane that does not take part: undefined on the GPU.
 
     The simulator returns NaN (floats) or the type's minimum (integers) so that a result that
     depends on it shows up as wrong instead of passing by luck.
@@ -51,26 +60,38 @@ def undefined_like(value):
     if isinstance(value, float | np.floating):
         return type(value)(np.nan)
     if isinstance(value, np.integer):
-        return type(value)(np.iinfo(type(value)).min)
+        return type(value)(np.iinfo(value.dtype).min)
     if isinstance(value, bool | np.bool_):
         return value
     return -(2**31)
 
 
-def shuffle(kind: str, args: dict[int, tuple], mask: int) -> dict[int, object]:
-    """``args[lane] = (value, b)`` for shfl_sync / shfl_up_sync / shfl_down_sync / shfl_xor_sync."""
+def shuffle(kind: str, args: dict[int, tuple], mask: int) -> tuple[dict[int, object], int]:
+    """``args[lane] = (value, b)`` for shfl_sync / shfl_up_sync / shfl_down_sync / shfl_xor_sync.
+
+    Returns the results and how many lanes read from a lane named in ``mask`` that does not take
+    part (it exited or does not exist): those reads, like reads from outside the mask, get
+    :func:`undefined_like`.
+    """
     mode, c = SHUFFLE_MODES[kind]
     out = {}
+    undefined = 0
     for lane, (value, b) in args.items():
         j, pval = shuffle_source(mode, lane, b, c)
         if not pval:
             j = lane
-        out[lane] = args[j][0] if (mask >> j) & 1 and j in args else undefined_like(value)
-    return out
+        source = args.get(j)
+        if source is not None and (mask >> j) & 1:
+            out[lane] = source[0]
+        else:
+            out[lane] = undefined_like(value)
+            undefined += (mask >> j) & 1
+    return out, undefined
 
 
 def vote(kind: str, args: dict[int, object], mask: int) -> dict[int, object]:
-    """all_sync, any_sync, eq_sync (bool results) and ballot_sync (int32 bit mask)."""
+    """all_sync, any_sync, eq_sync (bool results) and ballot_sync (int32 bit mask) over the
+    participating lanes."""
     preds = {lane: bool(p) for lane, p in args.items()}
     if kind == "all_sync":
         r = all(preds.values())
@@ -80,8 +101,7 @@ def vote(kind: str, args: dict[int, object], mask: int) -> dict[int, object]:
         r = len(set(preds.values())) == 1
     else:
         bits = sum(1 << lane for lane, p in preds.items() if p) & mask
-        r = np.uint32(bits).view(np.int32)  # Numba types ballot_sync as int32
-        return dict.fromkeys(args, r)
+        return dict.fromkeys(args, _INT32(np.uint32(bits).view(np.int32)))  # Numba: int32
     return dict.fromkeys(args, np.bool_(r))
 
 
@@ -90,16 +110,22 @@ def match_any(args: dict[int, object]) -> dict[int, object]:
     out = {}
     for lane, value in args.items():
         bits = sum(1 << other for other, v in args.items() if v == value)
-        out[lane] = np.uint32(bits).view(np.int32)
+        out[lane] = _INT32(np.uint32(bits).view(np.int32))
     return out
 
 
-def match_all(args: dict[int, object], mask: int) -> dict[int, object]:
-    """``(mask, True)`` for every lane when all values are equal, else ``(0, False)``."""
+def match_all(args: dict[int, object]) -> dict[int, object]:
+    """``(participating lanes, True)`` for every lane when all values are equal, else
+    ``(0, False)``."""
     values = list(args.values())
     same = all(v == values[0] for v in values)
-    bits = np.uint32(mask if same else 0).view(np.int32)
-    return dict.fromkeys(args, (bits, np.bool_(same)))
+    bits = sum(1 << lane for lane in args) if same else 0
+    return dict.fromkeys(args, (_INT32(np.uint32(bits).view(np.int32)), np.bool_(same)))
+
+
+def lanes_bits(lanes) -> object:
+    """A uint32 mask of ``lanes`` (activemask, lanemask_lt), as Numba types it."""
+    return _UINT32(sum(1 << lane for lane in lanes))
 
 
 def lanes_of(mask: int) -> list[int]:

@@ -17,6 +17,7 @@ from tessera_tile.memory import (
     aligned16,
     bank_conflict_degree,
     load16,
+    load16_shared,
     make_stager,
     request_wavefronts,
     store16,
@@ -217,13 +218,28 @@ def test_copy_and_transpose_match_numpy(dtype, rows, cols, pad):
 def test_unaligned_and_strided_views_fall_back_to_scalar_accesses(dtype):
     _, _, copy, transpose = kernels((32, 32), dtype, "auto")
     base = random_array((40, 80), dtype)
-    for src in (base[1:, 1:], base[:, 3:70], base[:, ::2]):
-        dst = np.zeros(src.shape, dtype)
-        copy[grid(src.shape, (32, 32)), THREADS](src, dst)
-        np.testing.assert_array_equal(dst, src)
-        dst_t = np.zeros(src.shape[::-1], dtype)[:, :]
-        transpose[grid(src.shape, (32, 32)), THREADS](src, dst_t)
-        np.testing.assert_array_equal(dst_t, src.T)
+    device_base = cuda.to_device(base)  # strided views of host arrays cannot be launched
+    for view in (
+        (slice(1, None), slice(1, None)),
+        (slice(None), slice(3, 70)),
+        (..., slice(None, None, 2)),
+    ):
+        src = base[view]
+        dst = cuda.to_device(np.zeros(src.shape, dtype))
+        copy[grid(src.shape, (32, 32)), THREADS](device_base[view], dst)
+        np.testing.assert_array_equal(dst.copy_to_host(), src)
+        dst_t = cuda.to_device(np.zeros(src.shape[::-1], dtype))
+        transpose[grid(src.shape, (32, 32)), THREADS](device_base[view], dst_t)
+        np.testing.assert_array_equal(dst_t.copy_to_host(), src.T)
+
+
+def test_a_strided_host_array_is_refused_as_on_a_gpu():
+    _, _, copy, _ = kernels((32, 32), np.float32, "auto")
+    base = random_array((40, 80), np.float32)
+    dst = np.zeros((40, 40), np.float32)
+    with pytest.raises(ValueError, match="non-contiguous"):
+        copy[grid(dst.shape, (32, 32)), THREADS](base[:, ::2], dst)
+    assert not dst.any()
 
 
 @pytest.mark.parametrize("shape", [(16, 64), (8, 24), (40, 8)])
@@ -276,21 +292,59 @@ def test_shared_to_registers_round_trip():
 def vector_copy(src, dst, aligned):
     i = cuda.threadIdx.x * 4
     if i + 4 <= src.shape[0]:
-        aligned[cuda.threadIdx.x] = aligned16(src, i)
-        a, b, c, d = load16(src, i)
-        store16(dst, i, (d, c, b, a))
+        ok = aligned16(src, i)
+        aligned[cuda.threadIdx.x] = ok
+        if ok:
+            a, b, c, d = load16(src, i)
+            store16(dst, i, (d, c, b, a))
 
 
 def test_vector_intrinsics():
-    src = np.arange(64, dtype=np.float32)
-    dst = np.zeros_like(src)
-    aligned = np.zeros(16, np.bool_)
+    src = cuda.to_device(np.arange(64, dtype=np.float32))  # device memory is 256-byte aligned
+    dst = cuda.to_device(np.zeros(64, np.float32))
+    aligned = cuda.to_device(np.zeros(16, np.bool_))
     vector_copy[1, 16](src, dst, aligned)
-    np.testing.assert_array_equal(dst, src.reshape(16, 4)[:, ::-1].ravel())
-    assert aligned.all() == (src.ctypes.data % 16 == 0)
-    view = np.arange(65, dtype=np.float32)[1:]
+    expected = np.arange(64, dtype=np.float32).reshape(16, 4)[:, ::-1].ravel()
+    np.testing.assert_array_equal(dst.copy_to_host(), expected)
+    assert aligned.copy_to_host().all()
+    view = cuda.to_device(np.arange(65, dtype=np.float32))[1:]  # 4 bytes past an aligned start
     vector_copy[1, 16](view, dst, aligned)
-    assert not aligned.any() or view.ctypes.data % 16 == 0
+    assert not aligned.copy_to_host().any()
+
+
+@cuda.jit
+def misaligned_vector_access(src, dst, load):
+    if load:
+        a, b, c, d = load16(src, 1)
+        dst[0] = a + b + c + d
+    else:
+        store16(dst, 1, (src[0], src[1], src[2], src[3]))
+
+
+@pytest.mark.sim_only  # on a GPU the launch fails with a misaligned-address error
+@pytest.mark.parametrize("load", [True, False])
+def test_misaligned_vector_access_faults(load):
+    src = cuda.to_device(np.arange(16, dtype=np.float32))
+    dst = cuda.to_device(np.zeros(16, np.float32))
+    what = "load" if load else "store"
+    with pytest.raises(sim.SimulationError, match=f"vector {what}: misaligned address"):
+        misaligned_vector_access[1, 1](src, dst, load)
+    assert not dst.copy_to_host().any()
+
+
+@cuda.jit
+def shared_misaligned_load(out):
+    s = cuda.shared.array(16, np.float32)
+    for k in range(16):
+        s[k] = k
+    a, b, c, d = load16_shared(s, 2)
+    out[0] = a + b + c + d
+
+
+@pytest.mark.sim_only  # on a GPU the launch fails with a misaligned-address error
+def test_misaligned_shared_vector_load_faults():
+    with pytest.raises(sim.SimulationError, match="misaligned address"):
+        shared_misaligned_load[1, 1](np.zeros(1, np.float32))
 
 
 # -------------------------------------------------------------------------------------------
@@ -298,7 +352,7 @@ def test_vector_intrinsics():
 # -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.sim_only
+@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
 @given(
     dtype=st.sampled_from(DTYPES),
     rows=st.sampled_from([0, *EDGES]),
@@ -327,7 +381,7 @@ def _transpose_profile(kernel, src):
     return prof
 
 
-@pytest.mark.sim_only
+@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
 @pytest.mark.parametrize("rows, cols", [(32, 32), (31, 33), (65, 33), (1, 64)])
 def test_padded_transpose_is_conflict_free_and_moves_each_element_once(rows, cols):
     ex = load_example("transpose")
@@ -360,7 +414,7 @@ def predicted_transpose_conflicts(tile: Tile, blocks: int) -> int:
     return blocks * per_block
 
 
-@pytest.mark.sim_only
+@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_padded_transpose_conflicts_match_the_model_for_every_dtype(dtype):
     # float32/int32: no conflicts at all. float16: the transposed (column) reads are conflict
@@ -380,7 +434,7 @@ def test_padded_transpose_conflicts_match_the_model_for_every_dtype(dtype):
     assert (prof.bank_conflicts == 0) == (dtype in (np.float32, np.int32))
 
 
-@pytest.mark.sim_only
+@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
 @pytest.mark.parametrize("rows, cols", [(32, 32), (64, 32), (32, 96)])
 def test_model_agrees_with_measured_conflicts(rows, cols):
     ex = load_example("transpose")

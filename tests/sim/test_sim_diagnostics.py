@@ -1,4 +1,5 @@
-"""The simulator names bad masks and divergent deadlocks instead of hanging."""
+"""The simulator names bad masks and divergent deadlocks instead of hanging, and marks reads
+that PTX leaves undefined."""
 
 import inspect
 
@@ -8,7 +9,7 @@ from numba import cuda
 
 from tessera_tile import sim
 
-pytestmark = pytest.mark.sim_only
+pytestmark = pytest.mark.sim_only  # the simulator's own errors, notes and switches
 FULL = 0xFFFFFFFF
 
 
@@ -18,10 +19,31 @@ def full_mask_shuffle(x):
     x[i] = cuda.shfl_down_sync(FULL, x[i], 1)
 
 
-def test_mask_naming_lanes_of_a_partial_warp():
-    with pytest.raises(sim.SimulationError, match=r"lanes 8-31 that do not exist") as err:
+def test_a_read_from_a_lane_that_does_not_exist_is_poison_and_noted():
+    # PTX: shfl.sync waits for the non-exited lanes of the mask; lanes 8-31 of the second warp
+    # do not exist, so lane 7's read from lane 8 is undefined: NaN, and a note in the profile.
+    x = np.arange(40, dtype=np.float32)
+    with sim.profile() as prof:
+        full_mask_shuffle[1, 40](x)
+    np.testing.assert_array_equal(x[:31], np.arange(1, 32))  # lane 31 reads itself (clamped)
+    np.testing.assert_array_equal(x[32:39], np.arange(33, 40))
+    assert np.isnan(x[39])
+    source, first = inspect.getsourcelines(full_mask_shuffle.py_func)
+    line = first + next(k for k, t in enumerate(source) if "shfl_down_sync" in t)
+    assert prof.undefined_shuffle_reads == {f"shfl_down_sync at test_sim_diagnostics.py:{line}": 1}
+    assert "undefined shuffle reads: 1" in str(prof)
+
+
+def test_int_poison_is_the_minimum():
+    x = np.arange(40, dtype=np.int32)
+    full_mask_shuffle[1, 40](x)  # no profile: the poison alone
+    assert x[39] == np.iinfo(np.int32).min and x[38] == 39
+
+
+def test_strict_masks_refuse_lanes_that_do_not_exist():
+    with sim.strict_masks(), pytest.raises(sim.SimulationError, match=r"lanes 8-31 that do not"):
         full_mask_shuffle[1, 40](np.zeros(40, np.float32))
-    assert "shfl_down_sync" in str(err.value) and "test_sim_diagnostics.py" in str(err.value)
+    full_mask_shuffle[1, 40](np.zeros(40, np.float32))  # the switch is scoped
 
 
 @cuda.jit
@@ -32,8 +54,19 @@ def early_exit_shuffle(x):
     x[i] = cuda.shfl_xor_sync(FULL, x[i], 1)
 
 
-def test_mask_naming_exited_lanes():
-    with pytest.raises(sim.SimulationError, match=r"lanes 5-6 that exited"):
+def test_a_read_from_an_exited_lane_is_poison_and_noted():
+    x = np.arange(32, dtype=np.float64)
+    with sim.profile() as prof:
+        early_exit_shuffle[1, 32](x)
+    partners = np.arange(32) ^ 1
+    np.testing.assert_array_equal(np.delete(x, [4, 5, 6, 7]), np.delete(partners, [4, 5, 6, 7]))
+    assert np.isnan(x[4]) and np.isnan(x[7])  # their partners 5 and 6 exited
+    assert x[5] == 5 and x[6] == 6  # untouched
+    assert sum(prof.undefined_shuffle_reads.values()) == 2
+
+
+def test_strict_masks_refuse_exited_lanes():
+    with sim.strict_masks(), pytest.raises(sim.SimulationError, match=r"lanes 5-6 that exited"):
         early_exit_shuffle[1, 32](np.zeros(32, np.float32))
 
 

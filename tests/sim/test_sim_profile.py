@@ -8,7 +8,7 @@ from numba import cuda, float32
 
 from tessera_tile import sim
 
-pytestmark = pytest.mark.sim_only
+pytestmark = pytest.mark.sim_only  # the profiler exists in the simulator only
 
 
 @cuda.jit
@@ -42,12 +42,12 @@ def strided_row_sum(x, out):
 
 def test_traffic_of_a_non_contiguous_view_counts_elements():
     base = np.arange(60, dtype=np.float64).reshape(6, 10)
-    view = base[::2, 1::3]  # 3 x 3, strided
+    view = cuda.to_device(base)[::2, 1::3]  # 3 x 3, a strided view of device memory
     out = np.zeros(3)
     with sim.profile() as prof:
         strided_row_sum[1, 32](view, out)
     assert prof.bytes_read == 9 * 8 and prof.bytes_written == 3 * 8
-    np.testing.assert_allclose(out, view.sum(axis=1))
+    np.testing.assert_allclose(out, base[::2, 1::3].sum(axis=1))
 
 
 def make_transpose(cols):

@@ -9,6 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda
 
+import tessera_tile  # noqa: F401 - importing it installs the warp-aware simulator
+
 FULL = 0xFFFFFFFF
 
 lane_values = st.lists(st.integers(-1000, 1000), min_size=32, max_size=32)
@@ -201,3 +203,102 @@ def test_lanes_follow_linear_thread_index_in_2d_blocks():
     out = np.zeros((4, 24), np.int32)
     laneid_2d[1, (24, 4)](out)
     np.testing.assert_array_equal(out.ravel(), np.arange(96) % 32)
+
+
+# -- masks naming lanes that exited or do not exist (PTX: they are not waited for) -------------
+
+
+@cuda.jit
+def full_mask_votes(pred, x, out):
+    i = cuda.threadIdx.x
+    if pred[i] < 0:
+        return  # exits before the warp operations
+    p = pred[i] == 1
+    out[i, 0] = cuda.ballot_sync(FULL, p)
+    out[i, 1] = cuda.all_sync(FULL, p)
+    out[i, 2] = cuda.any_sync(FULL, p)
+    out[i, 3] = cuda.match_any_sync(FULL, x[i])
+    bits, same = cuda.match_all_sync(FULL, x[i])
+    out[i, 4] = bits
+    out[i, 5] = same
+    out[i, 6] = cuda.shfl_sync(FULL, x[i], cuda.ffs(cuda.ballot_sync(FULL, True)) - 1)
+    cuda.syncwarp(FULL)
+
+
+@given(
+    n=st.sampled_from([1, 10, 31, 32, 33, 40, 64]),
+    preds=st.lists(st.integers(-1, 1), min_size=64, max_size=64),
+    values=st.lists(st.integers(0, 2), min_size=64, max_size=64),
+)
+def test_full_mask_covers_the_lanes_that_take_part(n, preds, values):
+    pred = np.array(preds[:n], np.int32)
+    x = np.array(values[:n], np.int32)
+    out = np.full((n, 7), -7, np.int64)
+    full_mask_votes[1, n](pred, x, out)
+    for w in range(0, n, 32):
+        lanes = [lane for lane in range(min(32, n - w)) if pred[w + lane] >= 0]
+        if not lanes:
+            continue
+        ballot = sum(1 << lane for lane in lanes if pred[w + lane] == 1)
+        votes = [pred[w + lane] == 1 for lane in lanes]
+        same = all(x[w + lane] == x[w + lanes[0]] for lane in lanes)
+        for lane in lanes:
+            row = out[w + lane]
+            assert np.uint32(row[0] & FULL) == ballot
+            assert (row[1], row[2]) == (all(votes), any(votes))
+            group = sum(1 << j for j in lanes if x[w + j] == x[w + lane])
+            assert row[3] & FULL == group
+            assert (row[4] & FULL, row[5]) == ((sum(1 << j for j in lanes), 1) if same else (0, 0))
+            assert row[6] == x[w + lanes[0]]  # the lowest lane that takes part
+    exited = pred < 0
+    assert np.all(out[exited] == -7)
+
+
+# -- integers are typed as Numba types them ----------------------------------------------------
+
+
+@cuda.jit
+def int_arithmetic(x, u, wide, narrow):
+    i = cuda.threadIdx.x
+    wide[i, 0] = x[i] + x[i]  # int32 + int32 is int64 in Numba
+    wide[i, 1] = x[i] * 4 - 1
+    wide[i, 2] = (x[i] << 2) >> 1
+    wide[i, 3] = u[i] + u[i]  # uint32 + uint32 is uint64
+    wide[i, 4] = -x[i]
+    narrow[i] = x[i] + x[i]  # stored back into int32: wraps around
+
+
+def test_int32_arithmetic_widens_to_64_bits_and_stores_wrap():
+    x = np.array([2**30, 2**31 - 1, -(2**31), -5], np.int32)
+    u = np.array([2**31, 2**32 - 1, 0, 7], np.uint32)
+    wide = np.zeros((4, 5), np.int64)
+    narrow = np.zeros(4, np.int32)
+    int_arithmetic[1, 4](x, u, wide, narrow)
+    x64, u64 = x.astype(np.int64), u.astype(np.int64)
+    np.testing.assert_array_equal(wide[:, 0], 2 * x64)
+    np.testing.assert_array_equal(wide[:, 1], 4 * x64 - 1)
+    np.testing.assert_array_equal(wide[:, 2], (x64 << 2) >> 1)
+    np.testing.assert_array_equal(wide[:, 3], 2 * u64)
+    np.testing.assert_array_equal(wide[:, 4], -x64)
+    np.testing.assert_array_equal(narrow, (2 * x64).astype(np.int32))  # two's complement wrap
+
+
+@cuda.jit
+def bit_counts(x, out):
+    i = cuda.threadIdx.x
+    out[i, 0] = cuda.popc(cuda.ballot_sync(FULL, x[i] >= 0))
+    out[i, 1] = cuda.popc(x[i])
+    out[i, 2] = cuda.clz(x[i])
+    out[i, 3] = cuda.ffs(x[i])
+
+
+def test_bit_operations_use_the_operands_width():
+    # A ballot with lane 31 set is a negative int32: popc still counts its 32 bits.
+    x = np.array([-1, 0, 1, 2**31 - 1, -(2**31), 12] + [5] * 26, np.int32)
+    out = np.zeros((32, 4), np.int64)
+    bit_counts[1, 32](x, out)
+    bits = x.view(np.uint32).astype(np.int64)
+    assert np.all(out[:, 0] == np.sum(x >= 0))
+    np.testing.assert_array_equal(out[:, 1], [bin(b).count("1") for b in bits])
+    np.testing.assert_array_equal(out[:, 2], [32 - int(b).bit_length() for b in bits])
+    np.testing.assert_array_equal(out[:, 3], [(int(b) & -int(b)).bit_length() for b in bits])

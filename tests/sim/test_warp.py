@@ -269,6 +269,17 @@ def test_int32_block_sum_stays_int32_and_wraps_like_cuda():
     assert every[0, 0] == np.int32(0)  # 64 * 2**30 = 2**36 wraps to 0 in 32 bits
 
 
+def test_generic_int32_warp_sum_widens_to_int64_like_numba():
+    # Numba types int32 + int32 as int64: with no dtype the sum is exact, 32 * 2**30 = 2**35
+    # (a simulator computing in NumPy's int32 wrapped it to 0).
+    x = np.full(32, 2**30, np.int32)
+    lane0 = np.zeros(1, np.int64)
+    every = np.zeros(32, np.int64)
+    warp_reduce_kernel(add, None)[1, 32](x, lane0, every)
+    assert lane0[0] == 2**35
+    np.testing.assert_array_equal(every, 2**35)
+
+
 def test_factories_are_memoised_by_value():
     assert make_block_reduce(add, np.float32) is make_block_reduce(add, float32)
     assert make_warp_reduce(maximum, "float16") is make_warp_reduce(maximum, np.float16)

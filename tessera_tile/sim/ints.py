@@ -1,0 +1,195 @@
+"""Numba's integer typing for the values the simulator hands to a kernel.
+
+Numba types ``int32 + int32`` as int64: integer arithmetic widens to at least 64 bits, signed if
+either operand is signed (a Python integer literal counts as int64). NumPy keeps int32 and wraps.
+So that a simulated kernel computes what the compiled one computes, every narrow integer
+(8, 16 or 32 bits) a kernel reads from an array, a shared or local array, a kernel argument or a
+warp vote is a :data:`NARROW` scalar: it keeps its type while it is only moved (stored, shuffled,
+passed to ``cuda.popc``), and arithmetic on it gives the 64-bit result Numba's typing gives.
+Stores cast back to the array's type with wraparound, as compiled code does. Float arrays are
+left alone (nothing to pay for them).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+_MASK64 = (1 << 64) - 1
+_HALF64 = 1 << 63
+
+
+def _int64(r: int):
+    """A Python integer result as int64, wrapping around like compiled code."""
+    if -_HALF64 <= r < _HALF64:
+        return np.int64(r)
+    return np.int64(((r + _HALF64) & _MASK64) - _HALF64)
+
+
+def _uint64(r: int):
+    return np.uint64(r & _MASK64)
+
+
+def _wide(a):
+    return np.uint64(int(a)) if isinstance(a, np.unsignedinteger) else np.int64(int(a))
+
+
+_INTEGERS = (int, np.integer)
+_UNSIGNED = np.unsignedinteger
+
+
+def _exact(op):
+    """Operators that are exact on Python integers and wrap at 64 bits (add, shifts, ...)."""
+
+    def forward(self, other):
+        if isinstance(other, _INTEGERS):
+            r = op(int(self), int(other))
+            # Unsigned only when both are unsigned: a literal or a signed operand makes the
+            # result signed (Numba's typing).
+            if isinstance(other, _UNSIGNED) and isinstance(self, _UNSIGNED):
+                return _uint64(r)
+            return np.int64(r) if -_HALF64 <= r < _HALF64 else _int64(r)
+        return op(_wide(self), other)  # a float: NumPy promotes int64 with it as Numba does
+
+    def reflected(self, other):
+        if isinstance(other, _INTEGERS):
+            r = op(int(other), int(self))
+            if isinstance(other, _UNSIGNED) and isinstance(self, _UNSIGNED):
+                return _uint64(r)
+            return np.int64(r) if -_HALF64 <= r < _HALF64 else _int64(r)
+        return op(other, _wide(self))
+
+    return forward, reflected
+
+
+def _numpy(op):
+    """Operators with NumPy's integer semantics (no exception on division by zero)."""
+
+    def operands(a, b):
+        if isinstance(b, np.integer):
+            if isinstance(a, np.unsignedinteger) and isinstance(b, np.unsignedinteger):
+                return np.uint64(int(a)), np.uint64(int(b))
+            return np.int64(int(a)), np.int64(int(b))
+        if isinstance(b, int):  # a literal: int64, so the result is signed
+            return np.int64(int(a)), b
+        return _wide(a), b
+
+    def forward(self, other):
+        a, b = operands(self, other)
+        return op(a, b)
+
+    def reflected(self, other):
+        a, b = operands(self, other)
+        return op(b, a)
+
+    return forward, reflected
+
+
+def _unary(op):
+    def apply(self):
+        r = op(int(self))
+        return _uint64(r) if isinstance(self, np.unsignedinteger) else _int64(r)
+
+    return apply
+
+
+_EXACT = {
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "lshift": operator.lshift,
+    "rshift": operator.rshift,
+    "and": operator.and_,
+    "or": operator.or_,
+    "xor": operator.xor,
+}
+_NUMPY = {"floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow, "divmod": divmod}
+# Numba widens -x, +x and ~x (abs keeps the type: NumPy's abs already matches it).
+_UNARY = {"neg": operator.neg, "pos": operator.pos, "invert": operator.invert}
+
+
+def _narrow_type(base: type) -> type:
+    namespace: dict = {"__slots__": (), "__doc__": f"A simulated {base.__name__} (Numba typing)."}
+    for name, op in _EXACT.items():
+        namespace[f"__{name}__"], namespace[f"__r{name}__"] = _exact(op)
+    for name, op in _NUMPY.items():
+        namespace[f"__{name}__"], namespace[f"__r{name}__"] = _numpy(op)
+    for name, op in _UNARY.items():
+        namespace[f"__{name}__"] = _unary(op)
+    return type(f"Sim{base.__name__.capitalize()}", (base,), namespace)
+
+
+# plain NumPy type -> its simulated twin
+NARROW: dict[type, type] = {
+    t: _narrow_type(t) for t in (np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32)
+}
+_NARROW_DTYPES = frozenset(np.dtype(t) for t in NARROW)
+
+
+def narrow(value):
+    """``value`` as a simulated narrow integer when it is a plain narrow NumPy integer."""
+    t = NARROW.get(type(value))
+    return value if t is None else t(value)
+
+
+def _wrapped(value, dtype: np.dtype):
+    """``value`` cast to ``dtype`` with wraparound (what a compiled store does)."""
+    if isinstance(value, int | np.integer):
+        return np.uint64(int(value) & _MASK64).astype(dtype)
+    return np.asarray(value).astype(dtype)
+
+
+class IntArray(np.ndarray):
+    """A view of a narrow-integer array: elements read as simulated narrow integers and stores
+    wrap around."""
+
+    def __getitem__(self, idx):
+        value = np.ndarray.__getitem__(self, idx)
+        t = NARROW.get(type(value))
+        return value if t is None else t(value)
+
+    def __setitem__(self, idx, value):
+        try:
+            np.ndarray.__setitem__(self, idx, value)
+        except OverflowError:  # NumPy refuses out-of-range integers; compiled code wraps
+            np.ndarray.__setitem__(self, idx, _wrapped(value, self.dtype))
+
+
+def typed_view(array: np.ndarray) -> np.ndarray:
+    """``array`` itself, or an :class:`IntArray` view of it when it holds narrow integers."""
+    if array.dtype in _NARROW_DTYPES and not isinstance(array, IntArray):
+        return array.view(IntArray)
+    return array
+
+
+def _bits(value) -> tuple[int, int]:
+    """(bit pattern, width) of an integer as Numba types it (a Python int is an int64)."""
+    width = value.dtype.itemsize * 8 if isinstance(value, np.integer) else 64
+    return int(value) & ((1 << width) - 1), width
+
+
+def popc(value):
+    """``cuda.popc``: set bits of the value's two's-complement pattern in its own width."""
+    bits, _ = _bits(value)
+    return bits.bit_count()
+
+
+def clz(value):
+    """``cuda.clz``: leading zero bits in the value's width."""
+    bits, width = _bits(value)
+    return width - bits.bit_length()
+
+
+def ffs(value):
+    """``cuda.ffs``: 1-based position of the lowest set bit, 0 when there is none."""
+    bits, _ = _bits(value)
+    return (bits & -bits).bit_length()
+
+
+def brev(value):
+    """``cuda.brev``: the bits reversed, as uint32 for 32 bits or fewer, else uint64."""
+    bits, width = _bits(value)
+    width = 32 if width <= 32 else 64
+    reversed_bits = int(f"{bits:0{width}b}"[::-1], 2)
+    return NARROW[np.uint32](reversed_bits) if width == 32 else np.uint64(reversed_bits)

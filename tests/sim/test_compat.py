@@ -1,0 +1,103 @@
+"""Smoke tests of the private numba-cuda names in tessera_tile.sim.compat: each exists, is the
+kind of object expected and has what the simulator uses, so a numba-cuda upgrade fails here.
+
+They hold without the simulator too (the names are importable either way), so every tier runs
+them; the launch-path names are exercised for real by every other simulated test.
+"""
+
+import inspect
+
+import numpy as np
+import pytest
+
+from tessera_tile.sim import compat
+
+
+def test_supported_range_is_the_installed_version():
+    import importlib.metadata
+
+    version = importlib.metadata.version("numba-cuda")
+    low, high = compat.SUPPORTED_NUMBA_CUDA
+    assert low <= tuple(int(p) for p in version.split(".")[:2]) < high
+    compat._check_version()  # does not raise
+
+
+def test_every_name_is_listed_and_present():
+    for name in compat.__all__:
+        assert hasattr(compat, name), name
+
+
+def test_fake_kernel_launch_path():
+    kernel = compat.FakeCUDAKernel
+    assert inspect.isclass(kernel) and callable(kernel.__call__)
+    params = list(inspect.signature(kernel.__init__).parameters)
+    assert params[:3] == ["self", "fn", "device"]
+    # engine.Launch reads these attributes of a configured kernel
+    k = kernel(lambda: None, device=False)
+    for attr in ("fn", "_device", "extensions", "grid_dim", "block_dim", "dynshared_size"):
+        assert hasattr(k, attr), attr
+
+
+def test_kernel_context():
+    assert compat._get_kernel_context() is None  # no launch running
+    marker = object()
+    with compat._push_kernel_context(marker):
+        assert compat._get_kernel_context() is marker
+    assert compat._get_kernel_context() is None
+
+
+def test_argument_hints_and_fake_arrays():
+    assert issubclass(compat.InOut, compat.ArgHint)
+    assert callable(compat.InOut.to_device)
+    fake = compat.FakeCUDAArray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert isinstance(fake._ary, np.ndarray) and fake._ary.shape == (2, 3)
+    assert isinstance(fake[:, ::2], compat.FakeCUDAArray)  # strided device views stay device
+    within = compat.FakeWithinKernelCUDAArray(fake)
+    assert within[1, 2] == 5
+
+
+def test_sentry_contiguous_is_numbas_host_array_check():
+    x = np.zeros((4, 6), np.float32)
+    compat.sentry_contiguous(x)
+    compat.sentry_contiguous(x.T)  # Fortran order: one block too
+    compat.sentry_contiguous(np.broadcast_to(np.zeros(6), (4, 6)))  # a broadcast view passes
+    with pytest.raises(ValueError, match="non-contiguous buffer"):
+        compat.sentry_contiguous(x[:, ::2])
+
+
+def test_fake_module_pieces():
+    dim = compat.Dim3(1, 2, 3)
+    assert (dim.x, dim.y, dim.z) == (1, 2, 3) and tuple(dim) == (1, 2, 3)
+    module = compat.FakeCUDAModule((1, 1, 1), (32, 1, 1), 0)
+    for attr in ("gridDim", "blockDim", "local", "const", "fp16", "grid", "gridsize"):
+        assert hasattr(module, attr), attr
+    atomic = compat.FakeCUDAAtomic()
+    counts = np.zeros(2, np.int32)
+    assert atomic.add(counts, 1, 3) == 0 and counts[1] == 3
+    local = compat.FakeCUDALocal().array((2, 3), np.float32)
+    assert local.shape == (2, 3) and local.dtype == np.float32
+    assert callable(compat.swapped_cuda_module)
+    assert list(inspect.signature(compat.swapped_cuda_module).parameters) == [
+        "fn",
+        "fake_cuda_module",
+    ]
+
+
+def test_normalize_kernel_dimensions():
+    grid, block = compat.normalize_kernel_dimensions(4, (32, 2))
+    assert tuple(grid) == (4, 1, 1) and tuple(block) == (32, 2, 1)
+
+
+def test_typing_and_lowering_helpers():
+    from numba.core import types
+
+    assert issubclass(compat.NumbaTypeError, Exception)
+    assert callable(compat.normalize_indices)
+    assert list(inspect.signature(compat.normalize_indices).parameters)[:4] == [
+        "context",
+        "builder",
+        "indty",
+        "inds",
+    ]
+    assert callable(compat.cgutils.get_item_pointer)
+    assert compat.as_dtype(types.float32) == np.dtype(np.float32)
