@@ -374,6 +374,13 @@ class _Local(compat.FakeCUDALocal):
         return ints.typed_view(super().array(shape, dtype, alignment))
 
 
+class _Const:
+    """``cuda.const``: the array itself, with narrow integers typed as Numba types them."""
+
+    def array_like(self, ary):
+        return ints.typed_view(ary) if isinstance(ary, np.ndarray) else ary
+
+
 class _Atomic(compat.FakeCUDAAtomic):
     """Atomics are never races; under the profiler each counts one read and one write."""
 
@@ -427,6 +434,7 @@ class WarpAwareModule(compat.FakeCUDAModule):
         self._launch = launch
         self._shared = _Shared()
         self._local = _Local()
+        self._const = _Const()
         self._atomic = _Atomic()
         self._cg = _CooperativeGroups(launch)
 

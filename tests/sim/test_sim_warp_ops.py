@@ -302,3 +302,25 @@ def test_bit_operations_use_the_operands_width():
     np.testing.assert_array_equal(out[:, 1], [bin(b).count("1") for b in bits])
     np.testing.assert_array_equal(out[:, 2], [32 - int(b).bit_length() for b in bits])
     np.testing.assert_array_equal(out[:, 3], [(int(b) & -int(b)).bit_length() for b in bits])
+
+
+TABLE = np.array([2**30, 3], np.int32)
+
+
+@cuda.jit
+def local_shared_const_ints(out):
+    local = cuda.local.array(2, np.int32)
+    shared = cuda.shared.array(2, np.int32)
+    table = cuda.const.array_like(TABLE)
+    local[0] = table[0]
+    shared[0] = table[0]
+    cuda.syncthreads()
+    out[0] = local[0] + local[0]
+    out[1] = shared[0] * 4
+    out[2] = table[0] + table[0] + table[1]
+
+
+def test_local_shared_and_const_int32_arrays_widen_too():
+    out = np.zeros(3, np.int64)
+    local_shared_const_ints[1, 1](out)
+    np.testing.assert_array_equal(out, [2**31, 2**32, 2**31 + 3])
