@@ -12,8 +12,8 @@ from .sim import _auto_install
 
 _auto_install()
 
-from .fusion import fuse  # noqa: E402 - after the simulator, which fused kernels may run in
-from .fusion.trace import (  # noqa: E402
+from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in
+from .fusion import (  # noqa: E402
     abs,
     all,
     any,
@@ -28,6 +28,7 @@ from .fusion.trace import (  # noqa: E402
     exp2,
     expm1,
     floor,
+    fuse,
     gelu,
     isfinite,
     isinf,
@@ -56,8 +57,22 @@ from .fusion.trace import (  # noqa: E402
     where,
 )
 
+# Submodules reachable as attributes (tt.inspect, tt.memory...), imported on first use: the
+# compile-only and primitive modules cost nothing to a user who only fuses.
+_LAZY = ("inspect", "kernels", "memory", "ops", "pipeline", "sim", "tile_ir", "warp")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'tessera_tile' has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
+    "fusion",
     "fuse",
     "abs",
     "all",

@@ -216,9 +216,8 @@ class FakeDeviceArray:
 
 
 def test_host_and_device_arrays_cannot_be_mixed():
-    from tessera_tile.fusion import _check_one_side
-
-    with pytest.raises(TypeError, match="argument 0 is a host .* argument 1 a device array"):
-        _check_one_side("f", (np.ones(3, np.float32), FakeDeviceArray((3,))))
-    _check_one_side("f", (FakeDeviceArray((3,)), FakeDeviceArray((3,)), 2.0))
-    _check_one_side("f", (np.ones(3), np.array(1.0), 2.0))
+    f = tt.fuse(lambda a, b, c: a + b + c)
+    with pytest.raises(TypeError, match="argument 0 of <lambda> is a host .* argument 1 of"):
+        f(np.ones(3, np.float32), FakeDeviceArray((3,)), 2.0)
+    with pytest.raises(TypeError, match="argument 1 of <lambda> is a host .* out\\[0\\] a device"):
+        f(2.0, np.ones(3, np.float32), np.array(1.0), out=FakeDeviceArray((3,)))

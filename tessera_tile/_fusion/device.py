@@ -8,16 +8,15 @@ Python's ``math`` raises where NumPy returns inf or NaN (``math.log(-1.0)``, ``m
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 from numba import cuda
 
-SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+from .. import _config
 
 # name -> implementation, per target
 MATH_NAMES = ("exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "sin", "cos", "tanh")
-if SIMULATED:
+if _config.SIMULATED:
     MATH = {name: getattr(np, name) for name in MATH_NAMES}
     MATH.update(floor=np.floor, ceil=np.ceil, fmod=np.fmod)
 else:

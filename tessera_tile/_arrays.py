@@ -1,0 +1,305 @@
+"""Arrays at the library's boundary: every argument read once, device memory and streams.
+
+A public call (a fused function, a prebuilt op) reads each argument exactly once into an
+:class:`Arg` record (host array, device array or scalar; shape, byte strides, dtype, address);
+every later step reads the record, never the argument again.
+
+Device arrays are numba's (``cuda.to_device``, ``cuda.device_array``; in the simulator the fake
+ones it returns), CuPy's, and any object with ``__cuda_array_interface__`` (versions 2 and 3).
+In the simulator, device memory is host memory: an interface's data pointer points into it, so
+the simulator runs the device path exactly as a GPU would, and a device call copies nothing
+between host and device there either.
+
+Streams: a numba stream, a CuPy stream or a raw ``cudaStream_t`` handle (an int; 0 is the
+default stream). Without one, a call runs on CuPy's current stream when any argument is a CuPy
+array, else on the default stream. An interface's version-3 ``stream`` field is honoured as the
+protocol says: the consumer synchronises on it before reading (numba's ``as_cuda_array`` does,
+under ``NUMBA_CUDA_ARRAY_INTERFACE_SYNC``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _config
+
+HOST, DEVICE, SCALAR = "host", "device", "scalar"
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a call, read once."""
+
+    kind: str  # HOST, DEVICE or SCALAR
+    value: object  # the array as given, or the scalar's value
+    shape: tuple = ()
+    strides: tuple = ()  # bytes
+    dtype: np.dtype | None = None
+    address: int = 0  # of the first element
+    family: str = ""  # "numpy", "numba", "cupy" or "cai": what results are made of
+    readonly: bool = False
+
+    @property
+    def is_array(self) -> bool:
+        return self.kind != SCALAR
+
+    @property
+    def contiguous(self) -> bool:
+        return self.strides == contiguous_strides(self.shape, self.dtype.itemsize)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def extent(self) -> tuple[int, int]:
+        """[first, last) byte addresses the array covers."""
+        steps = [(n - 1) * s for n, s in zip(self.shape, self.strides, strict=True)]
+        lo = self.address + sum(min(0, d) for d in steps)
+        hi = self.address + sum(max(0, d) for d in steps)
+        return lo, hi + self.dtype.itemsize
+
+
+def contiguous_strides(shape, itemsize: int) -> tuple[int, ...]:
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def scalar(value) -> Arg:
+    return Arg(SCALAR, value, dtype=None if _python_scalar(value) else np.asarray(value).dtype)
+
+
+def _python_scalar(value) -> bool:
+    return isinstance(value, bool | int | float) and not isinstance(value, np.generic)
+
+
+def read(value, name: str, *, scalars: bool = True) -> Arg:
+    """The record of one argument; TypeError or ValueError naming ``name`` when it is no
+    array (or, with ``scalars``, scalar) the library can take."""
+    is_scalar = _python_scalar(value) or isinstance(value, np.generic)
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        is_scalar, value = True, value[()]
+    if is_scalar:
+        if not scalars:
+            raise TypeError(f"{name} is a {type(value).__name__}, not an array")
+        return scalar(value)
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array: masks are not supported; pass .filled()")
+    if isinstance(value, np.ndarray):
+        return Arg(
+            HOST, value, value.shape, value.strides, value.dtype,
+            value.__array_interface__["data"][0], "numpy", not value.flags.writeable,
+        )  # fmt: skip
+    if _config.SIMULATED and getattr(value, "__cuda_ndarray__", False):
+        a = value._ary  # the simulator's device array: its memory is this host array
+        return Arg(
+            DEVICE, value, a.shape, a.strides, a.dtype, a.__array_interface__["data"][0], "numba"
+        )
+    try:
+        cai = value.__cuda_array_interface__
+    except AttributeError:
+        raise TypeError(
+            f"{name} is a {type(value).__name__}, not an array (NumPy, CuPy, a numba device "
+            "array or any __cuda_array_interface__ object)" + (" or a scalar" if scalars else "")
+        ) from None
+    return _from_interface(value, cai, name)
+
+
+def _from_interface(value, cai: dict, name: str) -> Arg:
+    if cai.get("mask") is not None:
+        raise TypeError(f"{name} is a masked array (__cuda_array_interface__ mask): not supported")
+    if cai.get("version", 0) >= 3 and cai.get("stream") == 0:
+        raise ValueError(
+            f"{name}: __cuda_array_interface__ stream 0 is disallowed by the protocol "
+            "(1 is the legacy default stream, 2 the per-thread default stream)"
+        )
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(int(n) for n in cai["shape"])
+    strides = cai.get("strides")
+    strides = contiguous_strides(shape, dtype.itemsize) if strides is None else tuple(strides)
+    pointer, readonly = cai["data"]
+    if getattr(value, "__cuda_ndarray__", False):
+        family = "numba"
+    elif type(value).__module__.partition(".")[0] == "cupy":
+        family = "cupy"
+    else:
+        family = "cai"
+    return Arg(DEVICE, value, shape, strides, dtype, int(pointer or 0), family, bool(readonly))
+
+
+def overlap(a: Arg, b: Arg) -> bool:
+    """True when two array arguments share memory."""
+    if a.kind != b.kind or not a.size or not b.size:
+        return False
+    if a.kind == HOST:
+        return bool(np.shares_memory(a.value, b.value))
+    lo_a, hi_a = a.extent()
+    lo_b, hi_b = b.extent()
+    return lo_a < hi_b and lo_b < hi_a
+
+
+def check_one_side(args: list[Arg], names: list[str]) -> None:
+    """Arrays must all be on the host or all on the device: TypeError naming two of them."""
+    host = [n for a, n in zip(args, names, strict=True) if a.kind == HOST]
+    device = [n for a, n in zip(args, names, strict=True) if a.kind == DEVICE]
+    if host and device:
+        raise TypeError(
+            f"{host[0]} is a host (NumPy) array and {device[0]} a device array: move them to "
+            "one side first (cuda.to_device, cupy.asarray, or .copy_to_host())"
+        )
+
+
+def result_family(args: list[Arg]) -> str:
+    """What results are made of: CuPy in, CuPy out; NumPy in, NumPy out; else numba arrays."""
+    families = {a.family for a in args if a.is_array}
+    if "numpy" in families:
+        return "numpy"
+    return "cupy" if "cupy" in families else "numba"
+
+
+# --------------------------------------------------------------------------------------------
+# streams
+
+
+def resolve_stream(stream, args: list[Arg]):
+    """The stream a call launches on (see the module docstring); in the simulator, 0."""
+    from numba import cuda
+
+    if stream is None:
+        if any(a.family == "cupy" for a in args):
+            from . import _cupy
+
+            return _external(_cupy.current_stream_handle())
+        return 0 if _config.SIMULATED else cuda.default_stream()
+    if isinstance(stream, bool):
+        raise TypeError("stream= must be a numba stream, a CuPy stream or an int handle")
+    if isinstance(stream, int | np.integer):
+        if stream < 0:
+            raise ValueError(f"stream= handle must be >= 0, got {stream}")
+        return _external(int(stream))
+    if type(stream).__module__.partition(".")[0] == "cupy" and hasattr(stream, "ptr"):
+        return _external(int(stream.ptr))
+    if _is_numba_stream(stream):
+        return 0 if _config.SIMULATED else stream
+    raise TypeError(
+        f"stream= must be a numba stream, a CuPy stream or a raw stream handle (int), "
+        f"got {type(stream).__name__}"
+    )
+
+
+def _is_numba_stream(stream) -> bool:
+    from numba import cuda
+
+    if _config.SIMULATED:
+        return isinstance(stream, cuda.stream)  # a class in the simulator
+    from numba.cuda.cudadrv.driver import Stream
+
+    return isinstance(stream, Stream)
+
+
+def _external(handle: int):
+    if _config.SIMULATED:
+        return 0
+    from numba import cuda
+
+    return cuda.default_stream() if handle == 0 else cuda.external_stream(handle)
+
+
+# --------------------------------------------------------------------------------------------
+# device memory
+
+
+def device_handle(arg: Arg):
+    """The numba device array of a device argument, to launch kernels with (no copy)."""
+    from numba import cuda
+
+    if arg.family == "numba":
+        return arg.value
+    if not _config.SIMULATED:
+        return cuda.as_cuda_array(arg.value)  # synchronises on the interface's stream
+    # The simulator's device memory is host memory: view the pointer as a NumPy array.
+    host = np.asarray(_Interface(arg))
+    return _fake_device_array(host)
+
+
+class _Interface:
+    """``__array_interface__`` over an address (simulator: device pointers are host memory)."""
+
+    def __init__(self, arg: Arg):
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": arg.shape,
+            "typestr": arg.dtype.str,
+            "data": (arg.address, arg.readonly),
+            "strides": arg.strides,
+        }
+
+
+def _fake_device_array(host: np.ndarray):
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    return FakeCUDAArray(host)
+
+
+def view(handle, shape, strides):
+    """A view of a numba device array, starting at its first element, with these byte strides."""
+    if _config.SIMULATED:
+        base = handle._ary
+        return _fake_device_array(np.lib.stride_tricks.as_strided(base, shape, strides))
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray(shape, strides, handle.dtype, gpu_data=handle.gpu_data)
+
+
+def empty(shape, dtype, family: str, stream):
+    """An uninitialised array of ``family`` (device memory for every family but numpy)."""
+    if family == "numpy":
+        return np.empty(shape, dtype)
+    if family == "cupy":
+        from . import _cupy
+
+        return _cupy.empty(shape, dtype)
+    from numba import cuda
+
+    return cuda.device_array(shape, dtype, stream=stream)
+
+
+def zeros(n: int, dtype, stream):
+    """A zeroed 1-D device array, by a device memset (no host transfer)."""
+    from numba import cuda
+
+    a = cuda.device_array(n, dtype, stream=stream)
+    if _config.SIMULATED:
+        a._ary.fill(0)  # the simulator's memset
+    else:
+        from numba.cuda.cudadrv.driver import device_memset
+
+        device_memset(a, 0, a.nbytes, stream=stream)
+    return a
+
+
+def to_device(arg: Arg, stream) -> Arg:
+    """Copy a host array to the device (contiguously, as numba requires); the copy's record."""
+    from numba import cuda
+
+    copy = cuda.to_device(np.ascontiguousarray(arg.value), stream=stream)
+    return read(copy, "a device copy")
+
+
+def to_host(handle, out: np.ndarray | None, stream) -> np.ndarray:
+    """Copy a device array back; into ``out`` when given (any strides)."""
+    if out is not None and out.flags.c_contiguous:
+        handle.copy_to_host(out, stream=stream)
+        host = out
+    else:
+        host = handle.copy_to_host(stream=stream)
+    if not _config.SIMULATED:
+        stream.synchronize()  # the copy is asynchronous on the call's stream
+    if out is not None and host is not out:
+        out[...] = host
+        return out
+    return host

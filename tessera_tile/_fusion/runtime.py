@@ -1,0 +1,345 @@
+"""Running fused calls: arguments read once, views, allocation, launch.
+
+A :class:`Call` reads every argument once (:func:`tessera_tile._arrays.read`). Host inputs are
+copied to the device (contiguously, as numba requires); device inputs are used where they are.
+Every stage sees each array as a strided view in the stage's canonical order (kept axes, then
+reduced axes), with broadcast axes given stride 0, and adjacent axes merged wherever every array
+allows it: contiguous arrays end up 1-D (elementwise) or 2-D (reductions), anything else keeps
+the axes it needs; nothing is copied to make it contiguous.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _arrays as arrays
+from .. import _config
+from .. import tile_ir as ir
+from .._arrays import DEVICE, HOST, Arg
+from . import plan as planner
+from . import schedule
+from .compile import Generated, KernelCache
+from .plan import Plan, Stage
+from .schedule import Variant
+from .trace import Trace
+
+
+@dataclass
+class Program:
+    """What a call signature traces and plans to (cached per signature)."""
+
+    trace: Trace
+    plan: Plan
+
+
+# --------------------------------------------------------------------------------------------
+# arguments
+
+
+class Call:
+    """One call of a fused function: its arguments, read once."""
+
+    def __init__(self, fn_name: str, args: tuple, out=None):
+        names = [f"argument {i} of {fn_name}" for i in range(len(args))]
+        self.args = [arrays.read(a, n) for a, n in zip(args, names, strict=True)]
+        for a, name in zip(self.args, names, strict=True):
+            if a.dtype is not None and a.dtype not in ir.SUPPORTED_DTYPES:
+                raise TypeError(
+                    f"{name} has dtype {a.dtype}, which tessera_tile does not support "
+                    f"(supported: {', '.join(map(str, ir.SUPPORTED_DTYPES))})"
+                )
+        self.out: list[Arg] | None = None
+        if out is not None:
+            outs = out if isinstance(out, tuple) else (out,)
+            self.out = [arrays.read(o, f"out[{k}]", scalars=False) for k, o in enumerate(outs)]
+            names += [f"out[{k}]" for k in range(len(self.out))]
+        everything = self.args + (self.out or [])
+        arrays.check_one_side(everything, names)
+        self.on_device = any(a.kind == DEVICE for a in everything)
+        self.family = arrays.result_family(self.args)
+        self.signature = tuple(_signature(a) for a in self.args) + (_config.TARGET,)
+
+    def stand_ins(self) -> list:
+        return [
+            ("array", a.dtype, a.shape) if a.is_array else ("scalar", a.value) for a in self.args
+        ]
+
+    def shapes(self, program: Program) -> dict:
+        """Shapes, by node key, of every node of every stage for this call."""
+        known = {i: a.shape for i, a in enumerate(self.args) if a.is_array}
+        shapes = planner.propagate_shapes(program.trace.nodes, known)
+        for k, node in enumerate(program.trace.outputs):
+            known[("out", k)] = shapes[node.key]
+        for stage in program.plan.stages:  # temps get their shapes from the stage writing them
+            planner.propagate_shapes(stage.nodes, known, shapes)
+            for node, dest in stage.outputs:
+                known[dest] = shapes[node.key]
+        return shapes
+
+
+def _signature(a: Arg) -> tuple:
+    """The part of the program-cache key one argument contributes."""
+    if not a.is_array:
+        return ("scalar", a.dtype.str if a.dtype is not None else type(a.value).__name__)
+    ones = tuple(n == 1 for n in a.shape)
+    return ("array", a.dtype.str, len(a.shape), ones, a.contiguous)
+
+
+def check_out(program: Program, shapes: dict, call: Call) -> None:
+    """``out=`` must match the results and may not be read-only or overlap an input."""
+    nodes = program.trace.outputs
+    if call.out is None:
+        return
+    if len(call.out) != len(nodes):
+        raise ValueError(f"the function has {len(nodes)} result(s); out= has {len(call.out)}")
+    for k, (o, n) in enumerate(zip(call.out, nodes, strict=True)):
+        if o.shape != tuple(shapes[n.key]) or o.dtype != n.dtype:
+            raise ValueError(
+                f"out[{k}] has shape {o.shape} and dtype {o.dtype}; the result has shape "
+                f"{tuple(shapes[n.key])} and dtype {n.dtype}"
+            )
+        if o.readonly:
+            raise ValueError(f"out[{k}] is read-only")
+        for i, a in enumerate(call.args):
+            if a.is_array and arrays.overlap(o, a):
+                raise ValueError(f"out[{k}] overlaps argument {i}: inputs are never modified")
+
+
+# --------------------------------------------------------------------------------------------
+# geometry
+
+
+def _in_f(shape, strides, f_shape):
+    """Shape/strides of an array broadcast to F (right-aligned, stride 0 where broadcast)."""
+    pad = len(f_shape) - len(shape)
+    out = []
+    for d, n in enumerate(f_shape):
+        if d < pad:
+            out.append(0)
+        else:
+            m, st = shape[d - pad], strides[d - pad]
+            out.append(0 if m == 1 and n != 1 else st)
+    return out
+
+
+def _row_strides(shape, strides, f_shape, axes):
+    """Strides over F of a row-space array (reduced shape, keepdims or not)."""
+    if len(shape) == len(f_shape):
+        return [0 if d in axes else strides[d] for d in range(len(f_shape))]
+    it = iter(range(len(shape)))
+    return [0 if d in axes else strides[next(it)] for d in range(len(f_shape))]
+
+
+def _collapse(dims: list[int], sizes, stride_sets) -> list[list[int]]:
+    """Groups of adjacent dims (of ``dims``) that every array can index as one."""
+    dims = [d for d in dims if sizes[d] != 1]
+    groups: list[list[int]] = []
+    for d in dims:
+        if groups:
+            outer = groups[-1][-1]
+            if all(st[outer] == st[d] * sizes[d] for st in stride_sets):
+                groups[-1].append(d)
+                continue
+        groups.append([d])
+    return groups
+
+
+class Layout:
+    """The geometry of every array of one stage: collapsed index space and view specs."""
+
+    def __init__(self, stage: Stage, f_shape, leaves: list[Arg], outputs: list[Arg]):
+        """``leaves``: records in ``stage.leaves`` order; ``outputs``: in stage order."""
+        self.stage = stage
+        axes = set(stage.axes)
+        ndim = len(f_shape)
+        kept = [d for d in range(ndim) if d not in axes]
+        red = [d for d in range(ndim) if d in axes]
+        entries = []  # (record, f-strides, is_row)
+        for a in leaves:
+            entries.append((a, _in_f(a.shape, a.strides, f_shape), False))
+        for (node, _), a in zip(stage.outputs, outputs, strict=True):
+            if stage.space[id(node)] == "row":
+                entries.append((a, _row_strides(a.shape, a.strides, f_shape, axes), True))
+            else:
+                entries.append((a, _in_f(a.shape, a.strides, f_shape), False))
+        kept_groups = _collapse(kept, f_shape, [e[1] for e in entries])
+        red_groups = _collapse(red, f_shape, [e[1] for e in entries if not e[2]])
+        self.kept_sizes = [int(np.prod([f_shape[d] for d in g])) for g in kept_groups]
+        self.red_sizes = [int(np.prod([f_shape[d] for d in g])) for g in red_groups]
+        self.n_kept = int(np.prod(self.kept_sizes, dtype=np.int64)) if kept else 1
+        self.n_red = int(np.prod(self.red_sizes, dtype=np.int64)) if red else 1
+        if not [d for d in kept if f_shape[d] == 0] and kept and not kept_groups:
+            kept_groups, self.kept_sizes = [[kept[0]]], [1]
+        if red and not red_groups:
+            red_groups, self.red_sizes = [[red[0]]], [1]
+        if stage.kind == "elementwise" and not kept_groups:
+            kept_groups, self.kept_sizes = [[-1]], [int(np.prod(f_shape, dtype=np.int64))]
+        if stage.kind == "full":
+            kept_groups, self.kept_sizes = [], []
+
+        def spec(a: Arg, fstrides, is_row):
+            groups = kept_groups if is_row else kept_groups + red_groups
+            sizes = self.kept_sizes if is_row else self.kept_sizes + self.red_sizes
+            strides = [fstrides[g[-1]] if g[-1] >= 0 else 0 for g in groups]
+            if not groups:  # a full reduction's one-element output
+                return (1,), (0,), a.dtype, a.address, is_row
+            return tuple(sizes), tuple(strides), a.dtype, a.address, is_row
+
+        # (shape, strides, dtype, address, is_row) of each array's view, leaves then outputs
+        self.views = [spec(*e) for e in entries]
+        self.kept_rank = len(kept_groups)
+        self.red_rank = len(red_groups)
+
+    def sizes(self) -> list[int]:
+        return [*self.kept_sizes, *self.red_sizes]
+
+
+# --------------------------------------------------------------------------------------------
+# binding stages to one call's arrays
+
+
+def stage_index_shape(stage: Stage, shapes: dict) -> tuple[int, ...]:
+    """F for this call."""
+    for r in stage.reductions:  # every reduction of a stage runs over F
+        return shapes[r.srcs[0].key]
+    for n, _ in stage.outputs:
+        if stage.space[id(n)] == "F":
+            return shapes[n.key]
+    return ()
+
+
+@dataclass
+class Bound:
+    """One stage with this call's arrays: geometry, the kernel and its launch configuration."""
+
+    stage: Stage
+    layout: Layout
+    variant: Variant
+    generated: Generated
+    blocks: int
+    threads: object
+
+    @property
+    def empty(self) -> bool:
+        lay = self.layout
+        return lay.n_kept == 0 or (self.stage.kind == "elementwise" and lay.n_red == 0)
+
+    def predicted_bytes(self) -> int:
+        lay = self.layout
+        return schedule.predicted_bytes(self.generated.schedule, lay.n_kept, lay.n_red, self.blocks)
+
+
+def bind(stage: Stage, records: dict, shapes: dict, cache: KernelCache) -> Bound:
+    """``records`` maps a leaf's ``arg`` (position, ``("temp", k)``, ``("out", k)``) to its
+    record on the device."""
+    leaves = [records[n.arg] for n in stage.leaves]
+    outs = [records[dest] for _, dest in stage.outputs]
+    layout = Layout(stage, stage_index_shape(stage, shapes), leaves, outs)
+    variant = schedule.choose_variant(stage, layout)
+    generated = cache.kernel(stage, variant)
+    blocks, threads = schedule.launch_config(variant, layout.n_kept, layout.n_red)
+    return Bound(stage, layout, variant, generated, blocks, threads)
+
+
+def placeholder(shape, dtype) -> Arg:
+    """A contiguous, aligned device record that nothing backs (explain, inspect)."""
+    dtype = np.dtype(dtype)
+    return Arg(DEVICE, None, tuple(shape), arrays.contiguous_strides(shape, dtype.itemsize), dtype)
+
+
+def planned_records(program: Program, call: Call, shapes: dict) -> dict:
+    """Records as a call would have them on the device, without allocating anything: host
+    inputs as their contiguous copies, results and temporaries as fresh arrays."""
+    records: dict = {}
+    for i, a in enumerate(call.args):
+        if a.is_array:
+            records[i] = a if a.kind == DEVICE else placeholder(a.shape, a.dtype)
+    for k, n in enumerate(program.trace.outputs):
+        records[("out", k)] = placeholder(shapes[n.key], n.dtype)
+    for tid, n in program.plan.temps.items():
+        records[("temp", tid)] = placeholder(shapes[n.key], n.dtype)
+    return records
+
+
+def scalar_values(stage: Stage, program: Program, call: Call, shapes: dict) -> list:
+    counts = planner.count_values(program.trace, shapes)
+    return [counts[n.arg] if n.op is ir.Op.COUNT else call.args[n.arg].value for n in stage.scalars]
+
+
+def full_scratch_types(stage: Stage) -> list:
+    """(length in blocks or 1, dtype) of the partials and the ticket a full stage takes."""
+    out = []
+    for r in stage.reductions:
+        out.append(("blocks", schedule.lower.acc_dtype(r)))
+        if r.op in ir.INDEX_REDUCE:
+            out.append(("blocks", np.dtype(np.int64)))
+    return out + [("ticket", np.dtype(np.int32))]
+
+
+# --------------------------------------------------------------------------------------------
+# execution
+
+
+def execute(program: Program, call: Call, cache: KernelCache, stream):
+    """Run the call; results are of the arguments' family (NumPy, numba, CuPy)."""
+    shapes = call.shapes(program)
+    check_out(program, shapes, call)
+    everything = call.args + (call.out or [])
+    s = arrays.resolve_stream(stream, everything)
+    records: dict = {}
+    handles: dict = {}
+
+    def place(key, rec: Arg) -> None:
+        records[key], handles[key] = rec, arrays.device_handle(rec)
+
+    for i, a in enumerate(call.args):
+        if a.is_array:
+            place(i, a if a.kind == DEVICE else arrays.to_device(a, s))
+    family = call.family if call.on_device else "numba"
+    results = []
+    for k, n in enumerate(program.trace.outputs):
+        given = call.out[k] if call.out else None
+        if given is not None and given.kind == DEVICE:
+            place(("out", k), given)
+            results.append(given.value)
+        else:
+            made = arrays.empty(shapes[n.key], n.dtype, family, s)
+            place(("out", k), arrays.read(made, f"result {k}"))
+            results.append(made)
+    for tid, n in program.plan.temps.items():
+        place(("temp", tid), arrays.read(arrays.empty(shapes[n.key], n.dtype, "numba", s), "temp"))
+    for stage in program.plan.stages:
+        _launch(bind(stage, records, shapes, cache), handles, program, call, shapes, s)
+    if not call.on_device:
+        outs = call.out or [None] * len(results)
+        results = [
+            arrays.to_host(handles[("out", k)], o.value if o is not None else None, s)
+            for k, o in enumerate(outs)
+        ]
+    return results[0] if program.trace.single else tuple(results)
+
+
+def _launch(bound: Bound, handles: dict, program: Program, call: Call, shapes: dict, s) -> None:
+    if bound.empty:
+        return
+    stage, layout = bound.stage, bound.layout
+    keys = [n.arg for n in stage.leaves] + [dest for _, dest in stage.outputs]
+    params = [
+        arrays.view(handles[key], shape, strides)
+        for key, (shape, strides, *_) in zip(keys, layout.views, strict=True)
+    ]
+    if stage.kind == "full":
+        for length, dtype in full_scratch_types(stage):
+            params.append(
+                arrays.zeros(1, dtype, s)
+                if length == "ticket"
+                else arrays.empty(bound.blocks, dtype, "numba", s)
+            )
+    params += scalar_values(stage, program, call, shapes)
+    params += layout.sizes()
+    if _config.dump_source():
+        print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")
+    with np.errstate(all="ignore"):  # the simulator computes in NumPy: no warnings per element
+        bound.generated.kernel[bound.blocks, bound.threads, s](*params)

@@ -1,0 +1,308 @@
+"""Scheduling: every decision about how one stage runs, made here and only here.
+
+For a stage (from :mod:`.plan`) and the geometry of one call's arrays (a ``Layout`` from
+:mod:`.runtime`) this module chooses
+
+* the **variant**: a warp or a block per row, the row kept on chip or read once per pass,
+  16-byte vector accesses or not (part of the compiled kernel's cache key);
+* the **passes** over each row, one per dependency level of the stage's reductions;
+* the **rewrites**: a softmax-style normaliser folded into the pass of its maximum
+  (:class:`Online`) when rows are not kept on chip, and one reciprocal per row for every
+  division by a per-row value;
+* the shared **scratch** and row caches the kernel declares;
+* the **launch configuration** and the **traffic** the kernel will move.
+
+The templates (:mod:`.templates`) render a :class:`Schedule` and decide nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _config
+from .. import tile_ir as ir
+from ..tile_ir import Node, Op
+from . import lower
+from .plan import Stage
+
+WARP = 32
+BLOCK = 256  # threads per block in every template but column
+COLUMN_BLOCK = (32, 8)
+WARP_ROW_MAX = 1024  # rows up to this long get a warp each, longer rows a block
+CACHE_BYTES = 32768  # shared memory that keeps a row on chip between passes
+VECTOR_BYTES = 16
+# Grid caps. On a GPU: enough blocks to fill the largest parts several times over. In the
+# simulator every block runs in turn, so a few blocks (grid-stride loops do the rest).
+MAX_BLOCKS = 8 if _config.SIMULATED else 4096
+MAX_FULL_BLOCKS = 4 if _config.SIMULATED else 1024
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Layout and strategy of one compiled kernel (part of its cache key)."""
+
+    kind: str
+    kept_rank: int  # index dimensions left after collapsing (elementwise: all in kept)
+    red_rank: int
+    mode: str = ""  # row: "warp" or "block"
+    cache: bool = False  # row: keep multi-pass leaves in shared memory
+    vector: int = 1  # elements per 16-byte load/store (contiguous and aligned)
+
+
+# --------------------------------------------------------------------------------------------
+# rewrites
+
+
+class Online:
+    """``sum(exp(f - max(f)))`` folded into the pass that finds ``max(f)``.
+
+    Each thread keeps a running maximum and a sum of ``exp(f - running max)``, rescaled by
+    ``exp(old max - new max)`` whenever the maximum grows; partial pairs merge the same way.
+    At the end the sum is rescaled to the true maximum (which propagates NaN), so the result
+    agrees with the two-pass form. Used when the row does not stay on chip: it saves a pass.
+    """
+
+    op = lower.ONLINE
+
+    def __init__(self, node: Node, peak: Node):
+        self.node, self.peak = node, peak
+        self.key, self.dtype, self.srcs = node.key, node.dtype, node.srcs
+
+
+def online_sums(nodes) -> dict[str, Node]:
+    """SUM(EXP(SUB(f, MAX(f)))) nodes, over the same axes with keepdims: key -> the MAX."""
+    out = {}
+    for n in nodes:
+        if n.op is not Op.SUM or not lower.is_float(n.dtype):
+            continue
+        e = n.srcs[0]
+        if e.op is not Op.EXP or e.srcs[0].op is not Op.SUB:
+            continue
+        f, peak = e.srcs[0].srcs
+        if (
+            peak.op is Op.MAX
+            and peak.srcs[0].key == f.key
+            and peak.arg[1]
+            and (peak.arg[0] == n.arg[0] and lower.is_float(f.dtype))
+        ):
+            out[n.key] = peak
+    return out
+
+
+def reciprocals(stage: Stage) -> dict[str, Node]:
+    """Float divisions of F-space values by a per-row value: node key -> the divisor.
+
+    The kernel computes the divisor's reciprocal once per row and multiplies (the result may
+    differ from an IEEE division in the last bit).
+    """
+    space = stage.space
+    return {
+        n.key: n.srcs[1]
+        for n in stage.nodes
+        if n.op is Op.TRUEDIV
+        and space[id(n)] == "F"
+        and space[id(n.srcs[1])] == "row"
+        and lower.is_float(n.dtype)
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# passes
+
+
+@dataclass(frozen=True)
+class Pass:
+    targets: list  # values the pass needs
+    reductions: list  # reductions it completes (nodes, or Online)
+    outputs: list  # (output position, node) of the F outputs it writes
+
+
+def pass_leaves(targets) -> set:
+    return {n.key for n in ir.walk(targets) if n.op is Op.INPUT}
+
+
+def plan_passes(stage: Stage, online: bool = False) -> list[Pass]:
+    """The passes over each row. With ``online``, a softmax-style normaliser (see
+    :class:`Online`) completes in the pass of its maximum instead of the next one."""
+    f_out = [(i, n) for i, (n, _) in enumerate(stage.outputs) if stage.space[id(n)] == "F"]
+    merged = online_sums(stage.nodes) if online else {}
+    level_of: dict[str, int] = {}
+    for n in stage.nodes:
+        base = max((level_of[s.key] for s in n.srcs), default=0)
+        if n.key in merged:
+            level_of[n.key] = level_of[merged[n.key].key]
+        else:
+            level_of[n.key] = base + 1 if n.op in ir.REDUCE else base
+    reductions = [n for n in stage.nodes if n.op in ir.REDUCE]
+    depth = max((level_of[r.key] for r in reductions), default=0)
+    passes = []
+    for k in range(depth):
+        reds = [
+            Online(r, merged[r.key]) if r.key in merged else r
+            for r in reductions
+            if level_of[r.key] == k + 1
+        ]
+        sources = [r.peak.srcs[0] if isinstance(r, Online) else r.srcs[0] for r in reds]
+        outs = [(i, n) for i, n in f_out if level_of[n.key] == k]
+        passes.append(Pass(sources + [n for _, n in outs], reds, outs))
+    late = [(i, n) for i, n in f_out if level_of[n.key] >= depth]
+    if late:
+        passes.append(Pass([n for _, n in late], [], late))
+    return passes
+
+
+def multi_pass_leaves(stage: Stage) -> list[Node]:
+    """Leaves read by more than one pass: kept on chip when the row fits."""
+    uses: dict[str, int] = {}
+    for p in plan_passes(stage):  # the cached variant makes every pass
+        for key in pass_leaves(p.targets):
+            uses[key] = uses.get(key, 0) + 1
+    return [n for n in stage.leaves if uses.get(n.key, 0) > 1]
+
+
+def cache_length(stage: Stage, groups: int) -> int:
+    """Row elements the on-chip cache holds for ``groups`` rows per block (0: no cache)."""
+    per = sum(n.dtype.itemsize for n in multi_pass_leaves(stage))
+    return CACHE_BYTES // (groups * per) if per else 0
+
+
+# --------------------------------------------------------------------------------------------
+# variant and launch configuration
+
+
+def _vector_width(views, kept_rank: int, rows_only: bool) -> int:
+    """Elements per 16-byte access when every array allows one, else 1.
+
+    ``views`` holds (shape, strides, dtype, address, is_row). Elementwise stages need 1-D,
+    unit-stride, 4-byte, 16-byte aligned arrays; row stages need unit-stride rows whose other
+    strides keep every row 16-byte aligned (per-row outputs are written one element a row).
+    """
+    for _, strides, dtype, address, is_row in views:
+        if rows_only and is_row:
+            continue
+        if dtype.itemsize != 4 or strides[-1] != 4 or address % VECTOR_BYTES:
+            return 1
+        if rows_only and any(st % VECTOR_BYTES for st in strides[:kept_rank]):
+            return 1
+    return VECTOR_BYTES // 4
+
+
+def choose_variant(stage: Stage, layout) -> Variant:
+    kind, kept_rank, red_rank = stage.kind, layout.kept_rank, layout.red_rank
+    if kind == "elementwise":
+        vector = _vector_width(layout.views, kept_rank, False) if kept_rank == 1 else 1
+        return Variant(kind, kept_rank, red_rank, vector=vector)
+    if kind != "row":
+        return Variant(kind, kept_rank, red_rank)
+    mode = "warp" if layout.n_red <= WARP_ROW_MAX else "block"
+    cache = 0 < layout.n_red <= cache_length(stage, BLOCK // WARP if mode == "warp" else 1)
+    vector = 1
+    if red_rank == 1 and layout.n_red % 4 == 0:
+        vector = _vector_width(layout.views, kept_rank, True)
+    return Variant(kind, kept_rank, red_rank, mode, cache, vector)
+
+
+def launch_config(variant: Variant, n_kept: int, n_red: int):
+    """(blocks, threads) of one launch."""
+    kind = variant.kind
+    if kind == "elementwise":
+        n = -(-n_kept // variant.vector)
+        return max(1, min(-(-n // BLOCK), MAX_BLOCKS)), BLOCK
+    if kind == "row":
+        rows_per_block = BLOCK // WARP if variant.mode == "warp" else 1
+        return max(1, min(-(-n_kept // rows_per_block), MAX_BLOCKS)), BLOCK
+    if kind == "column":
+        return max(1, min(-(-n_kept // COLUMN_BLOCK[0]), MAX_BLOCKS)), COLUMN_BLOCK
+    return max(1, min(-(-n_red // BLOCK), MAX_FULL_BLOCKS)), BLOCK
+
+
+# --------------------------------------------------------------------------------------------
+# the schedule of one kernel
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Everything the templates need to render one stage variant."""
+
+    stage: Stage
+    variant: Variant
+    passes: list[Pass]
+    cached: frozenset  # leaf keys kept in the on-chip row cache
+    cache_length: int  # row elements each cache holds (per row of the block)
+    rows_per_block: int
+    scratch: dict  # shared scratch array name -> type name
+    reciprocals: dict  # TRUEDIV key -> divisor node
+
+
+def schedule(stage: Stage, variant: Variant) -> Schedule:
+    online = variant.kind in ("row", "column") and not variant.cache
+    passes = plan_passes(stage, online)
+    if variant.kind == "full":
+        assert len(passes) <= 1 or not passes[1].reductions, "full stages reduce once"
+    rows = BLOCK // WARP if variant.mode == "warp" else 1
+    cached = frozenset(n.key for n in multi_pass_leaves(stage)) if variant.cache else frozenset()
+    reductions = [r for p in passes for r in p.reductions]
+    scratch: dict[str, str] = {}
+    if variant.kind in ("column", "full") or variant.mode == "block":
+        for r in reductions:
+            t = lower.TYPE_NAMES[lower.acc_dtype(r)]
+            scratch.setdefault(f"scratch_{t}", t)
+            if r.op in ir.INDEX_REDUCE:
+                scratch["scratch_index"] = "int64"
+            elif isinstance(r, Online):  # the running sums of online normalisers
+                scratch[f"scratch_{t}_b"] = t
+    return Schedule(
+        stage,
+        variant,
+        passes,
+        cached,
+        cache_length(stage, rows) if cached else 0,
+        rows,
+        scratch,
+        reciprocals(stage),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# traffic
+
+
+def predicted_bytes(sched: Schedule, n_kept: int, n_red: int, blocks: int) -> int:
+    """Global bytes the generated kernel reads and writes (what the profiler must measure)."""
+    stage = sched.stage
+    leaves = {n.key: n for n in stage.leaves}
+    elements = n_kept * n_red
+    total = 0
+    if stage.kind == "elementwise":
+        total += sum(n.dtype.itemsize for n in leaves.values()) * elements
+    else:
+        seen: set = set()
+        for p in sched.passes:
+            for key in pass_leaves(p.targets):
+                if key not in sched.cached or key not in seen:
+                    total += leaves[key].dtype.itemsize * elements
+            seen |= pass_leaves(p.targets)
+    for node, _ in stage.outputs:
+        per_row = stage.space[id(node)] == "row"
+        total += node.dtype.itemsize * (n_kept if per_row else elements)
+    if stage.kind == "full":
+        for r in stage.reductions:
+            width = lower.acc_dtype(r).itemsize + (8 if r.op in ir.INDEX_REDUCE else 0)
+            total += 2 * width * blocks  # each block writes its partial, the last reads all
+        total += 2 * 4 * blocks + 4  # the ticket: one atomic per block, then a reset
+    return total
+
+
+def unfused_bytes(trace, shapes: dict) -> int:
+    """Traffic of one kernel per op, each reading its operands and writing its result."""
+    total = 0
+    for n in trace.nodes:
+        if n.op in ir.LEAF:
+            continue
+        total += int(np.prod(shapes[n.key], dtype=np.int64)) * n.dtype.itemsize
+        for s in n.srcs:
+            if s.op not in (Op.CONST, Op.SCALAR, Op.COUNT):
+                total += int(np.prod(shapes[s.key], dtype=np.int64)) * s.dtype.itemsize
+    return total

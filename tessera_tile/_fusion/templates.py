@@ -1,0 +1,531 @@
+"""Templates: the Python source of one ``@cuda.jit`` kernel per scheduled stage.
+
+A stage becomes one of four templates (elementwise, row, column, full), written top to bottom by
+one :class:`KernelWriter` from a :class:`~.schedule.Schedule`, which has made every decision
+beforehand; expressions and reductions come from the tables of :mod:`.lower`. Loops are
+``while`` loops: a ``range`` with a run-time step makes Numba divide in 64 bits to get the trip
+count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import tile_ir as ir
+from .. import warp
+from ..tile_ir import Node, Op
+from .lower import (
+    REDUCTIONS,
+    TYPE_NAMES,
+    acc_dtype,
+    cast,
+    combine,
+    compute_dtype,
+    element_value,
+    emit_elementwise,
+    final_value,
+    fold_partials,
+    identity,
+    online_element,
+    second_accumulator,
+    store_cast,
+)
+from .schedule import COLUMN_BLOCK, WARP, Online, Schedule, pass_leaves
+
+
+class _Source:
+    def __init__(self):
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def __call__(self, line: str = "") -> None:
+        self.lines.append("    " * self.depth + line if line else "")
+
+    def block(self):
+        src = self
+
+        class _Indent:
+            def __enter__(self):
+                src.depth += 1
+
+            def __exit__(self, *exc):
+                src.depth -= 1
+
+        return _Indent()
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class KernelWriter:
+    """Writes the kernel of one :class:`~.schedule.Schedule`, top to bottom."""
+
+    def __init__(self, sched: Schedule, name: str):
+        stage = sched.stage
+        self.sched = sched
+        self.stage = stage
+        self.v = sched.variant
+        self.name = name
+        self.src = _Source()
+        self.nodes = stage.nodes
+        self.space = stage.space
+        self.leaves = stage.leaves
+        self.scalars = stage.scalars
+        self.names: dict[str, str] = {n.key: f"in{i}" for i, n in enumerate(self.leaves)}
+        self.names.update({n.key: f"s{i}" for i, n in enumerate(self.scalars)})
+        consts = {n.key: n for n in self.nodes if n.op is Op.CONST}
+        self.consts = {key: f"C{i}" for i, key in enumerate(consts)}
+        self.const_values = {self.consts[key]: n.arg for key, n in consts.items()}
+        self.outputs = stage.outputs
+        self.reductions = stage.reductions
+        self.helpers: dict = {}  # name -> device function the source calls
+        self.counter = 0
+        self.cache_index = "group, j" if self.v.mode == "warp" else "j"
+
+    # naming -------------------------------------------------------------------------------
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def out_name(self, i: int) -> str:
+        return f"out{i}"
+
+    # params -------------------------------------------------------------------------------
+    def params(self) -> list[str]:
+        names = [f"in{i}" for i in range(len(self.leaves))]
+        names += [self.out_name(i) for i in range(len(self.outputs))]
+        if self.v.kind == "full":
+            for i, r in enumerate(self.reductions):
+                names.append(f"part{i}")
+                if r.op in ir.INDEX_REDUCE:
+                    names.append(f"parti{i}")
+            names.append("ticket")
+        names += [f"s{i}" for i in range(len(self.scalars))]
+        names += [f"dk{i}" for i in range(self.v.kept_rank)]
+        names += [f"dr{i}" for i in range(self.v.red_rank)]
+        return names
+
+    # values -------------------------------------------------------------------------------
+    def const_expr(self, n: Node) -> str:
+        name = self.consts[n.key]
+        return f"{TYPE_NAMES[compute_dtype(n.dtype)]}({name})" if not n.weak else name
+
+    def value(self, n: Node, env: dict, load) -> str:
+        """Expression for ``n`` in ``env`` (emitting statements for F/row nodes as needed)."""
+        got = env.get(n.key)
+        if got is not None:
+            return got
+        if n.op is Op.CONST:
+            expr = self.const_expr(n)
+            env[n.key] = expr
+            return expr
+        if n.op in (Op.SCALAR, Op.COUNT):
+            return self.names[n.key]
+        if n.op is Op.INPUT:
+            var = self.fresh("v")
+            loaded = load(n)
+            if n.dtype == np.dtype(np.float16):
+                loaded = f"float32({loaded})"
+            self.src(f"{var} = {loaded}")
+            env[n.key] = var
+            return var
+        if n.op in ir.REDUCE:
+            raise AssertionError("reduction results are set when their pass ends")
+        args = [self.value(s, env, load) for s in n.srcs]
+        var = self.fresh("t")
+        rcp = env.get("rcp:" + n.key)
+        if rcp is not None:  # divide by a per-row value: multiply by its reciprocal
+            self.src(f"{var} = {cast(args[0], n.srcs[0].dtype, n.dtype)} * {rcp}")
+        else:
+            self.src(f"{var} = {emit_elementwise(n, args)}")
+        env[n.key] = var
+        return var
+
+    # templates ----------------------------------------------------------------------------
+    def write(self) -> str:
+        s = self.src
+        chain = ", ".join(n.op.name.lower() for n in self.nodes if n.op not in ir.LEAF)
+        s(f"# tessera_tile fused kernel: {chain}")
+        s(f"# stage: {self.v.kind}, variant: {self.v}")
+        for name, value in self.const_values.items():
+            s(f"{name} = {value!r}")
+        s("")
+        s("")
+        s("@cuda.jit")
+        s(f"def {self.name}({', '.join(self.params())}):")
+        with s.block():
+            getattr(self, f"write_{self.v.kind}")()
+        return s.text()
+
+    def declare_shared(self, scratch_shape: str) -> None:
+        """The shared scratch of block-wide combines and the on-chip row caches."""
+        for name, t in self.sched.scratch.items():
+            self.src(f"{name} = cuda.shared.array({scratch_shape}, {t})")
+        length = self.sched.cache_length
+        shape = f"({self.sched.rows_per_block}, {length})" if self.v.mode == "warp" else length
+        for n in self.leaves:
+            if n.key in self.sched.cached:
+                t = TYPE_NAMES[np.dtype(n.dtype)]
+                self.src(f"cache_{self.names[n.key]} = cuda.shared.array({shape}, {t})")
+
+    # index helpers
+    def unravel(self, linear: str, dims: list[str], prefix: str) -> list[str]:
+        """Statements splitting ``linear`` into coordinates over ``dims`` (C order)."""
+        if len(dims) == 1:
+            return [f"{prefix}0 = {linear}"]
+        out = [f"{prefix}rem = {linear}"]
+        for i in range(len(dims) - 1, 0, -1):
+            out.append(f"{prefix}{i} = {prefix}rem % {dims[i]}")
+            out.append(f"{prefix}rem = {prefix}rem // {dims[i]}")
+        out.append(f"{prefix}0 = {prefix}rem")
+        return out
+
+    def index(self, kept: bool, red: bool) -> str:
+        if kept and not red and self.v.kept_rank == 0:
+            return "0"  # the one element of a full reduction's output
+        parts = []
+        if kept:
+            parts += [f"k{i}" for i in range(self.v.kept_rank)]
+        if red:
+            parts += [f"j{i}" for i in range(self.v.red_rank)]
+        return ", ".join(parts)
+
+    def loader(self, cache_reads: set):
+        def load(n: Node) -> str:
+            name = self.names[n.key]
+            if n.key in cache_reads:
+                return f"cache_{name}[{self.cache_index}]"
+            return f"{name}[{self.index(True, True)}]"
+
+        return load
+
+    def write_elementwise(self) -> None:
+        s = self.src
+        dims = [f"dk{i}" for i in range(self.v.kept_rank)]
+        s(f"n = {' * '.join(dims)}")
+        s("step = cuda.gridsize(1)")
+        s("i = cuda.grid(1)")
+        if self.v.vector > 1:
+            self.write_vector_loop(self.v.vector)
+            s(f"i = (n // {self.v.vector}) * {self.v.vector} + cuda.grid(1)  # the tail")
+        s("while i < n:")
+        with s.block():
+            for line in self.unravel("i", dims, "k"):
+                s(line)
+            env: dict = {}
+            load = self.loader(set())
+            for i, (n, _) in enumerate(self.outputs):
+                val = self.value(n, env, load)
+                s(f"{self.out_name(i)}[{self.index(True, False)}] = {store_cast(n, val)}")
+            s("i += step")
+
+    def write_vector_loop(self, width: int) -> None:
+        """Whole 16-byte vectors: one LDG.E.128 per input and one STG.E.128 per output."""
+        s = self.src
+        s(f"while i < n // {width}:")
+        with s.block():
+            s(f"b = i * {width}")
+            lanes = [dict() for _ in range(width)]
+            for leaf in self.leaves:
+                name = self.names[leaf.key]
+                parts = [f"{name}_{lane}" for lane in range(width)]
+                s(f"{', '.join(parts)} = load16({name}, b)")
+                for lane, part in enumerate(parts):
+                    lanes[lane][leaf.key] = part
+            load = self.loader(set())
+            for i, (n, _) in enumerate(self.outputs):
+                vals = [self.value(n, lanes[lane], load) for lane in range(width)]
+                t = TYPE_NAMES[np.dtype(n.dtype)]
+                s(f"store16({self.out_name(i)}, b, ({', '.join(f'{t}({v})' for v in vals)}))")
+            s("i += step")
+
+    # passes shared by row / column / full ----------------------------------------------------
+    def write_reduce_body(self, group_reduce, group_lead, red_index_setup):
+        """Row and column templates: passes over the reduced index of one kept index."""
+        s = self.src
+        cache = self.sched.cached
+        seen: set = set()
+        row_env: dict = {}
+        for p in self.sched.passes:
+            targets, outs = p.targets, p.outputs
+            accs = [self.accumulator(r) for r in p.reductions]
+            first = {k for k in pass_leaves(targets) if k in cache and k not in seen}
+            reads = {k for k in pass_leaves(targets) if k in cache and k in seen}
+            seen |= pass_leaves(targets)
+            for line in red_index_setup():
+                s(line)
+            width = self.v.vector
+            if width > 1:
+                s(f"j = j * {width}")
+            s("while j < nred:")
+            with s.block():
+                for line in self.unravel("j", [f"dr{i}" for i in range(self.v.red_rank)], "j"):
+                    s(line)
+                if width > 1:
+                    self.write_vector_elements(targets, accs, outs, row_env, first, reads)
+                else:
+                    self.write_elements(accs, outs, row_env, first, reads)
+                s(f"j += jstep * {width}" if width > 1 else "j += jstep")
+            for r, a, ai in accs:
+                for line in group_reduce(r, a, ai):
+                    s(line)
+                row_env[r.key] = self.fresh("r")
+                peak = row_env[r.peak.key] if isinstance(r, Online) else ""
+                s(f"{row_env[r.key]} = {final_value(r, a, ai, peak)}")
+            # row-space values that are now computable
+            self.emit_row_values(row_env)
+        lead = group_lead()
+        row_outs = [(i, n) for i, (n, _) in enumerate(self.outputs) if self.space[id(n)] == "row"]
+        if row_outs:
+            s(f"if {lead}:")
+            with s.block():
+                for i, n in row_outs:
+                    val = self.value(n, row_env, self.loader(set()))
+                    s(f"out{i}[{self.index(True, False)}] = {store_cast(n, val)}")
+
+    def accumulator(self, r) -> tuple:
+        """Declare the accumulator(s) of reduction ``r``: (r, name, second name or "")."""
+        a = self.fresh("acc")
+        self.src(f"{a} = {identity(r)}")
+        second = second_accumulator(r)
+        ai = ""
+        if second is not None:
+            ai = a + ("s" if isinstance(r, Online) else "i")
+            self.src(f"{ai} = {second}")
+        return r, a, ai
+
+    def write_elements(self, accs, outs, row_env, first, reads) -> None:
+        """One element per thread per step: load or recall, accumulate, write."""
+        s = self.src
+        env = dict(row_env)
+        load = self.loader(reads)
+        for key in sorted(first):
+            leaf = next(n for n in self.leaves if n.key == key)
+            var = self.value(leaf, env, load)
+            s(f"cache_{self.names[key]}[{self.cache_index}] = {var}")
+        for r, a, ai in accs:
+            for line in self.fold_element(r, a, ai, env, load, "j"):
+                s(line)
+        for i, n in outs:
+            val = self.value(n, env, load)
+            s(f"out{i}[{self.index(True, True)}] = {store_cast(n, val)}")
+
+    def fold_element(self, r, a: str, ai: str, env: dict, load, index: str) -> list[str]:
+        """Statements folding this element of ``r``'s source into its accumulator."""
+        if isinstance(r, Online):
+            f = r.peak.srcs[0]
+            v = cast(self.value(f, env, load), f.dtype, r.dtype)
+            return online_element(r, a, ai, v)
+        return combine(r, a, element_value(r, self.value(r.srcs[0], env, load)), ai, index)
+
+    def write_vector_elements(self, targets, accs, outs, row_env, first, reads) -> None:
+        """``vector`` consecutive elements per thread per step, through 16-byte loads and
+        stores; the elements are folded in index order, so ties resolve as in the scalar loop."""
+        s = self.src
+        width = self.v.vector
+        lanes = [dict(row_env) for _ in range(width)]
+        at = f"({self.index(True, True)},)"
+        for key in sorted(pass_leaves(targets)):
+            name = self.names[key]
+            parts = [self.fresh(f"{name}_") for _ in range(width)]
+            if key in reads:
+                for lane, part in enumerate(parts):
+                    s(f"{part} = cache_{name}[{self.cache_at(lane)}]")
+            else:
+                s(f"{', '.join(parts)} = load16({name}, {at})")
+                if key in first:
+                    for lane, part in enumerate(parts):
+                        s(f"cache_{name}[{self.cache_at(lane)}] = {part}")
+            for lane, part in enumerate(parts):
+                lanes[lane][key] = part
+        no_load = self.loader(set())
+        for lane in range(width):
+            for r, a, ai in accs:
+                for line in self.fold_element(r, a, ai, lanes[lane], no_load, f"(j + {lane})"):
+                    s(line)
+        for i, n in outs:
+            t = TYPE_NAMES[np.dtype(n.dtype)]
+            vals = [f"{t}({self.value(n, lanes[lane], no_load)})" for lane in range(width)]
+            s(f"store16(out{i}, {at}, ({', '.join(vals)}))")
+
+    def cache_at(self, lane: int) -> str:
+        return self.cache_index.replace("j", f"j + {lane}")
+
+    def emit_row_values(self, env: dict) -> None:
+        """Compute, once per row, every row-space value whose operands are now known, and the
+        reciprocal of every per-row divisor the schedule chose."""
+        for n in self.nodes:
+            if n.key in env or self.space[id(n)] != "row" or n.op in ir.REDUCE:
+                continue
+            if all(s.key in env or self.space[id(s)] == "const" for s in n.srcs):
+                self.value(n, env, self.loader(set()))
+        for key, divisor in self.sched.reciprocals.items():
+            if "rcp:" + key in env or divisor.key not in env:
+                continue
+            dtype = next(n.dtype for n in self.nodes if n.key == key)
+            var = self.fresh("rcp")
+            t = TYPE_NAMES[compute_dtype(dtype)]
+            self.src(f"{var} = {t}(1.0) / {cast(env[divisor.key], divisor.dtype, dtype)}")
+            env["rcp:" + key] = var
+
+    # row template ---------------------------------------------------------------------------
+    def write_row(self) -> None:
+        s = self.src
+        warp = self.v.mode == "warp"
+        kept = [f"dk{i}" for i in range(self.v.kept_rank)]
+        s(f"nred = {' * '.join(f'dr{i}' for i in range(self.v.red_rank))}")
+        s(f"nkept = {' * '.join(kept)}")
+        if warp:
+            s("lane = cuda.threadIdx.x & 31")
+            s("group = cuda.threadIdx.x >> 5")
+            s("groups = cuda.blockDim.x >> 5")
+            s("jstep = 32")
+        else:
+            s("lane = cuda.threadIdx.x")
+            s("group = 0")
+            s("groups = 1")
+            s("jstep = cuda.blockDim.x")
+        self.declare_shared(str(WARP))
+        s("row = cuda.blockIdx.x * groups + group")
+        s("while row < nkept:")
+        with s.block():
+            for line in self.unravel("row", kept, "k"):
+                s(line)
+
+            def setup():
+                return ["j = lane"]
+
+            def reduce(r, a, ai):
+                lines = self.warp_allreduce(r, a, ai)
+                if not warp:
+                    lines += self.block_combine(r, a, ai)
+                return lines
+
+            self.write_reduce_body(reduce, lambda: "lane == 0", setup)
+            s("row += cuda.gridDim.x * groups")
+
+    def warp_allreduce(self, r: Node, a: str, ai: str) -> list[str]:
+        """Every lane of the warp gets the warp's result, through tessera_tile.warp."""
+        mask = "0xFFFFFFFF"
+        if isinstance(r, Online):  # a (max, sum) pair: xor butterfly with the online merge
+            b = a + "_o"
+            out = ["off = 16", "while off > 0:"]
+            out.append(f"    {b} = cuda.shfl_xor_sync({mask}, {a}, off)")
+            out.append(f"    {b}i = cuda.shfl_xor_sync({mask}, {ai}, off)")
+            out += ["    " + line for line in combine(r, a, b, ai, b + "i")]
+            out.append("    off >>= 1")
+            return out
+        if r.op in ir.INDEX_REDUCE:
+            fn = "warp_argmax" if r.op is Op.ARGMAX else "warp_argmin"
+            return [f"{a}, {ai} = {fn}({a}, {ai}, {mask})"]
+        dtype = acc_dtype(r)
+        name = f"warp_all{r.op.name.lower()}_{TYPE_NAMES[dtype]}"
+        self.helpers[name] = warp.make_warp_allreduce(REDUCTIONS[r.op].warp, dtype)
+        return [f"{a} = {name}({a}, {mask})"]
+
+    def block_combine(self, r: Node, a: str, ai: str) -> list[str]:
+        """Lane 0 of each warp publishes the warp's result; warps fold in order."""
+        return fold_partials(
+            r, a, ai, "(cuda.threadIdx.x & 31) == 0",
+            lambda w: "cuda.threadIdx.x >> 5" if w is None else w,
+            "(cuda.blockDim.x + 31) >> 5",
+        )  # fmt: skip
+
+    # column template ------------------------------------------------------------------------
+    def write_column(self) -> None:
+        s = self.src
+        kept = [f"dk{i}" for i in range(self.v.kept_rank)]
+        s(f"nred = {' * '.join(f'dr{i}' for i in range(self.v.red_rank))}")
+        s(f"nkept = {' * '.join(kept)}")
+        self.declare_shared(f"({COLUMN_BLOCK[1]}, {COLUMN_BLOCK[0]})")
+        s("tx = cuda.threadIdx.x")
+        s("ty = cuda.threadIdx.y")
+        s("jstep = cuda.blockDim.y")
+        s("base = cuda.blockIdx.x * cuda.blockDim.x")
+        s("while base < nkept:")
+        with s.block():
+            s("row = base + tx")
+            s("active = row < nkept")
+            s("if not active:")
+            s("    row = nkept - 1")
+            for line in self.unravel("row", kept, "k"):
+                s(line)
+
+            def setup():
+                return ["j = ty if active else nred"]
+
+            def reduce(r, a, ai):
+                return self.column_combine(r, a, ai)
+
+            self.write_reduce_body(reduce, lambda: "active and ty == 0", setup)
+            s("base += cuda.gridDim.x * cuda.blockDim.x")
+
+    def column_combine(self, r: Node, a: str, ai: str) -> list[str]:
+        """Every y thread of a column publishes; the column's partials fold in y order."""
+        return fold_partials(
+            r, a, ai, "True", lambda w: "ty, tx" if w is None else f"{w}, tx", "cuda.blockDim.y"
+        )
+
+    # full template --------------------------------------------------------------------------
+    def write_full(self) -> None:
+        s = self.src
+        red = [f"dr{i}" for i in range(self.v.red_rank)]
+        s(f"nred = {' * '.join(red)}")
+        self.declare_shared(str(WARP))
+        for i in range(self.v.kept_rank):
+            s(f"k{i} = 0")
+        first = self.sched.passes[0] if self.sched.passes else None
+        outs = first.outputs if first else []
+        accs = [self.accumulator(r) for r in (first.reductions if first else [])]
+        s("j = cuda.grid(1)")
+        s("jstep = cuda.gridsize(1)")
+        s("while j < nred:")
+        with s.block():
+            for line in self.unravel("j", red, "j"):
+                s(line)
+            env: dict = {}
+            load = self.loader(set())
+            for r, a, ai in accs:
+                val = element_value(r, self.value(r.srcs[0], env, load))
+                for line in combine(r, a, val, ai, "j"):
+                    s(line)
+            for i, n in outs:
+                val = self.value(n, env, load)
+                s(f"out{i}[{self.index(True, True)}] = {store_cast(n, val)}")
+            s("j += jstep")
+        for ri, (r, a, ai) in enumerate(accs):
+            for line in self.warp_allreduce(r, a, ai) + self.block_combine(r, a, ai):
+                s(line)
+            s("if cuda.threadIdx.x == 0:")
+            s(f"    part{ri}[cuda.blockIdx.x] = {a}")
+            if ai:
+                s(f"    parti{ri}[cuda.blockIdx.x] = {ai}")
+        row_outs = [(i, n) for i, (n, _) in enumerate(self.outputs) if self.space[id(n)] == "row"]
+        if not accs:
+            return
+        s("if cuda.threadIdx.x == 0:")
+        with s.block():
+            s("cuda.threadfence()")
+            s("done = cuda.atomic.add(ticket, 0, 1)")
+            s("if done == cuda.gridDim.x - 1:")
+            with s.block():
+                row_env: dict = {}
+                for ri, (r, a, ai) in enumerate(accs):
+                    t = TYPE_NAMES[acc_dtype(r)]
+                    s(f"{a} = {t}(part{ri}[0])")
+                    if ai:
+                        s(f"{ai} = parti{ri}[0]")
+                    s("b = 1")
+                    s("while b < cuda.gridDim.x:")
+                    s(f"    {a}_b = {t}(part{ri}[b])")
+                    if ai:
+                        s(f"    {a}_bi = parti{ri}[b]")
+                    for line in combine(r, a, f"{a}_b", ai, f"{a}_bi" if ai else ""):
+                        s("    " + line)
+                    s("    b += 1")
+                    row_env[r.key] = self.fresh("r")
+                    s(f"{row_env[r.key]} = {final_value(r, a, ai)}")
+                for i, n in row_outs:
+                    val = self.value(n, row_env, self.loader(set()))
+                    s(f"out{i}[{self.index(True, False)}] = {store_cast(n, val)}")
+                s("ticket[0] = 0")

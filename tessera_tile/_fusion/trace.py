@@ -1,0 +1,330 @@
+"""Tracing: run a Python function on stand-in values and record a Tile IR graph.
+
+``Traced`` values support Python's operators and NumPy's ufuncs; the builders below make the IR
+nodes for them and for the ``tt.*`` functions of :mod:`tessera_tile.fusion`, which expand
+composite functions (mean, var, logsumexp...) into primitive ops, so the planner and the code
+generator only see the ``Op`` enum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import tile_ir as ir
+from ..tile_ir import Node, Op
+
+
+class TraceError(TypeError):
+    """Something in a fused function cannot be traced into one kernel program."""
+
+
+@dataclass
+class Trace:
+    """The result of tracing: the graph, and where its leaves come from."""
+
+    outputs: tuple[Node, ...]
+    single: bool  # the function returned one value, not a tuple
+    counts: dict[int, tuple[Node, tuple[int, ...]]] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> list[Node]:
+        return ir.walk(self.outputs)
+
+
+class _Tracing:
+    """State of the trace in progress (COUNT leaves need their source at call time)."""
+
+    current: Trace | None = None
+
+
+class Traced:
+    """A value inside a function being traced by ``@tt.fuse``."""
+
+    __slots__ = ("node",)
+    __array_priority__ = 1000  # NumPy defers to our operators
+
+    def __init__(self, node: Node):
+        self.node = node
+
+    # introspection ------------------------------------------------------------------------
+    shape = property(lambda self: self.node.shape)
+    dtype = property(lambda self: self.node.dtype)
+    ndim = property(lambda self: self.node.ndim)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.node.shape))
+
+    def __repr__(self) -> str:
+        return f"Traced({self.node.op.name.lower()}, {self.dtype}, shape={self.shape})"
+
+    # operators ----------------------------------------------------------------------------
+    def __add__(self, o):
+        return binary(Op.ADD, self, o)
+
+    def __radd__(self, o):
+        return binary(Op.ADD, o, self)
+
+    def __sub__(self, o):
+        return binary(Op.SUB, self, o)
+
+    def __rsub__(self, o):
+        return binary(Op.SUB, o, self)
+
+    def __mul__(self, o):
+        return binary(Op.MUL, self, o)
+
+    def __rmul__(self, o):
+        return binary(Op.MUL, o, self)
+
+    def __truediv__(self, o):
+        return binary(Op.TRUEDIV, self, o)
+
+    def __rtruediv__(self, o):
+        return binary(Op.TRUEDIV, o, self)
+
+    def __floordiv__(self, o):
+        return binary(Op.FLOORDIV, self, o)
+
+    def __rfloordiv__(self, o):
+        return binary(Op.FLOORDIV, o, self)
+
+    def __mod__(self, o):
+        return binary(Op.MOD, self, o)
+
+    def __rmod__(self, o):
+        return binary(Op.MOD, o, self)
+
+    def __pow__(self, o):
+        return binary(Op.POW, self, o)
+
+    def __rpow__(self, o):
+        return binary(Op.POW, o, self)
+
+    def __lt__(self, o):
+        return binary(Op.LT, self, o)
+
+    def __le__(self, o):
+        return binary(Op.LE, self, o)
+
+    def __gt__(self, o):
+        return binary(Op.GT, self, o)
+
+    def __ge__(self, o):
+        return binary(Op.GE, self, o)
+
+    def __eq__(self, o):  # type: ignore[override]
+        return binary(Op.EQ, self, o)
+
+    def __ne__(self, o):  # type: ignore[override]
+        return binary(Op.NE, self, o)
+
+    def __and__(self, o):
+        return binary(Op.AND, self, o)
+
+    def __rand__(self, o):
+        return binary(Op.AND, o, self)
+
+    def __or__(self, o):
+        return binary(Op.OR, self, o)
+
+    def __ror__(self, o):
+        return binary(Op.OR, o, self)
+
+    def __xor__(self, o):
+        return binary(Op.XOR, self, o)
+
+    def __rxor__(self, o):
+        return binary(Op.XOR, o, self)
+
+    def __neg__(self):
+        return unary(Op.NEG, self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return unary(Op.ABS, self)
+
+    def __invert__(self):
+        return unary(Op.INVERT, self)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    # what cannot be traced ------------------------------------------------------------------
+    def __bool__(self):
+        raise TraceError(
+            "a traced value was used as a Python bool (an `if`, `while`, `and`, `or` or `not` "
+            "on array data): the kernel cannot branch on data at trace time; use "
+            "tt.where(cond, a, b)"
+        )
+
+    def __float__(self):
+        raise TraceError(
+            "a traced value was converted to a Python number (math.* functions do this); "
+            "use the tt.* functions instead, e.g. tt.exp(x)"
+        )
+
+    __int__ = __float__
+    __index__ = __float__
+
+    def __len__(self):
+        raise TraceError("len() of a traced value: use x.shape[0]")
+
+    def __iter__(self):
+        raise TraceError("iterating over a traced value is not supported")
+
+    def __getitem__(self, key):
+        raise TraceError("indexing or slicing a traced value is not supported in @tt.fuse")
+
+    def __setitem__(self, key, value):
+        raise TraceError(
+            "in-place update of a traced value (x[...] = v): inputs are never modified; "
+            "build a new value with tt.where instead"
+        )
+
+    def _inplace(self, *_):
+        raise TraceError(
+            "in-place operator on a traced value (x += y): inputs are never modified; "
+            "write x = x + y"
+        )
+
+    __iadd__ = __isub__ = __imul__ = __itruediv__ = __ifloordiv__ = __imod__ = _inplace
+    __ipow__ = __iand__ = __ior__ = __ixor__ = _inplace
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        op = _UFUNCS.get(ufunc.__name__) if method == "__call__" and not kwargs else None
+        if op is None:
+            raise TraceError(
+                f"numpy.{ufunc.__name__} cannot be traced; use the tt.* functions "
+                "(see tessera_tile.fuse)"
+            )
+        return unary(op, *inputs) if len(inputs) == 1 else binary(op, *inputs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        raise TraceError(
+            f"numpy.{func.__name__} cannot be traced; use the tt.* function of the same name"
+        )
+
+    def astype(self, dtype):
+        dtype = np.dtype(dtype)
+        if dtype not in ir.SUPPORTED_DTYPES:
+            raise TypeError(f"astype: unsupported dtype {dtype}")
+        return self if dtype == self.dtype else unary(Op.CAST, self, arg=dtype.str)
+
+
+def as_node(value) -> Node:
+    """The IR node of a traced value, a Python scalar (weak) or a NumPy scalar or 0-d array
+    (strong, as in NumPy)."""
+    if isinstance(value, Traced):
+        return value.node
+    if isinstance(value, bool | int | float) and not isinstance(value, np.generic):
+        return ir.leaf_const(value)
+    if isinstance(value, np.generic | np.ndarray) and np.ndim(value) == 0:
+        dtype = np.dtype(value.dtype)
+        if dtype in ir.SUPPORTED_DTYPES:
+            return ir.Node(Op.CONST, dtype, arg=value.item())
+    raise TraceError(
+        f"a {type(value).__name__} cannot be used inside @tt.fuse: pass arrays as arguments of "
+        "the fused function (Python scalars, NumPy scalars and 0-d arrays may be used directly)"
+    )
+
+
+# builders used by the operators above and by the tt.* functions of tessera_tile.fusion ----
+
+
+def unary(op: Op, x, arg=None) -> Traced:
+    return _result(ir.elementwise(op, as_node(x), arg=arg), (x,))
+
+
+def binary(op: Op, a, b) -> Traced:
+    return _result(ir.elementwise(op, as_node(a), as_node(b)), (a, b))
+
+
+def ternary(op: Op, a, b, c) -> Traced:
+    return _result(ir.elementwise(op, as_node(a), as_node(b), as_node(c)), (a, b, c))
+
+
+def reduce(op: Op, x, axis, keepdims: bool) -> Traced:
+    return _result(ir.reduction(op, as_node(x), axis, keepdims), (x,))
+
+
+def count(x: Traced, axis) -> Traced:
+    """The number of elements ``axis`` reduces, as a weak int known at call time."""
+    node = as_node(x)
+    axes = ir.normalize_axes(axis, node.ndim)
+    count_node = ir.Node(Op.COUNT, np.dtype(np.int64), arg=(node.key, axes), weak=True)
+    trace = _Tracing.current
+    if trace is not None:
+        trace.counts[id(count_node)] = (node, axes)
+    return Traced(count_node)
+
+
+def _result(node: Node, operands) -> Traced:
+    """A function of scalars alone gives a NumPy scalar, which is strong (NEP 50): ``np.exp(1.0)``
+    is float64 whatever it later meets."""
+    if node.weak and not any(isinstance(v, Traced) for v in operands):
+        node = dataclasses.replace(node, weak=False)
+    return Traced(node)
+
+
+# NumPy ufuncs called on traced values: ufunc name -> op
+_UFUNCS = {
+    "add": Op.ADD, "subtract": Op.SUB, "multiply": Op.MUL, "true_divide": Op.TRUEDIV,
+    "floor_divide": Op.FLOORDIV, "remainder": Op.MOD, "power": Op.POW, "maximum": Op.MAXIMUM,
+    "minimum": Op.MINIMUM, "less": Op.LT, "less_equal": Op.LE, "greater": Op.GT,
+    "greater_equal": Op.GE, "equal": Op.EQ, "not_equal": Op.NE, "negative": Op.NEG,
+    "absolute": Op.ABS, "exp": Op.EXP, "exp2": Op.EXP2, "log": Op.LOG, "log2": Op.LOG2,
+    "log1p": Op.LOG1P, "expm1": Op.EXPM1, "sqrt": Op.SQRT, "sin": Op.SIN, "cos": Op.COS,
+    "tanh": Op.TANH, "floor": Op.FLOOR, "ceil": Op.CEIL, "square": Op.SQUARE,
+    "isnan": Op.ISNAN, "isinf": Op.ISINF, "isfinite": Op.ISFINITE,
+}  # fmt: skip
+
+
+def trace(fn, stand_ins: list) -> Trace:
+    """Trace ``fn`` on stand-ins for its arguments: ``("array", dtype, shape)`` or
+    ``("scalar", value)`` per position."""
+    stand_ins = [
+        Traced(ir.leaf_input(i, s[1], s[2]) if s[0] == "array" else ir.leaf_scalar(i, s[1]))
+        for i, s in enumerate(stand_ins)
+    ]
+    result_trace = Trace(outputs=(), single=True)
+    _Tracing.current = result_trace
+    try:
+        result = fn(*stand_ins)
+    finally:
+        _Tracing.current = None
+    single = not isinstance(result, tuple)
+    results = (result,) if single else result
+    if not results:
+        raise TraceError(f"{fn.__name__} returned an empty tuple")
+    outputs = []
+    for k, r in enumerate(results):
+        if not isinstance(r, Traced):
+            where_ = "its result" if single else f"result {k}"
+            raise TraceError(
+                f"{fn.__name__}: {where_} has type {type(r).__name__}, not a value computed "
+                "from its arguments"
+            )
+        outputs.append(r.node)
+    result_trace.outputs = tuple(outputs)
+    result_trace.single = single
+    ir.validate(result_trace.outputs)
+    return result_trace
+
+
+__all__ = [
+    "Trace",
+    "TraceError",
+    "Traced",
+    "as_node",
+    "binary",
+    "count",
+    "reduce",
+    "ternary",
+    "trace",
+    "unary",
+]

@@ -1,0 +1,345 @@
+"""``@tt.fuse``: trace -> Tile IR -> plan -> generated ``@cuda.jit`` kernels -> cache.
+
+::
+
+    @tt.fuse
+    def softmax(x):
+        m = tt.max(x, axis=-1, keepdims=True)
+        e = tt.exp(x - m)
+        return e / tt.sum(e, axis=-1, keepdims=True)
+
+    y = softmax(x)               # one kernel: the row is read once when it fits on chip
+    print(softmax.explain(x))    # what it did, without running
+
+Inputs: NumPy arrays, numba device arrays, CuPy arrays and any ``__cuda_array_interface__``
+object; Python scalars, NumPy scalars and 0-d arrays. Results follow the inputs: NumPy in, NumPy
+out (copied to the device and back); CuPy in, CuPy out; other device arrays in, numba device
+arrays out (nothing copied through the host). Under ``NUMBA_ENABLE_CUDASIM=1`` every path runs
+in tessera_tile's simulator. Inputs are never modified.
+
+Caching: the first call with a new *signature* (dtypes, ranks, which axes have length 1, scalar
+kinds, layout class, target) traces and plans; kernels are generated once per stage fingerprint
+and variant. A call that hits the cache does no tracing and no code generation.
+``fn.cache_info()`` reports the hits and misses.
+
+The compiler steps live in ``tessera_tile._fusion`` (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _config
+from . import tile_ir as ir
+from ._fusion import plan as planner
+from ._fusion import runtime, schedule
+from ._fusion.compile import CountingCache, KernelCache
+from ._fusion.trace import Traced, TraceError, as_node, binary, count, reduce, ternary, trace, unary
+from .tile_ir import Op
+
+__all__ = [
+    "Explain", "FusedFunction", "TraceError", "Traced", "fuse", "kernel_cache",
+    "abs", "all", "any", "argmax", "argmin", "astype", "ceil", "clip", "cos", "erf", "exp",
+    "exp2", "expm1", "floor", "gelu", "isfinite", "isinf", "isnan", "log", "log1p", "log2",
+    "logsumexp", "max", "maximum", "mean", "min", "minimum", "prod", "relu", "rsqrt",
+    "sigmoid", "silu", "sin", "sqrt", "square", "std", "sum", "tanh", "var", "where",
+]  # fmt: skip
+
+kernel_cache = KernelCache()
+
+
+@dataclass
+class Explain:
+    """What a fused call does, from ``fn.explain(*args)``."""
+
+    kernels: int
+    ir: str
+    source: str
+    bytes_fused: int
+    bytes_unfused: int
+    reasons: list[str]
+    stages: list[str]
+
+    def __str__(self) -> str:
+        ratio = self.bytes_unfused / self.bytes_fused if self.bytes_fused else float("nan")
+        lines = [
+            f"{self.kernels} kernel(s); predicted global traffic {self.bytes_fused} B fused vs "
+            f"{self.bytes_unfused} B with one kernel per op ({ratio:.2f}x less)",
+            *(f"  kernel {i}: {s}" for i, s in enumerate(self.stages)),
+        ]
+        if self.reasons:
+            lines.append("why more than one kernel:")
+            lines += [f"  - {r}" for r in self.reasons]
+        lines += ["Tile IR:", *("  " + line for line in self.ir.splitlines())]
+        return "\n".join(lines)
+
+
+class FusedFunction:
+    """A function of arrays compiled into as few kernels as the data allows."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+        self._programs = CountingCache()
+
+    def _program(self, call: runtime.Call) -> runtime.Program:
+        def make():
+            traced = trace(self.fn, call.stand_ins())
+            return runtime.Program(traced, planner.plan(traced))
+
+        return self._programs.get(call.signature, make)
+
+    def _bound(self, args):
+        """The stages of a call on ``args``, bound to what its arrays would be on the device."""
+        call = runtime.Call(self.fn.__name__, args)
+        program = self._program(call)
+        shapes = call.shapes(program)
+        records = runtime.planned_records(program, call, shapes)
+        stages = [runtime.bind(s, records, shapes, kernel_cache) for s in program.plan.stages]
+        return call, program, shapes, stages
+
+    def cache_info(self) -> dict:
+        """Program-cache hits and misses of this function, and the shared kernel cache's."""
+        return {
+            "hits": self._programs.hits,
+            "misses": self._programs.misses,
+            "kernel_hits": kernel_cache.hits,
+            "kernel_misses": kernel_cache.misses,
+        }
+
+    def explain(self, *args) -> Explain:
+        """The plan for these arguments: kernels, IR, generated source, predicted traffic.
+
+        Nothing is allocated or launched; NumPy arrays may stand in for device arrays.
+        """
+        _, program, shapes, stages = self._bound(args)
+        return Explain(
+            kernels=len(stages),
+            ir=ir.format_ir(program.trace.outputs),
+            source="\n\n".join(b.generated.source for b in stages),
+            bytes_fused=int(np.sum([b.predicted_bytes() for b in stages], dtype=np.int64)),
+            bytes_unfused=schedule.unfused_bytes(program.trace, shapes),
+            reasons=list(program.plan.reasons),
+            stages=[f"{b.generated.name}: {_describe(b)}" for b in stages],
+        )
+
+    def inspect(self, *args, arch: str = "sm_90") -> list:
+        """Compile the kernels of this call offline (no GPU needed) for ``arch``.
+
+        Returns one :class:`tessera_tile.inspect.CompileReport` per kernel, in launch order.
+        """
+        from numba import typeof
+
+        from . import inspect as offline
+
+        call, program, shapes, stages = self._bound(args)
+        reports = []
+        for b in stages:
+            params = [
+                _stand_in(shape, strides, dtype) for shape, strides, dtype, *_ in b.layout.views
+            ]
+            if b.stage.kind == "full":
+                params += [np.zeros(1, dtype) for _, dtype in runtime.full_scratch_types(b.stage)]
+            params += runtime.scalar_values(b.stage, program, call, shapes) + b.layout.sizes()
+            block = int(np.prod(b.threads))
+            signature = tuple(typeof(p) for p in params)
+            reports.append(offline.compile(b.generated.kernel, signature, arch=arch, block=block))
+        return reports
+
+    def __call__(self, *args, out=None, stream=None):
+        """Run on ``args``. ``out``: an array (a tuple of arrays for several results) to write
+        into; ``stream``: a numba stream, a CuPy stream or a raw handle (see the module
+        docstring for the default)."""
+        call = runtime.Call(self.fn.__name__, args, out)
+        if not _config.SIMULATED and not _config.gpu_present():
+            raise RuntimeError(
+                "no CUDA GPU found: set NUMBA_ENABLE_CUDASIM=1 (before Python starts) to run "
+                "fused functions in tessera_tile's simulator"
+            )
+        return runtime.execute(self._program(call), call, kernel_cache, stream)
+
+
+def fuse(fn) -> FusedFunction:
+    """Decorator: compile ``fn``'s elementwise and reduction ops into fused kernels."""
+    if not callable(fn):
+        raise TypeError(f"fuse expects a function, got {type(fn).__name__}")
+    return FusedFunction(fn)
+
+
+def _stand_in(shape, strides, dtype):
+    """An array of this geometry for typing only (its memory is never touched)."""
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, strides)
+
+
+def _describe(b: runtime.Bound) -> str:
+    variant, layout, stage = b.variant, b.layout, b.stage
+    what = {
+        "elementwise": "elementwise, grid-stride",
+        "row": f"rows reduced by a {variant.mode}"
+        + (", row kept on chip between passes" if variant.cache else ""),
+        "column": "coalesced column reduction",
+        "full": "full reduction, two-stage in one launch",
+    }[stage.kind]
+    passes = len(b.generated.schedule.passes) if stage.kind != "elementwise" else 1
+    return (
+        f"{what}; {layout.n_kept} x {layout.n_red} index space, {passes} pass(es), "
+        f"{len(stage.outputs)} output(s)"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# elementwise functions (Python scalars, NumPy scalars and 0-d arrays welcome, as in NumPy) --
+
+
+def _unary_fn(op: Op, name: str):
+    def fn(x):
+        return unary(op, x)
+
+    fn.__name__ = name
+    fn.__doc__ = f"Elementwise {name} (NumPy semantics; float16 computes in float32)."
+    return fn
+
+
+exp = _unary_fn(Op.EXP, "exp")
+exp2 = _unary_fn(Op.EXP2, "exp2")
+log = _unary_fn(Op.LOG, "log")
+log2 = _unary_fn(Op.LOG2, "log2")
+log1p = _unary_fn(Op.LOG1P, "log1p")
+expm1 = _unary_fn(Op.EXPM1, "expm1")
+sqrt = _unary_fn(Op.SQRT, "sqrt")
+rsqrt = _unary_fn(Op.RSQRT, "rsqrt")
+sin = _unary_fn(Op.SIN, "sin")
+cos = _unary_fn(Op.COS, "cos")
+tanh = _unary_fn(Op.TANH, "tanh")
+erf = _unary_fn(Op.ERF, "erf")
+sigmoid = _unary_fn(Op.SIGMOID, "sigmoid")
+floor = _unary_fn(Op.FLOOR, "floor")
+ceil = _unary_fn(Op.CEIL, "ceil")
+square = _unary_fn(Op.SQUARE, "square")
+relu = _unary_fn(Op.RELU, "relu")
+silu = _unary_fn(Op.SILU, "silu")
+isnan = _unary_fn(Op.ISNAN, "isnan")
+isinf = _unary_fn(Op.ISINF, "isinf")
+isfinite = _unary_fn(Op.ISFINITE, "isfinite")
+
+
+def abs(x):  # noqa: A001 - the NumPy name
+    """Elementwise absolute value."""
+    return unary(Op.ABS, x)
+
+
+def gelu(x, approximate: str = "none"):
+    """GELU: ``x * Phi(x)`` with the exact erf form, or ``approximate="tanh"``."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return unary(Op.GELU if approximate == "none" else Op.GELU_TANH, x)
+
+
+def maximum(a, b):
+    """Elementwise maximum; NaN propagates as in NumPy."""
+    return binary(Op.MAXIMUM, a, b)
+
+
+def minimum(a, b):
+    """Elementwise minimum; NaN propagates as in NumPy."""
+    return binary(Op.MINIMUM, a, b)
+
+
+def where(cond, a, b):
+    """``a`` where ``cond`` else ``b``, broadcast together."""
+    if as_node(cond).dtype != np.dtype(bool):
+        cond = binary(Op.NE, cond, 0)
+    return ternary(Op.WHERE, cond, a, b)
+
+
+def clip(x, lo, hi):
+    """``minimum(maximum(x, lo), hi)``, as ``numpy.clip``."""
+    return minimum(maximum(x, lo), hi)
+
+
+def astype(x, dtype):
+    """Convert to ``dtype`` (one of bool, int32, int64, float16, float32, float64)."""
+    dtype = np.dtype(dtype)
+    if dtype not in ir.SUPPORTED_DTYPES:
+        raise TypeError(f"astype: unsupported dtype {dtype}")
+    if dtype == as_node(x).dtype:
+        return x
+    return unary(Op.CAST, x, arg=dtype.str)
+
+
+# reductions ---------------------------------------------------------------------------------
+
+
+def sum(x, axis=None, keepdims: bool = False):  # noqa: A001
+    """Sum over ``axis`` (None, an int or a tuple), NumPy's dtype rules."""
+    return reduce(Op.SUM, x, axis, keepdims)
+
+
+def prod(x, axis=None, keepdims: bool = False):
+    """Product over ``axis``."""
+    return reduce(Op.PROD, x, axis, keepdims)
+
+
+def max(x, axis=None, keepdims: bool = False):  # noqa: A001
+    """Maximum over ``axis``; NaN propagates; an empty axis raises ValueError as in NumPy."""
+    return reduce(Op.MAX, x, axis, keepdims)
+
+
+def min(x, axis=None, keepdims: bool = False):  # noqa: A001
+    """Minimum over ``axis``."""
+    return reduce(Op.MIN, x, axis, keepdims)
+
+
+def argmax(x, axis=None, keepdims: bool = False):
+    """Index of the maximum over one axis or the flattened array; first NaN wins."""
+    return reduce(Op.ARGMAX, x, axis, keepdims)
+
+
+def argmin(x, axis=None, keepdims: bool = False):
+    """Index of the minimum over one axis or the flattened array; first NaN wins."""
+    return reduce(Op.ARGMIN, x, axis, keepdims)
+
+
+def any(x, axis=None, keepdims: bool = False):  # noqa: A001
+    """True where any element over ``axis`` is non-zero."""
+    return reduce(Op.ANY, x, axis, keepdims)
+
+
+def all(x, axis=None, keepdims: bool = False):  # noqa: A001
+    """True where all elements over ``axis`` are non-zero."""
+    return reduce(Op.ALL, x, axis, keepdims)
+
+
+def mean(x, axis=None, keepdims: bool = False):
+    """Arithmetic mean over ``axis`` (``sum / count``), NumPy's dtypes."""
+    total = sum(x, axis, keepdims)
+    return total / count(x, axis)
+
+
+def var(x, axis=None, keepdims: bool = False, ddof: int = 0):
+    """Variance over ``axis``: ``mean(|x - mean(x)|**2)``, two passes as NumPy does."""
+    centred = x - mean(x, axis, keepdims=True)
+    squares = sum(centred * centred, axis, keepdims)
+    n = count(x, axis)
+    return squares / (n - ddof if ddof else n)
+
+
+def std(x, axis=None, keepdims: bool = False, ddof: int = 0):
+    """Standard deviation over ``axis``."""
+    return sqrt(var(x, axis, keepdims, ddof))
+
+
+def logsumexp(x, axis=None, keepdims: bool = False):
+    """``log(sum(exp(x)))`` over ``axis``, computed stably around the maximum."""
+    if not np.issubdtype(as_node(x).dtype, np.floating):
+        x = astype(x, np.float64)
+    m = max(x, axis, keepdims=True)
+    shift = where(isfinite(m), m, 0)
+    total = sum(exp(x - shift), axis, keepdims)
+    if not keepdims:
+        m = max(x, axis, keepdims=False)
+        shift = where(isfinite(m), m, 0)
+    return log(total) + shift
