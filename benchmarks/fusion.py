@@ -147,7 +147,7 @@ def sass() -> None:
 
 
 def compile_time() -> None:
-    from numba import cuda, typeof
+    from numba import cuda
 
     import tessera_tile as tt
     from tessera_tile.fusion import kernel_cache

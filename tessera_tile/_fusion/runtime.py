@@ -17,7 +17,7 @@ import numpy as np
 from .. import _arrays as arrays
 from .. import _config
 from .. import tile_ir as ir
-from .._arrays import DEVICE, HOST, Arg
+from .._arrays import DEVICE, Arg
 from . import plan as planner
 from . import schedule
 from .compile import Generated, KernelCache

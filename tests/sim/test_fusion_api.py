@@ -221,3 +221,25 @@ def test_host_and_device_arrays_cannot_be_mixed():
         f(np.ones(3, np.float32), FakeDeviceArray((3,)), 2.0)
     with pytest.raises(TypeError, match="argument 1 of <lambda> is a host .* out\\[0\\] a device"):
         f(2.0, np.ones(3, np.float32), np.array(1.0), out=FakeDeviceArray((3,)))
+
+
+def test_tt_functions_take_scalars_as_numpy_functions_do():
+    """``tt.exp(1.0)`` is ``np.exp(1.0)``: a float64 NumPy scalar, strong in promotion."""
+    x = rng.standard_normal(5).astype(np.float32)
+
+    @tt.fuse
+    def strong(x):
+        return x * tt.exp(1.0) + tt.maximum(2, 3) - tt.sum(np.float32(2.0))
+
+    @tt.fuse
+    def stays_float32(x):
+        return x * tt.sqrt(np.array(4.0, np.float32)) + tt.where(True, 1.0, 2.0).astype(np.float32)
+
+    ref = x * np.exp(1.0) + np.maximum(2, 3) - np.sum(np.float32(2.0))
+    got = strong(x)
+    assert got.dtype == ref.dtype == np.float64
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+    ref32 = x * np.sqrt(np.array(4.0, np.float32)) + np.where(True, 1.0, 2.0).astype(np.float32)
+    got32 = stays_float32(x)
+    assert got32.dtype == ref32.dtype == np.float32
+    np.testing.assert_allclose(got32, ref32, rtol=1e-6)

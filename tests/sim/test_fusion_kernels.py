@@ -7,6 +7,7 @@ minimum: each input read once, each output written once.
 
 import numpy as np
 import pytest
+from helpers import back, on
 
 import tessera_tile as tt
 from tessera_tile import sim
@@ -15,10 +16,13 @@ pytestmark = pytest.mark.sim_only
 rng = np.random.default_rng(7)
 
 
-def measured(fn, *args):
+def measured(side, fn, *args):
+    """Result (as NumPy), measured global bytes and the plan of ``fn(*args)`` called with the
+    arrays on ``side``."""
+    inputs = on(side, *args)
     with sim.profile() as prof:
-        result = fn(*args)
-    return result, prof.bytes_read + prof.bytes_written, fn.explain(*args)
+        result = fn(*inputs)
+    return back(result, side), prof.bytes_read + prof.bytes_written, fn.explain(*inputs)
 
 
 def minimum_bytes(args, results):
@@ -32,10 +36,10 @@ def chain5(a, b):
 
 
 @pytest.mark.parametrize("shape", [(0,), (1,), (33,), (4, 65), (2, 3, 5)])
-def test_elementwise_chain_is_one_kernel_with_minimum_traffic(shape):
+def test_elementwise_chain_is_one_kernel_with_minimum_traffic(shape, side):
     a = rng.standard_normal(shape).astype(np.float32)
     b = rng.standard_normal(shape).astype(np.float32)
-    got, traffic, ex = measured(chain5, a, b)
+    got, traffic, ex = measured(side, chain5, a, b)
     ref = np.tanh(a * b + np.float32(1.5)) / (1 + np.exp(-(a - b))) - a
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
     assert ex.kernels == 1 and not ex.reasons
@@ -56,9 +60,9 @@ def softmax_ref(x):
 
 
 @pytest.mark.parametrize("cols", [2, 31, 32, 33, 1024, 1025])
-def test_softmax_is_one_kernel_reading_each_row_once_when_it_fits(cols):
+def test_softmax_is_one_kernel_reading_each_row_once_when_it_fits(cols, side):
     x = rng.standard_normal((3, cols)).astype(np.float32)
-    got, traffic, ex = measured(softmax, x)
+    got, traffic, ex = measured(side, softmax, x)
     np.testing.assert_allclose(got, softmax_ref(x), rtol=1e-5, atol=1e-7)
     assert ex.kernels == 1
     mode = "warp" if cols <= 1024 else "block"
@@ -66,9 +70,9 @@ def test_softmax_is_one_kernel_reading_each_row_once_when_it_fits(cols):
     assert traffic == ex.bytes_fused == 2 * x.nbytes
 
 
-def test_long_rows_are_read_twice_when_they_do_not_fit():
+def test_long_rows_are_read_twice_when_they_do_not_fit(side):
     x = rng.standard_normal((2, 8200)).astype(np.float32)  # beyond 8192 float32 on chip
-    got, traffic, ex = measured(softmax, x)
+    got, traffic, ex = measured(side, softmax, x)
     np.testing.assert_allclose(got, softmax_ref(x), rtol=1e-5, atol=1e-8)
     assert ex.kernels == 1 and "kept on chip" not in ex.stages[0]
     # an online max/sum pass, then the output pass; one write
@@ -76,7 +80,7 @@ def test_long_rows_are_read_twice_when_they_do_not_fit():
     assert traffic == ex.bytes_fused == 2 * x.nbytes + x.nbytes
 
 
-def test_online_max_and_sum_handle_infinities_and_nan_like_numpy():
+def test_online_max_and_sum_handle_infinities_and_nan_like_numpy(side):
     x = rng.standard_normal((5, 8200)).astype(np.float32)
     x[0, :] = -np.inf  # NumPy: all NaN
     x[1, 7] = np.inf  # NumPy: NaN where inf - inf
@@ -85,7 +89,7 @@ def test_online_max_and_sum_handle_infinities_and_nan_like_numpy():
     x[4, -1] = 80.0  # a late, large maximum rescales the running sum
     with np.errstate(all="ignore"):
         ref = softmax_ref(x)
-    got, traffic, ex = measured(softmax, x)
+    got, traffic, ex = measured(side, softmax, x)
     assert "2 pass(es)" in ex.stages[0]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-8, equal_nan=True)
 
@@ -96,7 +100,7 @@ def column_softmax(x):
     return e / tt.sum(e, axis=0, keepdims=True)
 
 
-def test_column_softmax_folds_the_max_and_sum_into_one_pass():
+def test_column_softmax_folds_the_max_and_sum_into_one_pass(side):
     x = rng.standard_normal((40, 9)).astype(np.float32)
     x[:, 0] = -np.inf
     x[3, 1] = np.inf
@@ -104,14 +108,14 @@ def test_column_softmax_folds_the_max_and_sum_into_one_pass():
     with np.errstate(all="ignore"):
         e = np.exp(x - x.max(0, keepdims=True))
         ref = e / e.sum(0, keepdims=True)
-    got, traffic, ex = measured(column_softmax, x)
+    got, traffic, ex = measured(side, column_softmax, x)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-8, equal_nan=True)
     assert "2 pass(es)" in ex.stages[0] and traffic == ex.bytes_fused == 3 * x.nbytes
 
 
-def test_8192_float32_per_row_stay_on_chip():
+def test_8192_float32_per_row_stay_on_chip(side):
     x = rng.standard_normal((1, 8192)).astype(np.float32)
-    got, traffic, ex = measured(softmax, x)
+    got, traffic, ex = measured(side, softmax, x)
     np.testing.assert_allclose(got, softmax_ref(x), rtol=1e-5, atol=1e-8)
     assert "kept on chip" in ex.stages[0] and traffic == 2 * x.nbytes
 
@@ -123,9 +127,9 @@ def layer_norm(x):
     return (x - mu) * tt.rsqrt(var + 1e-5)
 
 
-def test_layer_norm_is_one_kernel_with_minimum_traffic():
+def test_layer_norm_is_one_kernel_with_minimum_traffic(side):
     x = rng.standard_normal((5, 100)).astype(np.float32)
-    got, traffic, ex = measured(layer_norm, x)
+    got, traffic, ex = measured(side, layer_norm, x)
     ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     assert ex.kernels == 1 and traffic == ex.bytes_fused == 2 * x.nbytes
@@ -136,10 +140,10 @@ def row_dot(x, y):
     return tt.sum(x * y, axis=-1)
 
 
-def test_trailing_axis_reduction_uses_warp_shuffles_per_row():
+def test_trailing_axis_reduction_uses_warp_shuffles_per_row(side):
     x = rng.standard_normal((9, 70)).astype(np.float32)
     y = rng.standard_normal((9, 70)).astype(np.float32)
-    got, traffic, ex = measured(row_dot, x, y)
+    got, traffic, ex = measured(side, row_dot, x, y)
     np.testing.assert_allclose(got, (x * y).sum(-1), rtol=1e-5, atol=1e-5)
     assert "warp_allsum_float32(" in ex.source and ex.kernels == 1
     assert traffic == ex.bytes_fused == x.nbytes + y.nbytes + got.nbytes
@@ -150,9 +154,9 @@ def column_stats(x):
     return tt.mean(x, axis=0), tt.max(x, axis=0)
 
 
-def test_leading_axis_reduction_is_coalesced_and_shares_one_pass():
+def test_leading_axis_reduction_is_coalesced_and_shares_one_pass(side):
     x = rng.standard_normal((37, 45)).astype(np.float32)
-    (mean, mx), traffic, ex = measured(column_stats, x)
+    (mean, mx), traffic, ex = measured(side, column_stats, x)
     np.testing.assert_allclose(mean, x.mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(mx, x.max(0))
     assert ex.kernels == 1 and "coalesced column" in ex.stages[0]
@@ -164,9 +168,9 @@ def middle(x):
     return tt.sum(x, axis=1)
 
 
-def test_middle_axis_reduction():
+def test_middle_axis_reduction(side):
     x = rng.standard_normal((3, 40, 5))
-    got, traffic, ex = measured(middle, x)
+    got, traffic, ex = measured(side, middle, x)
     np.testing.assert_allclose(got, x.sum(1), rtol=1e-12)
     assert ex.kernels == 1 and traffic == ex.bytes_fused == x.nbytes + got.nbytes
 
@@ -176,9 +180,9 @@ def total(x):
     return tt.sum(x), tt.argmax(x)
 
 
-def test_full_reduction_is_deterministic_and_one_launch():
+def test_full_reduction_is_deterministic_and_one_launch(side):
     x = rng.standard_normal(5000).astype(np.float32)
-    (s, i), traffic, ex = measured(total, x)
+    (s, i), traffic, ex = measured(side, total, x)
     np.testing.assert_allclose(s, x.sum(dtype=np.float64), rtol=1e-5)
     assert i == x.argmax() and ex.kernels == 1 and "two-stage" in ex.stages[0]
     assert traffic == ex.bytes_fused
@@ -191,9 +195,9 @@ def variance_all(x):
     return tt.var(x)
 
 
-def test_full_reduce_then_broadcast_takes_two_kernels_and_says_why():
+def test_full_reduce_then_broadcast_takes_two_kernels_and_says_why(side):
     x = rng.standard_normal((10, 10))
-    got, traffic, ex = measured(variance_all, x)
+    got, traffic, ex = measured(side, variance_all, x)
     np.testing.assert_allclose(got, x.var(), rtol=1e-12)
     assert ex.kernels == 2 and "grid-wide barrier" in ex.reasons[0]
     assert traffic == ex.bytes_fused
@@ -204,9 +208,9 @@ def several(x):
     return tt.exp(x), tt.sum(x, axis=-1), tt.max(x, axis=-1, keepdims=True)
 
 
-def test_outputs_of_different_shapes_from_one_kernel():
+def test_outputs_of_different_shapes_from_one_kernel(side):
     x = rng.standard_normal((4, 20)).astype(np.float32)
-    (e, s, m), traffic, ex = measured(several, x)
+    (e, s, m), traffic, ex = measured(side, several, x)
     assert e.shape == (4, 20) and s.shape == (4,) and m.shape == (4, 1)
     np.testing.assert_allclose(e, np.exp(x), rtol=1e-6)
     np.testing.assert_allclose(s, x.sum(-1), rtol=1e-5, atol=1e-6)
@@ -215,13 +219,20 @@ def test_outputs_of_different_shapes_from_one_kernel():
     assert traffic == ex.bytes_fused == x.nbytes + e.nbytes + s.nbytes + m.nbytes
 
 
-def test_non_contiguous_views_give_correct_results():
-    base = rng.standard_normal((12, 70)).astype(np.float32)
-    for view in (base.T, base[::2, ::-3], base[:, 5:45]):
-        np.testing.assert_allclose(softmax(view), softmax_ref(view), rtol=1e-5, atol=1e-7)
+def test_non_contiguous_views_give_correct_results(side):
+    """Strided views, host or device, are read where they are: never copied contiguous on the
+    device side (a host view is copied contiguously to the device, as numba requires)."""
+    host = rng.standard_normal((12, 70)).astype(np.float32)
+    (base,) = on(side, host)
+    for index in ((slice(None, None, 2), slice(None, None, -3)), (slice(None), slice(5, 45))):
+        view, ref = base[index], host[index]
         np.testing.assert_allclose(
-            chain5(view, view[::-1]),
-            np.tanh(view * view[::-1] + 1.5) / (1 + np.exp(-(view - view[::-1]))) - view,
+            back(softmax(view), side), softmax_ref(ref), rtol=1e-5, atol=1e-7
+        )
+        np.testing.assert_allclose(
+            back(chain5(view, view[::-1]), side),
+            np.tanh(ref * ref[::-1] + 1.5) / (1 + np.exp(-(ref - ref[::-1]))) - ref,
             rtol=1e-5,
             atol=1e-6,
         )
+    np.testing.assert_allclose(softmax(host.T), softmax_ref(host.T), rtol=1e-5, atol=1e-7)

@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import SIDES, back, on
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -155,8 +156,8 @@ def assert_matches(got, ref):
 
 
 @settings(max_examples=60)  # cheap: mostly tiny elementwise kernels
-@given(problems())
-def test_random_expression_trees_match_numpy(problem):
+@given(problems(), st.sampled_from(SIDES))
+def test_random_expression_trees_match_numpy(problem, side):
     tree, args = problem
 
     def fn(*xs):
@@ -185,9 +186,11 @@ def test_random_expression_trees_match_numpy(problem):
     if not isinstance(ref, np.ndarray):
         ref = np.asarray(ref)
     copies = [a.copy() for a in args]
-    got = fused(*args)
+    inputs = on(side, *args)
+    got = back(fused(*inputs), side)
     assert_matches(got, ref)
-    for a, c in zip(args, copies, strict=True):
+    inputs = [i.copy_to_host() if hasattr(i, "copy_to_host") else i for i in inputs]
+    for a, c in zip(inputs, copies, strict=True):
         np.testing.assert_array_equal(a, c)  # inputs are never modified
 
 
@@ -315,8 +318,9 @@ REDUCTIONS = {
     axis=st.sampled_from([None, 0, -1, (0, -1)]),
     keepdims=st.booleans(),
     seed=st.integers(0, 2**16),
+    side=st.sampled_from(SIDES),
 )
-def test_every_reduction_matches_numpy(name, dtype, shape, axis, keepdims, seed):
+def test_every_reduction_matches_numpy(name, dtype, shape, axis, keepdims, seed, side):
     x = np.random.default_rng(seed).uniform(-3, 3, shape)
     x = (x > 0) if dtype == "bool" else x.astype(dtype)
     if isinstance(axis, tuple) and len(shape) < 2:
@@ -329,7 +333,7 @@ def test_every_reduction_matches_numpy(name, dtype, shape, axis, keepdims, seed)
         with pytest.raises(TypeError):
             tt.fuse(lambda v: ours(v, axis=axis, keepdims=keepdims))(x)
         return
-    got = tt.fuse(lambda v: ours(v, axis=axis, keepdims=keepdims))(x)
+    got = back(tt.fuse(lambda v: ours(v, axis=axis, keepdims=keepdims))(*on(side, x)), side)
     if name == "logsumexp":
         ref = ref.astype(got.dtype)
     assert_matches(got, ref)
@@ -340,8 +344,9 @@ def test_every_reduction_matches_numpy(name, dtype, shape, axis, keepdims, seed)
     shape=st.sampled_from([(7,), (3, 5), (1, 6), (33, 2), (3, 8)]),  # rows of 8: 16-byte loads
     axis=st.sampled_from([None, 0, -1]),
     seed=st.integers(0, 2**16),
+    side=st.sampled_from(SIDES),
 )
-def test_argmax_and_argmin_match_numpy_with_ties(dtype, shape, axis, seed):
+def test_argmax_and_argmin_match_numpy_with_ties(dtype, shape, axis, seed, side):
     x = np.random.default_rng(seed).integers(-2, 3, shape)  # few values: many ties
     x = (x > 0) if dtype == "bool" else x.astype(dtype)
 
@@ -349,7 +354,7 @@ def test_argmax_and_argmin_match_numpy_with_ties(dtype, shape, axis, seed):
     def args(v):
         return tt.argmax(v, axis=axis), tt.argmin(v, axis=axis, keepdims=True)
 
-    amax, amin = args(x)
+    amax, amin = back(args(*on(side, x)), side)
     np.testing.assert_array_equal(amax, np.argmax(x, axis=axis))
     np.testing.assert_array_equal(amin, np.argmin(x, axis=axis, keepdims=True))
     assert amax.dtype == np.int64
