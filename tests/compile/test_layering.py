@@ -1,0 +1,90 @@
+"""The package's imports follow its layers (README, "Layering"; docs/architecture.md), and no two
+modules import each other, not even inside functions. Read from the source, so it runs in any
+tier."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "tessera_tile"
+
+# Lower numbers are lower layers. A module may import its own layer or lower ones.
+LAYERS = {
+    "_version": 0, "_config": 0, "_cupy": 0, "banks": 0,
+    "sim": 1, "_arrays": 1,
+    "inspect": 2, "intrinsics": 2,
+    "tile_ir": 3,
+    "memory": 4, "pipeline": 4, "warp": 4,
+    "_fusion": 5, "fusion": 5,
+    "kernels": 6, "ops": 6,
+}  # fmt: skip
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(name: str) -> bool:
+    rel = Path(*name.split("."))
+    root = PACKAGE.parent
+    return (root / rel).with_suffix(".py").exists() or (root / rel / "__init__.py").exists()
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every tessera_tile module ``path`` imports, at any depth of its code."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("tessera_tile")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").startswith("tessera_tile"):
+                target = node.module
+            else:
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.add(sub if is_module(sub) else target)
+    return found - {name}
+
+
+def layer(name: str) -> int:
+    parts = name.split(".")
+    return LAYERS[parts[1]] if len(parts) > 1 else 99  # the package itself is the top
+
+
+GRAPH = {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_module_has_a_layer():
+    unknown = {n for n in GRAPH if n != "tessera_tile" and n.split(".")[1] not in LAYERS}
+    assert not unknown, f"add these to LAYERS (and to the README's Layering section): {unknown}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in GRAPH if n != "tessera_tile"))
+def test_imports_point_down(name):
+    upward = {t for t in GRAPH[name] if layer(t) > layer(name)}
+    assert not upward, f"{name} (layer {layer(name)}) imports a higher layer: {upward}"
+
+
+def test_no_two_modules_import_each_other():
+    def cycle_from(start):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in GRAPH.get(node, ()):
+                if nxt == start:
+                    return path + [start]
+                if nxt not in path and nxt != "tessera_tile":
+                    stack.append((nxt, path + [nxt]))
+        return None
+
+    cycles = [c for c in map(cycle_from, GRAPH) if c]
+    assert not cycles, f"import cycles: {cycles[:3]}"
