@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _config
+from .sim import compat
 
 HOST, DEVICE, SCALAR = "host", "device", "scalar"
 
@@ -196,9 +197,8 @@ def _is_numba_stream(stream) -> bool:
 
     if _config.SIMULATED:
         return isinstance(stream, cuda.stream)  # a class in the simulator
-    from numba.cuda.cudadrv.driver import Stream
-
-    return isinstance(stream, Stream)
+    _, stream_type, _ = compat.driver_names()
+    return isinstance(stream, stream_type)
 
 
 def _external(handle: int):
@@ -240,9 +240,7 @@ class _Interface:
 
 
 def _fake_device_array(host: np.ndarray):
-    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-    return FakeCUDAArray(host)
+    return compat.FakeCUDAArray(host)
 
 
 def view(handle, shape, strides):
@@ -250,9 +248,8 @@ def view(handle, shape, strides):
     if _config.SIMULATED:
         base = handle._ary
         return _fake_device_array(np.lib.stride_tricks.as_strided(base, shape, strides))
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-    return DeviceNDArray(shape, strides, handle.dtype, gpu_data=handle.gpu_data)
+    device_ndarray, _, _ = compat.driver_names()
+    return device_ndarray(shape, strides, handle.dtype, gpu_data=handle.gpu_data)
 
 
 def empty(shape, dtype, family: str, stream):
@@ -276,8 +273,7 @@ def zeros(n: int, dtype, stream):
     if _config.SIMULATED:
         a._ary.fill(0)  # the simulator's memset
     else:
-        from numba.cuda.cudadrv.driver import device_memset
-
+        _, _, device_memset = compat.driver_names()
         device_memset(a, 0, a.nbytes, stream=stream)
     return a
 

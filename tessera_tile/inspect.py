@@ -108,7 +108,6 @@ class CompileReport:
     signature: str
     ptx: str = field(repr=False)
     cubin: bytes = field(repr=False)
-    sass: str = field(repr=False)
     registers: int
     spill_stores: int
     spill_loads: int
@@ -119,6 +118,15 @@ class CompileReport:
     occupancy: float
     tools: dict[str, str]
     options: dict[str, Any] = field(default_factory=dict)  # jit options that differ from default
+
+    @functools.cached_property
+    def sass(self) -> str:
+        """The SASS listing (``nvdisasm -c``), disassembled on first use: the histogram comes
+        from ``nvdisasm -json``, and each run of nvdisasm costs about 0.3 s."""
+        with tempfile.TemporaryDirectory(prefix="tessera_tile_") as tmp:
+            path = Path(tmp, "k.cubin")
+            path.write_bytes(self.cubin)
+            return _disassemble(_tools()["nvdisasm_path"], path, [])
 
     @property
     def instructions(self) -> int:
@@ -244,7 +252,6 @@ def _compile_cached(pyfunc, signature, arch: str, cc, block: int, options) -> Co
                 f"CUDA minor version as numba-cuda's NVVM: pip install {_tool_wheels()}"
             )
         cubin = cubin_path.read_bytes()
-        sass = _disassemble(tools["nvdisasm_path"], cubin_path, [])
         sass_json = _disassemble(tools["nvdisasm_path"], cubin_path, ["-json"])
     resources = _parse_ptxas(res.stdout + res.stderr, name, arch)
     return CompileReport(
@@ -253,7 +260,6 @@ def _compile_cached(pyfunc, signature, arch: str, cc, block: int, options) -> Co
         signature=str(signature),
         ptx=ptx,
         cubin=cubin,
-        sass=sass,
         histogram=_parse_sass_json(sass_json, name, arch),
         block=block,
         occupancy=occupancy(arch, resources["registers"], resources["shared_bytes"], block),

@@ -74,6 +74,7 @@ __all__ = [
     "as_dtype",
     "cgutils",
     "current_device_answered",
+    "driver_names",
     "normalize_indices",
     "normalize_kernel_dimensions",
     "sentry_contiguous",
@@ -107,3 +108,17 @@ def current_device_answered(cc: tuple[int, int]):
             yield
         finally:
             dispatcher.get_current_device = saved
+
+
+# -- the device path (tessera_tile._arrays): numba-cuda's driver layer, used on a GPU only ------
+
+
+def driver_names():
+    """``(DeviceNDArray, Stream, device_memset)`` of numba-cuda's driver layer.
+
+    Imported on call: under the simulator numba-cuda replaces these modules with its fakes.
+    """
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.cudadrv.driver import Stream, device_memset
+
+    return DeviceNDArray, Stream, device_memset
