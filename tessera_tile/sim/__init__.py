@@ -31,6 +31,7 @@ from ..banks import wavefronts
 from . import engine
 from ._base import SimulationError, twin, twins
 from .engine import strict_masks
+from .transfers import transfers
 from .profiler import (
     OutOfBounds,
     Profile,
@@ -59,6 +60,7 @@ __all__ = [
     "stock",
     "store",
     "strict_masks",
+    "transfers",
     "twin",
     "twins",
     "wavefronts",

@@ -6,6 +6,7 @@ import pytest
 from numba import cuda
 
 import tessera_tile as tt
+from tessera_tile import sim
 
 rng = np.random.default_rng(11)
 
@@ -27,39 +28,20 @@ def softmax_ref(x):
     return e / e.sum(-1, keepdims=True)
 
 
-class Counted:
-    """Counts numba's host<->device copies and device allocations while active."""
-
-    def __init__(self, monkeypatch):
-        self.counts = {"to_device": 0, "copy_to_host": 0, "device_array": 0}
-        array_type = type(cuda.device_array(1))
-        for owner, name in ((cuda, "to_device"), (cuda, "device_array")):
-            monkeypatch.setattr(owner, name, self._counting(name, getattr(owner, name)))
-        monkeypatch.setattr(
-            array_type, "copy_to_host", self._counting("copy_to_host", array_type.copy_to_host)
-        )
-
-    def _counting(self, name, fn):
-        def counted(*args, **kwargs):
-            self.counts[name] += 1
-            return fn(*args, **kwargs)
-
-        return counted
-
-
-def test_device_calls_copy_nothing_and_allocate_only_results(monkeypatch):
+def test_device_calls_copy_nothing_and_allocate_only_results():
     x = cuda.to_device(rng.standard_normal((4, 40)).astype(np.float32))
     softmax(x), centred_total(x)  # compile outside the count
-    counted = Counted(monkeypatch)
-    y = softmax(x)
-    assert counted.counts == {"to_device": 0, "copy_to_host": 0, "device_array": 1}
+    with sim.transfers() as counts:
+        y = softmax(x)
+    assert counts == {"to_device": 0, "copy_to_host": 0, "device_array": 1}
     assert type(y) is type(x)
-    total = centred_total(x)
+    with sim.transfers() as counts:
+        total = centred_total(x)
     # its result, the temporary mean, and each full reduction's per-block partials and ticket
     program = next(iter(centred_total._programs._entries.values()))
     partials = sum(2 for s in program.plan.stages if s.kind == "full")
     expected = 1 + len(program.plan.temps) + partials
-    assert counted.counts == {"to_device": 0, "copy_to_host": 0, "device_array": 1 + expected}
+    assert counts == {"to_device": 0, "copy_to_host": 0, "device_array": expected}
     host = x.copy_to_host()
     np.testing.assert_allclose(y.copy_to_host(), softmax_ref(host), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(
@@ -67,12 +49,12 @@ def test_device_calls_copy_nothing_and_allocate_only_results(monkeypatch):
     )
 
 
-def test_host_calls_copy_exactly_the_inputs_in_and_the_results_back(monkeypatch):
+def test_host_calls_copy_exactly_the_inputs_in_and_the_results_back():
     x = rng.standard_normal((4, 40)).astype(np.float32)
     softmax(x)
-    counted = Counted(monkeypatch)
-    y = softmax(x[:, ::2])  # a strided host view is copied contiguously, once
-    assert counted.counts == {"to_device": 1, "copy_to_host": 1, "device_array": 1}
+    with sim.transfers() as counts:
+        y = softmax(x[:, ::2])  # a strided host view is copied contiguously, once
+    assert counts == {"to_device": 1, "copy_to_host": 1, "device_array": 1}
     assert isinstance(y, np.ndarray)
     np.testing.assert_allclose(y, softmax_ref(x[:, ::2]), rtol=1e-5, atol=1e-7)
 
