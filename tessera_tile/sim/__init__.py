@@ -31,7 +31,6 @@ from ..banks import wavefronts
 from . import engine
 from ._base import SimulationError, twin, twins
 from .engine import strict_masks
-from .transfers import transfers
 from .profiler import (
     OutOfBounds,
     Profile,
@@ -42,6 +41,7 @@ from .profiler import (
     load,
     store,
 )
+from .transfers import transfers
 
 __all__ = [
     "OutOfBounds",
