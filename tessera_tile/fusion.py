@@ -273,44 +273,29 @@ def astype(x, dtype):
 # reductions ---------------------------------------------------------------------------------
 
 
-def sum(x, axis=None, keepdims: bool = False):  # noqa: A001
-    """Sum over ``axis`` (None, an int or a tuple), NumPy's dtype rules."""
-    return reduce(Op.SUM, x, axis, keepdims)
+def _reduction_fn(op: Op, doc: str):
+    def fn(x, axis=None, keepdims: bool = False):
+        return reduce(op, x, axis, keepdims)
+
+    fn.__name__ = fn.__qualname__ = op.name.lower()
+    fn.__doc__ = doc
+    return fn
 
 
-def prod(x, axis=None, keepdims: bool = False):
-    """Product over ``axis``."""
-    return reduce(Op.PROD, x, axis, keepdims)
-
-
-def max(x, axis=None, keepdims: bool = False):  # noqa: A001
-    """Maximum over ``axis``; NaN propagates; an empty axis raises ValueError as in NumPy."""
-    return reduce(Op.MAX, x, axis, keepdims)
-
-
-def min(x, axis=None, keepdims: bool = False):  # noqa: A001
-    """Minimum over ``axis``."""
-    return reduce(Op.MIN, x, axis, keepdims)
-
-
-def argmax(x, axis=None, keepdims: bool = False):
-    """Index of the maximum over one axis or the flattened array; first NaN wins."""
-    return reduce(Op.ARGMAX, x, axis, keepdims)
-
-
-def argmin(x, axis=None, keepdims: bool = False):
-    """Index of the minimum over one axis or the flattened array; first NaN wins."""
-    return reduce(Op.ARGMIN, x, axis, keepdims)
-
-
-def any(x, axis=None, keepdims: bool = False):  # noqa: A001
-    """True where any element over ``axis`` is non-zero."""
-    return reduce(Op.ANY, x, axis, keepdims)
-
-
-def all(x, axis=None, keepdims: bool = False):  # noqa: A001
-    """True where all elements over ``axis`` are non-zero."""
-    return reduce(Op.ALL, x, axis, keepdims)
+sum = _reduction_fn(Op.SUM, "Sum over ``axis`` (None, an int or a tuple), NumPy's dtype rules.")
+prod = _reduction_fn(Op.PROD, "Product over ``axis``.")
+max = _reduction_fn(
+    Op.MAX, "Maximum over ``axis``; NaN propagates; an empty axis raises ValueError as in NumPy."
+)
+min = _reduction_fn(Op.MIN, "Minimum over ``axis``.")
+argmax = _reduction_fn(
+    Op.ARGMAX, "Index of the maximum over one axis or the flattened array; first NaN wins."
+)
+argmin = _reduction_fn(
+    Op.ARGMIN, "Index of the minimum over one axis or the flattened array; first NaN wins."
+)
+any = _reduction_fn(Op.ANY, "True where any element over ``axis`` is non-zero.")
+all = _reduction_fn(Op.ALL, "True where all elements over ``axis`` are non-zero.")
 
 
 def mean(x, axis=None, keepdims: bool = False):
