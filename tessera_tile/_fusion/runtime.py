@@ -18,8 +18,8 @@ from .. import _arrays as arrays
 from .. import _config
 from .. import tile_ir as ir
 from .._arrays import DEVICE, Arg
+from . import lower, schedule
 from . import plan as planner
-from . import schedule
 from .compile import Generated, KernelCache
 from .plan import Plan, Stage
 from .schedule import Variant
@@ -272,7 +272,7 @@ def full_scratch_types(stage: Stage) -> list:
     """(length in blocks or 1, dtype) of the partials and the ticket a full stage takes."""
     out = []
     for r in stage.reductions:
-        out.append(("blocks", schedule.lower.acc_dtype(r)))
+        out.append(("blocks", lower.acc_dtype(r)))
         if r.op in ir.INDEX_REDUCE:
             out.append(("blocks", np.dtype(np.int64)))
     return out + [("ticket", np.dtype(np.int32))]
