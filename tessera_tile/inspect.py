@@ -1,4 +1,4 @@
-"""Offline compilation of kernels: PTX, cubin, resources, SASS histogram and occupancy.
+"""Offline compilation of kernels: PTX, cubin, resources, SASS histogram, loops and occupancy.
 
 Works with no GPU: Numba lowers the kernel through NVVM to PTX, ``ptxas`` assembles it into a
 cubin for the chosen architecture and reports registers, spills, stack and static shared memory,
@@ -20,6 +20,10 @@ system reserves on sm_80 and newer (the occupancy model adds it back).
 
     >>> report = tessera_tile.inspect.compile(my_kernel, "void(float32[::1])", arch="sm_90")
     >>> report.registers, report.spill_stores, report.count("SHFL")
+    >>> report.loops, report.instructions_per_element(4), report.bytes_in_flight()
+
+The loop figures (:mod:`tessera_tile.sass` finds the loops) are static: ``docs/inspect.md``
+says how each is computed and what it does and does not predict.
 """
 
 from __future__ import annotations
@@ -28,18 +32,17 @@ import contextlib
 import functools
 import importlib.metadata
 import io
-import json
 import re
 import subprocess
 import tempfile
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _config
+from . import _config, sass
+from .sass import Loop
 
-__all__ = ["ARCHS", "CompileReport", "compile", "occupancy"]
+__all__ = ["ARCHS", "CompileReport", "Loop", "compile", "occupancy"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,9 @@ class CompileReport:
     occupancy: float
     tools: dict[str, str]
     options: dict[str, Any] = field(default_factory=dict)  # jit options that differ from default
+    loops: tuple[Loop, ...] = ()
+    """Every loop of the SASS (:class:`tessera_tile.sass.Loop`), by start offset."""
+    functions: tuple[sass.Function, ...] = field(default=(), repr=False)
 
     @functools.cached_property
     def sass(self) -> str:
@@ -144,20 +150,67 @@ class CompileReport:
         ``count("SHFL")`` counts ``SHFL.DOWN``, ``SHFL.BFLY``...; ``count("LDG.E.128")`` only
         128-bit global loads.
         """
-        return sum(
-            n for op, n in self.histogram.items() if op == opcode or op.startswith(opcode + ".")
-        )
+        return sass.count(self.histogram, opcode)
 
     def key_opcodes(self, prefixes: tuple[str, ...] = ()) -> str:
         """A compact 'OP:count' line, like the columns of the anchors table."""
-        wanted = prefixes or (
-            "LDG", "STG", "LDS", "STS", "LDGSTS", "SHFL", "BAR", "FFMA", "MUFU", "HMMA", "LDSM",
-        )  # fmt: skip
-        return " ".join(
-            f"{op}:{n}"
-            for op, n in sorted(self.histogram.items())
-            if any(op == p or op.startswith(p + ".") for p in wanted)
-        )
+        return sass.key_opcodes(self.histogram, prefixes or sass.KEY_OPCODES)
+
+    @property
+    def hottest_loop(self) -> Loop | None:
+        """A static guess at the loop that runs most: the innermost loop with the most
+        instructions (an unrolled main loop, not its remainder loop). ``None`` without loops."""
+        return sass.hottest(self.loops)
+
+    def instructions_per_element(
+        self, elements_per_iteration: int, loop: Loop | None = None
+    ) -> float:
+        """Steady-state thread-instructions per element: ``loop.instructions`` (the body,
+        NOPs excluded) divided by ``elements_per_iteration``.
+
+        ``elements_per_iteration`` is what one thread handles in one iteration of the SASS
+        loop, which the caller knows: when the compiler unrolled the source loop, multiply by
+        the unroll factor (``loop.count("LDG.E.128")`` over the vector loads one source
+        iteration issues tells it). ``loop`` defaults to :attr:`hottest_loop`; a kernel that
+        runs several passes over its data sums the figure of each pass's loop.
+
+        Not a timing: it ignores latency, divergence and memory stalls, counts both sides of a
+        branch inside the body, and leaves out on purpose the code outside the loop (setup,
+        remainder loops and tails, which run once). Raises ``ValueError`` for a kernel without
+        loops (divide :attr:`instructions` by the elements a thread handles instead).
+        """
+        if not isinstance(elements_per_iteration, int) or elements_per_iteration < 1:
+            raise ValueError(
+                f"elements_per_iteration must be a positive int, got {elements_per_iteration!r}"
+            )
+        loop = loop or self._loop_or_fail()
+        return loop.instructions / elements_per_iteration
+
+    def bytes_in_flight(self, loop: Loop | None = None) -> int:
+        """Independent global load bytes per thread issued before the first use of any of them.
+
+        Scanned from the first instruction of ``loop`` (default :attr:`hottest_loop`), or of the
+        kernel when it has no loop (a row kept in registers is loaded before any loop). Counts
+        ``LDG`` widths (``LDG.E.128`` 16 B, ``LDG.E.64`` 8, ``LDG.E`` 4, ``LDG.E.U16`` 2) up to
+        the first instruction naming a destination register of one of them; see
+        :func:`tessera_tile.sass.bytes_in_flight`. A figure of what the code allows, per thread:
+        how much the memory system really has in flight also depends on occupancy.
+        """
+        if loop is not None:
+            return loop.bytes_in_flight
+        hot = self.hottest_loop
+        if hot is not None:
+            return hot.bytes_in_flight
+        return sass.bytes_in_flight(self.functions[0].instructions if self.functions else ())
+
+    def _loop_or_fail(self) -> Loop:
+        hot = self.hottest_loop
+        if hot is None:
+            raise ValueError(
+                f"kernel {self.name!r} has no loop in its SASS; for a loop-free kernel divide "
+                "report.instructions by the elements one thread handles"
+            )
+        return hot
 
     def __str__(self) -> str:
         # Rendered with rich like the simulator's profile: plain text, no colour codes, and
@@ -174,7 +227,17 @@ class CompileReport:
             ("occupancy", f"{self.occupancy:.0%} at {self.block} threads/block"),
             ("instructions", f"{self.instructions} SASS"),
             ("key opcodes", self.key_opcodes() or "-"),
+            ("loops", self._loops_line()),
         ]
+        hot = self.hottest_loop
+        if hot is not None:
+            rows.append(
+                (
+                    "hottest loop",
+                    f"{hot.instructions} instructions at {hot.start:#06x}-{hot.end:#06x}, "
+                    f"{hot.bytes_in_flight} B in flight; {hot.key_opcodes() or '-'}",
+                )
+            )
         if self.options:
             rows.append(("options", ", ".join(f"{k}={v}" for k, v in self.options.items())))
         rows.append(("tools", ", ".join(f"{k} {v}" for k, v in self.tools.items())))
@@ -190,6 +253,13 @@ class CompileReport:
         console.print(Text(f"{self.name} [{self.arch}] {self.signature}"))
         console.print(table)
         return "\n".join(line.rstrip() for line in buf.getvalue().rstrip().splitlines())
+
+    def _loops_line(self) -> str:
+        if not self.loops:
+            return "none"
+        inner = sum(loop.innermost for loop in self.loops)
+        deepest = max(loop.depth for loop in self.loops)
+        return f"{len(self.loops)} ({inner} innermost, nested {deepest} deep)"
 
 
 def compile(  # noqa: A001 - the public name asked for by users of this module
@@ -254,13 +324,16 @@ def _compile_cached(pyfunc, signature, arch: str, cc, block: int, options) -> Co
         cubin = cubin_path.read_bytes()
         sass_json = _disassemble(tools["nvdisasm_path"], cubin_path, ["-json"])
     resources = _parse_ptxas(res.stdout + res.stderr, name, arch)
+    functions = sass.parse(sass_json, name, arch)
     return CompileReport(
         name=name,
         arch=arch,
         signature=str(signature),
         ptx=ptx,
         cubin=cubin,
-        histogram=_parse_sass_json(sass_json, name, arch),
+        histogram=sass.histogram(ins for f in functions for ins in f.instructions),
+        loops=sass.find_loops(functions),
+        functions=functions,
         block=block,
         occupancy=occupancy(arch, resources["registers"], resources["shared_bytes"], block),
         tools={k: v for k, v in tools.items() if not k.endswith("_path")},
@@ -439,18 +512,5 @@ def _parse_ptxas(log: str, kernel: str, arch: str) -> dict[str, int]:
 def _parse_sass_json(text: str, kernel: str, arch: str) -> dict[str, int]:
     """Opcode histogram of every function in ``nvdisasm -json`` output (the kernel and the
     subroutines it calls). Raises ``RuntimeError`` when it holds no instruction."""
-    try:
-        doc = json.loads(text)
-        functions = [f for part in doc if isinstance(part, list) for f in part]
-        opcodes = [ins["opcode"] for f in functions for ins in f["sass-instructions"]]
-    except (ValueError, LookupError, TypeError) as e:
-        raise RuntimeError(
-            f"cannot read the SASS of kernel {kernel!r} on {arch}: nvdisasm -json printed "
-            f"an unexpected document ({type(e).__name__}: {e})"
-        ) from e
-    if not opcodes:
-        raise RuntimeError(
-            f"the SASS of kernel {kernel!r} on {arch} has no instructions "
-            f"({len(functions)} functions in nvdisasm -json output)"
-        )
-    return dict(Counter(opcodes))
+    functions = sass.parse(text, kernel, arch)
+    return sass.histogram(ins for f in functions for ins in f.instructions)

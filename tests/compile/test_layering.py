@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "tessera_tile"
 LAYERS = {
     "_version": 0, "_config": 0, "_cupy": 0, "banks": 0,
     "sim": 1, "_arrays": 1,
-    "inspect": 2, "intrinsics": 2,
+    "inspect": 2, "sass": 2, "intrinsics": 2,
     "tile_ir": 3,
     "memory": 4, "pipeline": 4, "warp": 4,
     "_fusion": 5, "fusion": 5,
