@@ -162,6 +162,14 @@ class CompileReport:
         instructions (an unrolled main loop, not its remainder loop). ``None`` without loops."""
         return sass.hottest(self.loops)
 
+    def loop_with(self, opcode: str) -> Loop | None:
+        """The loop with the most ``opcode`` instructions (prefix match, as :meth:`count`) in
+        its own body, outside the loops nested in it: a better pick than :attr:`hottest_loop`
+        when the caller knows what the steady state runs, e.g. ``loop_with("FFMA")`` for a
+        GEMM main loop that contains small copy loops, ``loop_with("LDG")`` for a streaming
+        kernel. ``None`` when no loop has one."""
+        return sass.loop_with(opcode, self.loops, self.functions)
+
     def instructions_per_element(
         self, elements_per_iteration: int, loop: Loop | None = None
     ) -> float:

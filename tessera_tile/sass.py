@@ -25,6 +25,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = [
     "Function",
@@ -35,6 +36,7 @@ __all__ = [
     "find_loops",
     "hottest",
     "load_bytes",
+    "loop_with",
     "parse",
 ]
 
@@ -49,8 +51,7 @@ _REGISTER = re.compile(r"(?<![A-Z_])R(\d+)(\.64)?")
 _STORES = ("STG", "STS", "STL", "ST", "STSM")
 
 
-@dataclass(frozen=True)
-class Instruction:
+class Instruction(NamedTuple):  # a tuple: kernels have thousands of them
     """One SASS instruction: byte offset in its function, opcode with modifiers
     (``LDG.E.128``), operands as nvdisasm prints them (comma-separated) and guard predicate."""
 
@@ -212,6 +213,35 @@ def hottest(loops: Sequence[Loop]) -> Loop | None:
     return max(candidates, key=lambda loop: loop.instructions, default=None)
 
 
+def loop_with(opcode: str, loops: Sequence[Loop], functions: Sequence[Function]) -> Loop | None:
+    """The loop with the most ``opcode`` instructions in its own body, outside the loops
+    nested in it (the FFMA main loop of a GEMM, not the copy loops inside it); on a tie the
+    deeper loop, then the first. ``None`` when no loop has one."""
+    by_name = {fn.name: fn for fn in functions}
+
+    def own(loop: Loop) -> int:
+        nested = [
+            (n.start, n.end)
+            for n in loops
+            if n.function == loop.function
+            and n != loop
+            and loop.start <= n.start
+            and n.end <= loop.end
+        ]
+        fn = by_name.get(loop.function)
+        return sum(
+            1
+            for ins in (fn.instructions if fn else ())
+            if loop.start <= ins.offset <= loop.end
+            and (ins.opcode == opcode or ins.opcode.startswith(opcode + "."))
+            and not any(s <= ins.offset <= e for s, e in nested)
+        )
+
+    scored = [(own(loop), loop.depth, -i, loop) for i, loop in enumerate(loops)]
+    best = max(scored, key=lambda t: t[:3], default=None)
+    return best[3] if best and best[0] > 0 else None
+
+
 def load_bytes(opcode: str) -> int:
     """Bytes one thread loads or stores with ``opcode`` (``LDG.E.128`` -> 16, ``LDG.E`` -> 4,
     ``LDG.E.U16`` -> 2); modifiers such as ``CONSTANT`` or ``LTC128B`` do not change it."""
@@ -248,7 +278,7 @@ def bytes_in_flight(instructions: Iterable[Instruction]) -> int:
     pending: set[int] = set()
     total = 0
     for ins in instructions:
-        if pending & _registers(ins):
+        if pending and pending & _registers(ins):
             break
         if ins.opcode.split(".")[0] == "LDG":
             width = load_bytes(ins.opcode)

@@ -140,6 +140,16 @@ def test_report_renders_as_plain_text():
     ]:
         assert re.search(rf"^  {label} +{re.escape(value)}", text, flags=re.M), (label, text)
     assert "fastmath=True" in text and "MUFU" in text
+    # The grid-stride loop: the loops line and the hottest loop's figures.
+    hot = report.hottest_loop
+    assert hot is not None and hot.count("MUFU") >= 1
+    assert re.search(
+        rf"^  loops +{len(report.loops)} \(\d+ innermost, nested 1 deep\)$", text, re.M
+    )
+    hot_line = f"{hot.instructions} instructions at {hot.start:#06x}-{hot.end:#06x}, "
+    hot_line += f"{hot.bytes_in_flight} B in flight; "
+    assert re.search(rf"^  hottest loop +{re.escape(hot_line)}", text, flags=re.M), text
+    assert "MUFU" in text.split("hottest loop")[1].split("tools")[0]  # may wrap to a new line
 
 
 def test_missing_tool_names_the_wheels(monkeypatch):
@@ -192,6 +202,15 @@ def test_sass_json_is_parsed():
     doc = '[{"SM": {}}, [{"function-name": "k", "sass-instructions": [{"opcode": "EXIT"}, '
     doc += '{"predicate": "@P0", "opcode": "LDG.E.128"}, {"opcode": "LDG.E.128"}]}]]'
     assert inspect._parse_sass_json(doc, "k", "sm_90") == {"EXIT": 1, "LDG.E.128": 2}
+
+
+def test_report_holds_the_listing_it_was_counted_from():
+    report = inspect.compile(cuda.jit(chain), CHAIN)
+    (kernel,) = report.functions
+    assert kernel.name.startswith("_Z") and "chain" in kernel.name
+    assert sum(report.histogram.values()) == len(kernel.instructions)
+    assert [ins.offset for ins in kernel.instructions[:3]] == [0, 16, 32]
+    assert report.loops and all(loop.function == kernel.name for loop in report.loops)
 
 
 @pytest.mark.parametrize(
