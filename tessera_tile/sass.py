@@ -3,13 +3,15 @@
 A base-layer module (it imports nothing from tessera_tile): :mod:`tessera_tile.inspect` runs
 ``nvdisasm -json`` once per compiled kernel and hands the text to :func:`parse`.
 
-**Loops** are found from backward branches: a ``BRA`` (or ``JMP``) whose target is at or before
-its own offset in the same function closes a loop whose body is ``target <= offset <= branch``.
-Branches to one header merge into one loop; a branch to itself (the ``BRA`` after the final
-``EXIT`` that ptxas emits as a trap) is not a loop. Nesting comes from containment of these
-ranges. ptxas lays loops out contiguously, so the range is the body; code the body reaches
-through ``CALL`` (an IEEE divide's slow path, 64-bit division) lies outside the range and is not
-counted, but the ``CALL`` itself is, so ``loop.count("CALL")`` shows it.
+**Loops** are the natural loops of each function's control-flow graph: basic blocks split at
+branch targets and after ``BRA``/``EXIT``/``RET``; an edge to a block that dominates its source
+is a back edge, and the loop is its header plus every block that reaches the back edge without
+passing the header (back edges to one header make one loop). So a block that ptxas places out
+of line and that jumps back into the body (the divergent fallback of a shuffle) belongs to the
+loop, and the trap ptxas puts after the last ``EXIT`` (a ``BRA`` to itself) is not a loop.
+Nesting comes from containment of the bodies. Code reached through ``CALL`` (an IEEE divide's
+slow path, 64-bit division) is not part of the body, but the ``CALL`` is: ``loop.count("CALL")``
+shows it.
 
 **Bytes in flight** (:func:`bytes_in_flight`): scanning a body in program order from its first
 instruction, the bytes of the global loads (``LDG``) issued before the first instruction that
@@ -49,6 +51,9 @@ _WIDTHS = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16, "256": 32}
 # R0..R254, not UR4 (uniform), SR_TID (special) or RZ; an optional ".64" names a pair.
 _REGISTER = re.compile(r"(?<![A-Z_])R(\d+)(\.64)?")
 _STORES = ("STG", "STS", "STL", "ST", "STSM")
+# Opcodes after which a new basic block starts; the indirect ones have no known target.
+_INDIRECT = ("BRX", "JMX", "RET")
+_ENDS_BLOCK = ("BRA", "JMP", "EXIT", "KILL", *_INDIRECT)
 
 
 class Instruction(NamedTuple):  # a tuple: kernels have thousands of them
@@ -73,13 +78,14 @@ class Function:
 class Loop:
     """One loop of a kernel's SASS.
 
-    ``start`` is the offset of the loop header (the backward branch's target) and ``end`` the
-    offset of the backward branch itself: the body is every instruction with
-    ``start <= offset <= end``. ``instructions`` counts the body without padding NOPs, once per
-    iteration; branches inside the body (an ``if``, a predicated slow path) are counted as if
-    every path ran, so it is an upper bound of one iteration's issued instructions. ``depth`` is
-    1 for an outermost loop, 2 for a loop inside it...; ``innermost`` when no loop lies inside.
-    ``bytes_in_flight``: see :func:`bytes_in_flight`.
+    ``start`` is the offset of the loop header (where an iteration begins) and ``end`` the
+    offset of the body's last instruction in the listing; the body is usually the contiguous
+    range between them, and ``ranges`` (``offset in loop``) says exactly which instructions it
+    holds. ``instructions`` counts the body without padding NOPs, once per iteration; branches
+    inside the body (an ``if``, a predicated slow path) are counted as if every path ran, so it
+    is an upper bound of one iteration's issued instructions. ``depth`` is 1 for an outermost
+    loop, 2 for a loop inside it...; ``innermost`` when no loop lies inside.
+    ``bytes_in_flight``: see :func:`bytes_in_flight`, scanned from the header.
     """
 
     start: int
@@ -90,6 +96,11 @@ class Loop:
     innermost: bool
     bytes_in_flight: int
     function: str = field(default="", repr=False)
+    ranges: tuple[tuple[int, int], ...] = field(default=(), repr=False)
+
+    def __contains__(self, offset: int) -> bool:
+        """Whether the instruction at ``offset`` (of :attr:`function`) is in the body."""
+        return any(a <= offset <= b for a, b in self.ranges)
 
     def count(self, opcode: str) -> int:
         """Instructions of the body whose opcode is ``opcode`` or starts with ``opcode.``."""
@@ -170,39 +181,127 @@ def _branch_target(ins: Instruction) -> int | None:
     return int(last, 16) if re.fullmatch(r"0x[0-9a-fA-F]+", last) else None
 
 
+def _blocks(instructions: Sequence[Instruction]) -> tuple[list[range], list[set[int]]]:
+    """Basic blocks (ranges of instruction indices) and each block's successors."""
+    index = {ins.offset: i for i, ins in enumerate(instructions)}
+    leaders = {0}
+    for i, ins in enumerate(instructions):
+        target = _branch_target(ins)
+        if target in index:
+            leaders.add(index[target])
+        if ins.opcode.split(".")[0] in _ENDS_BLOCK:
+            leaders.add(i + 1)
+    starts = sorted(x for x in leaders if x < len(instructions))
+    blocks = [range(a, b) for a, b in zip(starts, [*starts[1:], len(instructions)], strict=True)]
+    block_of = {i: b for b, r in enumerate(blocks) for i in r}
+    successors = []
+    for r in blocks:
+        ins = instructions[r[-1]]
+        root = ins.opcode.split(".")[0]
+        target = _branch_target(ins)
+        # A guard predicate, or a condition operand (BRA.DIV UR4, BRA.U !UP0), makes it
+        # conditional: the next block follows too.
+        conditional = ins.predicate not in ("", "@PT") or "," in ins.operands
+        falls_through = root not in _ENDS_BLOCK or (root not in _INDIRECT and conditional)
+        succ = {block_of[index[target]]} if target in index else set()
+        if falls_through and r[-1] + 1 < len(instructions):
+            succ.add(block_of[r[-1] + 1])
+        successors.append(succ)
+    return blocks, successors
+
+
+def _dominators(successors: list[set[int]]) -> list[set[int]]:
+    """Dominator sets, from every block nothing branches to (the entry; subroutines reached
+    by CALL)."""
+    n = len(successors)
+    predecessors: list[set[int]] = [set() for _ in range(n)]
+    for b, succ in enumerate(successors):
+        for t in succ:
+            predecessors[t].add(b)
+    roots = {b for b in range(n) if not predecessors[b]} | {0}
+    everything = set(range(n))
+    dom = [{b} if b in roots else set(everything) for b in range(n)]
+    changed = True
+    while changed:
+        changed = False
+        for b in range(n):
+            if b in roots:
+                continue
+            new = set.intersection(*(dom[p] for p in predecessors[b])) if predecessors[b] else set()
+            new = new | {b}
+            if new != dom[b]:
+                dom[b], changed = new, True
+    return dom
+
+
 def find_loops(functions: Sequence[Function]) -> tuple[Loop, ...]:
-    """Every loop of ``functions``, ordered by function, then start offset."""
+    """Every loop of ``functions``, ordered by function, then header offset.
+
+    Natural loops of the control-flow graph: an edge from a block to a block that dominates it
+    is a back edge; the loop is its header plus every block that reaches the back edge without
+    passing the header. Back edges to one header make one loop.
+    """
     loops = []
     for fn in functions:
-        if not fn.instructions:
+        code = fn.instructions
+        if not code:
             continue
-        first = fn.instructions[0].offset
-        ends: dict[int, int] = {}  # header offset -> offset of its last backward branch
-        for ins in fn.instructions:
-            target = _branch_target(ins)
-            # target == offset is the trap ptxas puts after the last EXIT, not a loop
-            if target is not None and first <= target < ins.offset:
-                ends[target] = max(ends.get(target, target), ins.offset)
-        ranges = sorted(ends.items())
-        for start, end in ranges:
-            body = [ins for ins in fn.instructions if start <= ins.offset <= end]
+        blocks, successors = _blocks(code)
+        dom = _dominators(successors)
+        predecessors: list[set[int]] = [set() for _ in blocks]
+        for b, succ in enumerate(successors):
+            for t in succ:
+                predecessors[t].add(b)
+        bodies: dict[int, set[int]] = {}
+        for b, succ in enumerate(successors):
+            for header in succ:
+                if header not in dom[b]:
+                    continue
+                body, stack = {header, b}, ([b] if b != header else [])
+                while stack:
+                    for p in predecessors[stack.pop()] - body:
+                        body.add(p)
+                        stack.append(p)
+                bodies.setdefault(header, set()).update(body)
+        found = []
+        for header, members in sorted(bodies.items()):
+            body = [code[i] for b in sorted(members) for i in blocks[b]]
+            if all(ins.opcode.split(".")[0] in ("BRA", "NOP") for ins in body):
+                continue  # the trap after the last EXIT (BRA to itself)
+            found.append((code[blocks[header][0]], frozenset(members), body))
+        for header, members, body in found:
             hist = histogram(body)
             hist.pop("NOP", None)
-            outer = [1 for s, e in ranges if (s, e) != (start, end) and s <= start and end <= e]
-            inner = [1 for s, e in ranges if (s, e) != (start, end) and start <= s and e <= end]
             loops.append(
                 Loop(
-                    start=start,
-                    end=end,
+                    start=header.offset,
+                    end=body[-1].offset,
                     instructions=sum(hist.values()),
                     histogram=hist,
-                    depth=1 + len(outer),
-                    innermost=not inner,
-                    bytes_in_flight=bytes_in_flight(body),
+                    depth=1 + sum(members < other for _, other, _ in found),
+                    innermost=not any(other < members for _, other, _ in found),
+                    bytes_in_flight=bytes_in_flight(_from_header(body, header)),
                     function=fn.name,
+                    ranges=_ranges(body),
                 )
             )
     return tuple(loops)
+
+
+def _from_header(body: list[Instruction], header: Instruction) -> list[Instruction]:
+    # A rotated loop can place blocks before its header: scan from the header, then wrap.
+    at = body.index(header)
+    return body[at:] + body[:at]
+
+
+def _ranges(body: list[Instruction]) -> tuple[tuple[int, int], ...]:
+    ranges: list[list[int]] = []
+    for ins in body:
+        if ranges and ins.offset == ranges[-1][1] + INSTRUCTION_BYTES:
+            ranges[-1][1] = ins.offset
+        else:
+            ranges.append([ins.offset, ins.offset])
+    return tuple((a, b) for a, b in ranges)
 
 
 def hottest(loops: Sequence[Loop]) -> Loop | None:
@@ -221,20 +320,17 @@ def loop_with(opcode: str, loops: Sequence[Loop], functions: Sequence[Function])
 
     def own(loop: Loop) -> int:
         nested = [
-            (n.start, n.end)
+            n
             for n in loops
-            if n.function == loop.function
-            and n != loop
-            and loop.start <= n.start
-            and n.end <= loop.end
+            if n.function == loop.function and n.depth > loop.depth and n.start in loop
         ]
         fn = by_name.get(loop.function)
         return sum(
             1
             for ins in (fn.instructions if fn else ())
-            if loop.start <= ins.offset <= loop.end
+            if ins.offset in loop
             and (ins.opcode == opcode or ins.opcode.startswith(opcode + "."))
-            and not any(s <= ins.offset <= e for s, e in nested)
+            and not any(ins.offset in n for n in nested)
         )
 
     scored = [(own(loop), loop.depth, -i, loop) for i, loop in enumerate(loops)]

@@ -78,9 +78,9 @@ def gather2(idx, a, b, out):
         i = j
 
 
-def loops_of_listing(text: str) -> set[tuple[int, int]]:
-    """(header, last backward branch) pairs read from the ``nvdisasm -c`` text listing, which
-    names branch targets by label: a second witness for the JSON that inspect reads."""
+def backward_branches(text: str) -> dict[int, int]:
+    """Header -> offset of its last backward branch, read from the ``nvdisasm -c`` text
+    listing, which names branch targets by label: a second witness for the JSON inspect reads."""
     labels, branches = {}, []
     pending = []
     for line in text.splitlines():
@@ -100,7 +100,7 @@ def loops_of_listing(text: str) -> set[tuple[int, int]]:
     for offset, label in branches:
         if labels[label] < offset:
             ends[labels[label]] = max(ends.get(labels[label], 0), offset)
-    return set(ends.items())
+    return ends
 
 
 def test_kernel_without_loops():
@@ -156,8 +156,10 @@ def test_grid_stride_copy_with_16_byte_accesses(arch):
     other = [loop for loop in report.loops if loop != hot]
     assert ipe == report.instructions_per_element(per_iteration, loop=hot)
     assert all(report.instructions_per_element(1, loop=loop) <= hot.instructions for loop in other)
-    # The text listing (labels) finds the same loops as the JSON (offsets).
-    assert loops_of_listing(report.sass) == {(loop.start, loop.end) for loop in report.loops}
+    # The text listing (labels) has a backward branch to each header, inside the body.
+    branches = backward_branches(report.sass)
+    assert set(branches) == {loop.start for loop in report.loops}
+    assert all(branches[loop.start] in loop for loop in report.loops)
     line = re.search(r"^  hottest loop +(\d+) instructions at (0x[0-9a-f]{4})", str(report), re.M)
     assert line and int(line.group(1)) == hot.instructions and int(line.group(2), 16) == hot.start
     assert "LDG.E.128:" in str(report).split("hottest loop")[1]
@@ -250,6 +252,28 @@ def test_loop_with_counts_own_bodies():
     assert sass.loop_with("FFMA", loops, [fn]) == main  # 3 own FFMAs against 1
     assert sass.loop_with("LDS", loops, [fn]) == copy  # 1 each: the deeper one
     assert sass.loop_with("HMMA", loops, [fn]) is None
+
+
+def test_out_of_line_block_and_one_block_loops():
+    loops = loops_of(
+        "MOV R0, RZ",  # 0x00
+        "FADD R2, R2, R3",  # 0x10  row loop header
+        "BRA.DIV UR4, 0x90",  # 0x20  to the fallback placed after EXIT
+        "SHFL.BFLY PT, R5, R2, 0x1, 0x1f",  # 0x30
+        "FADD R6, R6, R1",  # 0x40  a one-block loop
+        "@P1 BRA 0x40",  # 0x50
+        "@P0 BRA 0x10",  # 0x60  row loop back edge
+        "EXIT",  # 0x70
+        "BRA 0x80",  # 0x80  the trap
+        "WARPSYNC 0xffffffff",  # 0x90  fallback: part of the row loop
+        "BRA 0x40",  # 0xa0  back into the body
+    )
+    row, inner = loops
+    assert (row.start, row.end, row.depth, row.innermost) == (0x10, 0xA0, 1, False)
+    assert row.ranges == ((0x10, 0x60), (0x90, 0xA0)) and 0x90 in row and 0x70 not in row
+    assert row.instructions == 8 and row.count("WARPSYNC") == 1
+    assert (inner.start, inner.end, inner.depth, inner.innermost) == (0x40, 0x50, 2, True)
+    assert inner.instructions == 2 and inner.ranges == ((0x40, 0x50),)
 
 
 def test_hottest_is_the_largest_innermost_loop():
