@@ -209,7 +209,11 @@ class CompileReport:
         hot = self.hottest_loop
         if hot is not None:
             return hot.bytes_in_flight
-        return sass.bytes_in_flight(self.functions[0].instructions if self.functions else ())
+        # The kernel, not a subroutine of it: the function that exits.
+        kernel = next(
+            (f for f in self.functions if any(i.opcode == "EXIT" for i in f.instructions)), None
+        )
+        return sass.bytes_in_flight(kernel.instructions if kernel else ())
 
     def _loop_or_fail(self) -> Loop:
         hot = self.hottest_loop

@@ -13,8 +13,8 @@ Nesting comes from containment of the bodies. Code reached through ``CALL`` (an 
 slow path, 64-bit division) is not part of the body, but the ``CALL`` is: ``loop.count("CALL")``
 shows it.
 
-**Bytes in flight** (:func:`bytes_in_flight`): scanning a body in program order from its first
-instruction, the bytes of the global loads (``LDG``) issued before the first instruction that
+**Bytes in flight** (:func:`bytes_in_flight`): scanning a body in program order from its header,
+the bytes of the global loads (``LDG``) issued before the first instruction that
 names one of their destination registers. Any later mention counts as a use, read or write,
 because the scoreboard makes either wait for the load. A load whose address depends on an
 earlier load therefore ends the scan and is not counted: only independent loads are.
@@ -36,6 +36,7 @@ __all__ = [
     "bytes_in_flight",
     "count",
     "find_loops",
+    "histogram",
     "hottest",
     "load_bytes",
     "loop_with",
