@@ -1,0 +1,48 @@
+"""Layer norm and RMS norm over the last axis: fused definitions.
+
+The composer makes one kernel per call: a warp or a block per row, the row kept on chip between
+the statistics pass and the write pass when it fits (8,192 float32 per row for a block), one
+``rsqrt`` per row, and the weight and bias read as broadcast rows. That is the minimum traffic
+(read x once, write y once), so no hand-written kernel is shipped for these yet.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .. import fusion as tt
+
+
+@functools.cache
+def layer_norm(has_weight: bool, has_bias: bool) -> tt.FusedFunction:
+    """Fused ``(x - mean) * rsqrt(var + eps) [* weight] [+ bias]``, biased variance.
+
+    Arguments of the fused function: ``x, [weight], [bias], eps``.
+    """
+
+    def layer_norm(x, *rest):
+        *params, eps = rest
+        centred = x - tt.mean(x, axis=-1, keepdims=True)
+        var = tt.mean(centred * centred, axis=-1, keepdims=True)
+        y = centred * tt.rsqrt(var + eps)
+        if has_weight:
+            y = y * params.pop(0)
+        if has_bias:
+            y = y + params.pop(0)
+        return y
+
+    return tt.fuse(layer_norm)
+
+
+@functools.cache
+def rms_norm(has_weight: bool) -> tt.FusedFunction:
+    """Fused ``x * rsqrt(mean(x * x) + eps) [* weight]``; arguments ``x, [weight], eps``."""
+
+    def rms_norm(x, *rest):
+        *params, eps = rest
+        y = x * tt.rsqrt(tt.mean(x * x, axis=-1, keepdims=True) + eps)
+        if has_weight:
+            y = y * params[0]
+        return y
+
+    return tt.fuse(rms_norm)

@@ -1,0 +1,222 @@
+"""Prebuilt softmax, log-softmax, layer norm and RMS norm against float64 NumPy references.
+
+Tolerances per dtype (output compared to the float64 reference of the same inputs):
+float16 rtol 2e-3 / atol 1e-3 (the output is rounded to float16, 2**-11 relative, then a few
+float32 roundings); float32 rtol 2e-5 / atol 1e-6; float64 rtol 1e-12 / atol 1e-14. The norms
+use atol 4x larger (outputs are O(3) and go through a reciprocal square root).
+"""
+
+import numpy as np
+import pytest
+from helpers import back, on
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tessera_tile import ops, sim
+
+TOL = {
+    np.float16: dict(rtol=2e-3, atol=1e-3),
+    np.float32: dict(rtol=2e-5, atol=1e-6),
+    np.float64: dict(rtol=1e-12, atol=1e-14),
+}
+NORM_TOL = {d: dict(rtol=t["rtol"], atol=4 * t["atol"]) for d, t in TOL.items()}
+DTYPES = list(TOL)
+
+
+def softmax_ref(x, axis=-1):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def log_softmax_ref(x, axis=-1):
+    x = x.astype(np.float64)
+    d = x - x.max(axis, keepdims=True)
+    return d - np.log(np.exp(d).sum(axis, keepdims=True))
+
+
+def layer_norm_ref(x, w=None, b=None, eps=1e-5):
+    x = x.astype(np.float64)
+    y = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
+    y = y if w is None else y * w.astype(np.float64)
+    return y if b is None else y + b.astype(np.float64)
+
+
+def rms_norm_ref(x, w=None, eps=1e-6):
+    x = x.astype(np.float64)
+    y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    return y if w is None else y * w.astype(np.float64)
+
+
+@st.composite
+def cases(draw, ndim=(1, 3)):
+    """A :class:`View`: shapes straddling the warp (31, 32, 33) and small ones, row length 1,
+    float16/32/64, sometimes a non-contiguous view (every other column, or transposed)."""
+    dtype = draw(st.sampled_from(DTYPES))
+    nd = draw(st.integers(*ndim))
+    shape = [draw(st.sampled_from([1, 2, 3, 5])) for _ in range(nd - 1)]
+    shape.append(draw(st.sampled_from([1, 7, 31, 32, 33, 65])))
+    seed = draw(st.integers(0, 2**16))
+    scale = draw(st.sampled_from([1.0, 8.0]))
+    rng = np.random.default_rng(seed)
+    view = draw(st.sampled_from(["contiguous", "strided", "transposed"]))
+    if view == "strided":
+        base = (rng.standard_normal((*shape[:-1], 2 * shape[-1])) * scale).astype(dtype)
+    elif view == "transposed" and nd >= 2:
+        base = (rng.standard_normal(shape[::-1]) * scale).astype(dtype)
+    else:
+        base, view = (rng.standard_normal(shape) * scale).astype(dtype), "contiguous"
+    return View(base, view, draw(st.sampled_from(["host", "device"])))
+
+
+class View:
+    """A test input: a contiguous base, the view of it the op gets, and the caller's side
+    (device views are taken of the device copy: numba cannot copy a strided view)."""
+
+    def __init__(self, base, how, side):
+        self.base, self.how, self.side = base, how, side
+        self.x = self.of(base)
+
+    def of(self, a):
+        return {"contiguous": a, "strided": a[..., ::2], "transposed": a.T}[self.how]
+
+    def placed(self):
+        return self.of(on(self.side, self.base)[0])
+
+
+def run(op, case, *params, **kwargs):
+    """``op`` on the case's view and ``params``, on the case's side, as NumPy."""
+    before = [a.copy() for a in (case.base, *params)]
+    got = back(op(case.placed(), *on(case.side, *params), **kwargs), case.side)
+    for a, b in zip((case.base, *params), before, strict=True):
+        np.testing.assert_array_equal(a, b)  # inputs are never modified
+    return got
+
+
+@given(cases(), st.data())
+def test_softmax_and_log_softmax_match_numpy(case, data):
+    x = case.x
+    axis = data.draw(st.integers(-x.ndim, x.ndim - 1))
+    for op, ref in ((ops.softmax, softmax_ref), (ops.log_softmax, log_softmax_ref)):
+        got = run(op, case, axis=axis)
+        assert got.dtype == x.dtype and got.shape == x.shape
+        np.testing.assert_allclose(got, ref(x, axis), **TOL[x.dtype.type])
+
+
+@given(cases(ndim=(1, 2)), st.booleans(), st.booleans())
+def test_layer_norm_matches_numpy(case, with_w, with_b):
+    x = case.x
+    rng = np.random.default_rng(x.shape[-1])
+    w = rng.standard_normal(x.shape[-1]).astype(x.dtype) if with_w else None
+    b = rng.standard_normal(x.shape[-1]).astype(x.dtype) if with_b else None
+    params = [p for p in (w, b) if p is not None]
+    if with_b and not with_w:
+        got = run(lambda x, b: ops.layer_norm(x, bias=b), case, b)
+    else:
+        got = run(ops.layer_norm, case, *params)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    np.testing.assert_allclose(got, layer_norm_ref(x, w, b), **NORM_TOL[x.dtype.type])
+
+
+@given(cases(ndim=(1, 2)), st.booleans())
+def test_rms_norm_matches_numpy(case, with_w):
+    x = case.x
+    w = np.linspace(-2, 2, x.shape[-1]).astype(x.dtype) if with_w else None
+    got = run(ops.rms_norm, case, *([w] if with_w else []), eps=1e-5)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    np.testing.assert_allclose(got, rms_norm_ref(x, w, eps=1e-5), **NORM_TOL[x.dtype.type])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_of_large_magnitude_inputs_does_not_overflow(dtype, side):
+    x = (np.random.default_rng(1).standard_normal((4, 33)) * 1e4).astype(dtype)
+    x[0, :] = 1e4  # a row of equal large values: exactly uniform
+    for op, ref in ((ops.softmax, softmax_ref), (ops.log_softmax, log_softmax_ref)):
+        got = run(op, View(x, "contiguous", side))
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, ref(x), **TOL[np.dtype(dtype).type])
+    np.testing.assert_allclose(back(ops.softmax(*on(side, x)), side)[0], 1 / 33, rtol=1e-3)
+
+
+def test_nan_propagates_as_in_numpy():
+    x = np.ones((3, 8), np.float32)
+    x[1, 2] = np.nan
+    for op, ref in (
+        (ops.softmax, softmax_ref),
+        (ops.log_softmax, log_softmax_ref),
+        (ops.layer_norm, layer_norm_ref),
+        (ops.rms_norm, rms_norm_ref),
+    ):
+        got = op(x)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref(x)))
+        assert np.isnan(got[1]).all() and not np.isnan(got[0]).any()
+
+
+def test_size_zero_follows_numpy():
+    rows = np.zeros((0, 5), np.float32)
+    for op in (ops.softmax, ops.log_softmax, ops.layer_norm, ops.rms_norm):
+        assert op(rows).shape == (0, 5)
+    empty_rows = np.zeros((3, 0), np.float32)
+    assert ops.layer_norm(empty_rows).shape == (3, 0)
+    assert ops.rms_norm(empty_rows).shape == (3, 0)
+    with pytest.raises(ValueError, match="zero-size"):  # NumPy's error: max of nothing
+        ops.softmax(empty_rows)
+
+
+def test_out_and_stream(side):
+    from numba import cuda
+
+    x = np.random.default_rng(2).standard_normal((5, 40)).astype(np.float32)
+    (xs,) = on(side, x)
+    out = np.empty_like(x) if side == "host" else cuda.device_array_like(x)
+    result = ops.softmax(xs, out=out, stream=cuda.stream())
+    assert result is out
+    np.testing.assert_allclose(back(out, side), softmax_ref(x), **TOL[np.float32])
+    w = np.ones(40, np.float32)
+    result = ops.rms_norm(xs, *on(side, w), out=out, stream=0)
+    np.testing.assert_allclose(back(result, side), rms_norm_ref(x), **NORM_TOL[np.float32])
+
+
+x32 = np.ones((4, 8), np.float32)
+BAD = [
+    (lambda: ops.softmax(np.ones((4, 8), np.int32)), TypeError, "x has dtype int32"),
+    (lambda: ops.softmax(x32, axis=2), ValueError, "axis 2"),
+    (lambda: ops.log_softmax(x32, axis=1.0), TypeError, "axis"),
+    (lambda: ops.softmax(np.float32(1)), TypeError, "x"),
+    (lambda: ops.softmax(x32.astype(np.complex64)), TypeError, "x has dtype complex64"),
+    (lambda: ops.layer_norm(x32, np.ones(7, np.float32)), ValueError, "weight has shape"),
+    (lambda: ops.layer_norm(x32, None, np.ones(8, np.float64)), TypeError, "bias has dtype"),
+    (lambda: ops.layer_norm(x32, eps=-1.0), ValueError, "eps"),
+    (lambda: ops.rms_norm(x32, np.ones((1, 8), np.float32)), ValueError, "weight"),
+    (lambda: ops.rms_norm(np.ones(3, bool)), TypeError, "x has dtype bool"),
+    (lambda: ops.softmax(x32, out=np.empty((4, 7), np.float32)), ValueError, "out"),
+    (lambda: ops.softmax(x32, out=np.empty((4, 8), np.float64)), ValueError, "out"),
+    (lambda: ops.softmax(x32, out=x32), ValueError, "out.*overlaps"),
+    (lambda: ops.softmax(x32, stream="s"), TypeError, "stream"),
+]
+
+
+@pytest.mark.parametrize("call, error, words", BAD)
+def test_bad_input_raises_naming_the_argument_before_any_launch(call, error, words):
+    with sim.profile() as prof, pytest.raises(error, match=words):
+        call()
+    assert prof.launches == 0
+
+
+def test_host_weight_with_device_x_is_refused():
+    from numba import cuda
+
+    with pytest.raises(TypeError, match="weight"):
+        ops.rms_norm(cuda.to_device(x32), np.ones(8, np.float32))
+
+
+def test_explain_and_signature():
+    import inspect
+
+    assert str(inspect.signature(ops.softmax)) == "(x, axis=-1, *, out=None, stream=None)"
+    assert str(inspect.signature(ops.layer_norm)).startswith("(x, weight=None, bias=None, eps=")
+    x = np.ones((16, 512), np.float32)
+    for op in (ops.softmax, ops.log_softmax, ops.layer_norm, ops.rms_norm):
+        ex = op.explain(x)
+        assert ex.kernels == 1 and ex.bytes_fused == 2 * x.nbytes < ex.bytes_unfused
+        assert "@cuda.jit" in ex.source or "cuda.jit" in ex.source
