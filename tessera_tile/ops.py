@@ -28,12 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _arrays as arrays
+from .kernels import cross_entropy as _cross_entropy
 from .kernels import norms as _norms
 from .kernels import reduction as _reduction
 from .kernels import softmax as _softmax
 
 __all__ = [
-    "argmax", "argmin", "layer_norm", "log_softmax", "max", "mean", "min",
+    "argmax", "argmin", "cross_entropy", "layer_norm", "log_softmax", "max", "mean", "min",
     "rms_norm", "softmax", "std", "sum", "var",
 ]  # fmt: skip
 
@@ -254,3 +255,257 @@ var = PrebuiltOp(_reduction_plan("var"))
 std = PrebuiltOp(_reduction_plan("std"))
 argmax = PrebuiltOp(_reduction_plan("argmax"))
 argmin = PrebuiltOp(_reduction_plan("argmin"))
+
+
+# --------------------------------------------------------------------------------------------
+# hand-written kernels: placement of arrays, results, reports
+
+
+def _kind(rec: arrays.Arg) -> str:
+    return "device" if rec.kind == arrays.DEVICE else "host"
+
+
+def _check_out(out, name: str, shape, dtype, inputs: list[arrays.Arg]) -> arrays.Arg | None:
+    """``out=`` of a hand-written op: the result's shape and dtype, writable, no overlap."""
+    if out is None:
+        return None
+    o = arrays.read(out, name, scalars=False)
+    if o.shape != tuple(shape) or o.dtype != dtype:
+        raise ValueError(
+            f"{name} has shape {o.shape} and dtype {o.dtype}; the result has shape "
+            f"{tuple(shape)} and dtype {dtype}"
+        )
+    if o.readonly:
+        raise ValueError(f"{name} is read-only")
+    if any(arrays.overlap(o, a) for a in inputs):
+        raise ValueError(f"{name} overlaps an input: inputs are never modified")
+    return o
+
+
+class _Placement:
+    """Where one call of a hand-written op runs: its stream, device handles of its inputs
+    (host inputs copied to the device once), and results of the inputs' family."""
+
+    def __init__(self, inputs: list[arrays.Arg], out: arrays.Arg | None, stream):
+        everything = inputs + ([out] if out is not None else [])
+        self.stream = arrays.resolve_stream(stream, everything)
+        self.on_device = any(a.kind == arrays.DEVICE for a in everything)
+        self.family = arrays.result_family(inputs) if self.on_device else "numba"
+        self.out = out
+
+    def handle(self, rec: arrays.Arg):
+        if rec.kind != arrays.DEVICE:
+            rec = arrays.to_device(rec, self.stream)
+        return arrays.device_handle(rec)
+
+    def result(self, shape, dtype):
+        """(device handle, value to return when on the device) of the result."""
+        if self.out is not None and self.out.kind == arrays.DEVICE:
+            return arrays.device_handle(self.out), self.out.value
+        made = arrays.empty(shape, dtype, self.family, self.stream)
+        return arrays.device_handle(arrays.read(made, "result")), made
+
+    def temp(self, shape, dtype):
+        return arrays.empty(shape, dtype, "numba", self.stream)
+
+    def finish(self, handle, value):
+        """The result on the caller's side (copied back into ``out`` for host calls)."""
+        if self.on_device:
+            return value
+        return arrays.to_host(handle, self.out.value if self.out is not None else None, self.stream)
+
+
+def _numba_type(rec: arrays.Arg, kind: str | None = None):
+    """The numba type a kernel sees for this array (host arrays arrive as contiguous copies)."""
+    from numba import from_dtype, types
+
+    contiguous = rec.contiguous or (kind or _kind(rec)) == "host"
+    return types.Array(from_dtype(rec.dtype), len(rec.shape), "C" if contiguous else "A")
+
+
+def _source(kernel) -> str:
+    return _pyinspect.getsource(kernel.py_func)
+
+
+# --------------------------------------------------------------------------------------------
+# cross-entropy (hand-written: the gather of row[target] in the pass that reads the row)
+
+REDUCTIONS = ("none", "mean", "sum")
+INTEGER_TARGETS = tuple(np.dtype(d) for d in ("int32", "int64"))
+
+
+@dataclass
+class _CrossEntropy:
+    logits: arrays.Arg
+    targets: arrays.Arg
+    reduction: str
+    ignore_index: int
+
+    @property
+    def compute(self) -> np.dtype:
+        return np.dtype(np.float64 if self.logits.dtype == np.float64 else np.float32)
+
+    @property
+    def kernel(self):
+        f64 = self.compute == np.float64
+        return (
+            _cross_entropy.cross_entropy_rows_f64 if f64 else _cross_entropy.cross_entropy_rows_f32
+        )
+
+    def _shape(self) -> tuple:
+        return self.logits.shape[:1] if self.reduction == "none" else ()
+
+    def _reducer(self):
+        if self.reduction == "none":
+            return None
+        return _cross_entropy.reduce_losses(self.reduction, self.logits.dtype.str)
+
+    def _loss_dtype(self) -> np.dtype:
+        return self.logits.dtype if self.reduction == "none" else self.compute
+
+    def run(self, out, stream):
+        n = self.logits.shape[0]
+        o = _check_out(out, "out", self._shape(), self.logits.dtype, [self.logits, self.targets])
+        place = _Placement([self.logits, self.targets], o, stream)
+        s = place.stream
+        logits, targets = place.handle(self.logits), place.handle(self.targets)
+        if self.reduction == "none":
+            loss_handle, value = place.result((n,), self.logits.dtype)
+            valid = place.temp((1,), self.compute)  # not written: nothing counts rows
+        else:
+            loss_handle, valid = place.temp((n,), self.compute), place.temp((n,), self.compute)
+        if n:
+            blocks = -(-n // _cross_entropy.WARPS_PER_BLOCK)
+            write_valid = self.reduction == "mean"
+            with np.errstate(all="ignore"):  # the simulator computes in NumPy
+                self.kernel[blocks, _cross_entropy.THREADS, s](
+                    logits, targets, loss_handle, valid, self.ignore_index, write_valid
+                )
+        if self.reduction == "none":
+            return place.finish(loss_handle, value)
+        handle, value = place.result((), self.logits.dtype)
+        args = (loss_handle, valid) if self.reduction == "mean" else (loss_handle,)
+        self._reducer()(*args, out=value, stream=s)
+        return place.finish(handle, value)
+
+    def predicted_bytes(self) -> int:
+        """Global bytes the row kernel moves: the logits once, one target and one loss per
+        row (and one count per row for the mean)."""
+        n = self.logits.shape[0]
+        per_row = self.targets.dtype.itemsize + self._loss_dtype().itemsize
+        per_row += self.compute.itemsize if self.reduction == "mean" else 0
+        return self.logits.size * self.logits.dtype.itemsize + n * per_row
+
+    def unfused_bytes(self) -> int:
+        """One kernel per op, as a chain of CuPy calls does it: m = max(x); e = exp(x - m);
+        lse = log(sum(e)) + m; loss = lse - take(x, t); then the reduction."""
+        n, c = self.logits.shape
+        x, t = self.logits.dtype.itemsize, self.targets.dtype.itemsize
+        big = n * c * x
+        steps = [
+            big + n * x,  # max
+            big + n * x + big,  # x - m
+            2 * big,  # exp
+            big + n * x,  # sum
+            2 * n * x,  # log
+            3 * n * x,  # + m
+            n * t + 2 * n * x,  # take_along_axis
+            3 * n * x,  # lse - picked
+        ]
+        if self.reduction != "none":
+            steps.append(n * x + x)
+        return int(np.sum(steps, dtype=np.int64))
+
+    def _reduce_args(self):
+        n = self.logits.shape[0]
+        loss = np.zeros(n, self.compute)
+        return (loss, loss.copy()) if self.reduction == "mean" else (loss,)
+
+    def explain(self):
+        from .fusion import Explain
+
+        kernel = self.kernel
+        reducer = self._reducer()
+        stages = [
+            f"{kernel.py_func.__name__}: hand-written, a warp per row, logits read once, "
+            f"{self.logits.shape[0]} rows of {self.logits.shape[1]}"
+        ]
+        source, fused = _source(kernel), self.predicted_bytes()
+        reasons = []
+        if reducer is not None:
+            ex = reducer.explain(*self._reduce_args())
+            stages += ex.stages
+            source += "\n\n" + ex.source
+            fused += ex.bytes_fused
+            reasons.append(f"the {self.reduction} over rows is a full reduction of the losses")
+        return Explain(
+            kernels=len(stages),
+            ir=f"hand-written {kernel.py_func.__name__} (no Tile IR)",
+            source=source,
+            bytes_fused=fused,
+            bytes_unfused=self.unfused_bytes(),
+            reasons=reasons,
+            stages=stages,
+        )
+
+    def inspect(self, arch: str) -> list:
+        from numba import from_dtype, types
+
+        from . import inspect as offline
+
+        loss_type = types.Array(from_dtype(self._loss_dtype()), 1, "C")
+        signature = (
+            _numba_type(self.logits),
+            _numba_type(self.targets),
+            loss_type,
+            types.Array(from_dtype(self.compute), 1, "C"),
+            types.int64,
+            types.boolean,
+        )
+        reports = [offline.compile(self.kernel, signature, arch=arch, block=_cross_entropy.THREADS)]
+        reducer = self._reducer()
+        if reducer is not None:
+            reports += reducer.inspect(*self._reduce_args(), arch=arch)
+        return reports
+
+
+def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
+    """Cross-entropy of ``logits`` (N, C) against integer ``targets`` (N,), as in PyTorch.
+
+    The loss of a row is ``logsumexp(row) - row[target]``; rows whose target is
+    ``ignore_index`` contribute nothing. ``reduction``: ``"none"`` (the (N,) losses),
+    ``"mean"`` (over the rows not ignored; NaN when all are) or ``"sum"``. Results have the
+    logits' dtype. A target outside ``[0, C)`` that is not ``ignore_index`` raises
+    ``ValueError`` before launch when the targets are on the host, and gives a NaN loss for its
+    row when they are on the device. One hand-written kernel reads each logit once and writes
+    no probabilities; ``"mean"`` and ``"sum"`` add a fused full reduction of the N losses.
+    """
+    x = _array(logits, "logits", FLOATS, "cross_entropy")
+    if len(x.shape) != 2:
+        raise ValueError(f"logits has shape {x.shape}; cross_entropy needs (N, C)")
+    t = arrays.read(targets, "targets", scalars=False)
+    if t.dtype not in INTEGER_TARGETS:
+        raise TypeError(f"targets has dtype {t.dtype}; cross_entropy takes int32 or int64")
+    if t.shape != x.shape[:1]:
+        raise ValueError(
+            f"targets has shape {t.shape}; logits of shape {x.shape} need {x.shape[:1]}"
+        )
+    arrays.check_one_side([x, t], ["logits", "targets"])
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    ignore_index = int(ignore_index)
+    if t.kind == arrays.HOST:
+        tv = t.value
+        bad = (tv != ignore_index) & ((tv < 0) | (tv >= x.shape[1]))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"targets[{row}] = {int(tv[row])} is outside [0, {x.shape[1]}) and is not "
+                f"ignore_index ({ignore_index})"
+            )
+    return _CrossEntropy(x, t, reduction, ignore_index)
+
+
+cross_entropy = PrebuiltOp(cross_entropy)

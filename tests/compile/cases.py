@@ -97,4 +97,20 @@ CASES = [
         budget={"sm_80": 141, "sm_90": 180},
         opcodes={"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 512},
     ),
+    Case(
+        "tessera_tile.kernels.cross_entropy",
+        "cross_entropy_rows_f32",
+        "void(float32[:, ::1], int64[::1], float32[::1], float32[::1], int64, boolean)",
+        budget={"sm_80": 44, "sm_90": 48},
+        block=128,
+        opcodes={"SHFL": 10, "MUFU.EX2": 1},
+    ),
+    Case(
+        "tessera_tile.kernels.cross_entropy",
+        "cross_entropy_rows_f64",
+        "void(float64[:, ::1], int32[::1], float64[::1], float64[::1], int64, boolean)",
+        budget={"sm_80": 40, "sm_90": 60},
+        block=128,
+        opcodes={"SHFL": 10},
+    ),
 ]

@@ -1,0 +1,107 @@
+"""Cross-entropy forward: hand-written, one warp per row, logits read once.
+
+Why hand-written: the loss of a row is ``logsumexp(row) - row[target]``. The composer has no
+gather, so a fused definition would need the target column as a one-hot (an extra array as
+large as the logits) or a second kernel; this kernel picks ``row[target]`` up in the same pass
+that computes the log-sum-exp, so each logit is read exactly once and no probability is
+written.
+
+::
+
+    block = 4 warps; warp w of block b takes rows b*4 + w, + 4*gridDim.x, ...
+    lane l reads columns l, l+32, l+64, ...  (consecutive lanes, consecutive addresses)
+      running max m and sum s of exp(x - m) (online: s is rescaled when m grows)
+      the lane holding column target keeps x[target]
+    xor-shuffle butterfly combines (m, s) and x[target]; lane 0 writes
+      loss = (m - x[target]) + log(s)   (0 and valid = 0 where target == ignore_index)
+
+A target outside ``[0, C)`` that is not ``ignore_index`` gives NaN here (a kernel cannot raise);
+``tessera_tile.ops.cross_entropy`` refuses such targets before launch when they are on the host.
+Computation is in float32 for float16 and float32 logits, float64 for float64 logits.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from numba import cuda, float32, float64
+
+from .. import fusion as tt
+
+WARP_SIZE = 32
+WARPS_PER_BLOCK = 4
+THREADS = WARP_SIZE * WARPS_PER_BLOCK
+FULL_MASK = 0xFFFFFFFF
+
+
+def _make(ct):
+    """The kernel computing in ``ct`` (float32 or float64); closes over its constants."""
+    zero, one = ct(0.0), ct(1.0)
+    neg_inf, nan = ct(-math.inf), ct(math.nan)
+
+    def cross_entropy_rows(logits, targets, loss, valid, ignore_index, write_valid):
+        n_rows, n_cols = logits.shape
+        lane = cuda.threadIdx.x % WARP_SIZE
+        row = cuda.blockIdx.x * WARPS_PER_BLOCK + cuda.threadIdx.x // WARP_SIZE
+        row_step = cuda.gridDim.x * WARPS_PER_BLOCK
+        while row < n_rows:  # the whole warp has one row: shuffles below see all 32 lanes
+            t = -1
+            if lane == 0:
+                t = targets[row]
+            t = cuda.shfl_sync(FULL_MASK, t, 0)  # one read of the target per row
+            m, s, picked = neg_inf, zero, zero
+            j = lane
+            while j < n_cols:
+                x = ct(logits[row, j])
+                if x > m:
+                    s = s * math.exp(m - x) + one  # exp(-inf) = 0 on the first element
+                    m = x
+                elif m != neg_inf:
+                    s += math.exp(x - m)  # NaN falls through here and propagates
+                if j == t:
+                    picked = x
+                j += WARP_SIZE
+            offset = WARP_SIZE // 2
+            while offset > 0:
+                m2 = cuda.shfl_xor_sync(FULL_MASK, m, offset)
+                s2 = cuda.shfl_xor_sync(FULL_MASK, s, offset)
+                picked += cuda.shfl_xor_sync(FULL_MASK, picked, offset)
+                top = max(m, m2)
+                if top != neg_inf:
+                    s = s * math.exp(m - top) + s2 * math.exp(m2 - top)
+                m = top
+                offset //= 2
+            if lane == 0:
+                counted = one
+                if t == ignore_index:
+                    loss[row] = zero
+                    counted = zero
+                elif t < 0 or t >= n_cols:
+                    loss[row] = nan
+                else:
+                    loss[row] = (m - picked) + math.log(s)  # m - picked is exact near m
+                if write_valid:  # only the mean needs the count of rows not ignored
+                    valid[row] = counted
+            row += row_step
+
+    return cuda.jit(cross_entropy_rows)
+
+
+cross_entropy_rows_f32 = _make(float32)
+cross_entropy_rows_f64 = _make(float64)
+
+
+@functools.cache
+def reduce_losses(reduction: str, dtype: str) -> tt.FusedFunction:
+    """Fused ``sum(loss)`` (arguments: loss) or ``sum(loss) / sum(valid)`` (arguments: loss,
+    valid) of the per-row losses, as ``dtype``; deterministic (the composer's two-stage full
+    reduction, combined in block order)."""
+
+    def mean_loss(loss, valid):
+        return tt.astype(tt.sum(loss) / tt.sum(valid), dtype)
+
+    def sum_loss(loss):
+        return tt.astype(tt.sum(loss), dtype)
+
+    return tt.fuse(mean_loss if reduction == "mean" else sum_loss)
