@@ -113,4 +113,25 @@ CASES = [
         block=128,
         opcodes={"SHFL": 10},
     ),
+    Case(
+        "tessera_tile.kernels.transpose",
+        "transpose_f32",
+        "void(float32[:, ::1], float32[:, ::1])",
+        budget={"sm_80": 31, "sm_90": 35},
+        opcodes={"LDG.E.128": 1, "STG.E.128": 1, "BAR": 2},
+    ),
+    Case(
+        "tessera_tile.kernels.transpose",
+        "transpose_f16",
+        "void(float16[:, ::1], float16[:, ::1])",
+        budget={"sm_80": 58, "sm_90": 49},
+        opcodes={"LDS.U16": 1, "BAR": 2},
+    ),
+    Case(
+        "tessera_tile.kernels.transpose",
+        "transpose_f64",
+        "void(float64[:, ::1], float64[:, ::1])",
+        budget={"sm_80": 60, "sm_90": 51},
+        opcodes={"LDS.64": 1, "BAR": 2},
+    ),
 ]
