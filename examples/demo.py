@@ -13,7 +13,14 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-EXAMPLES = ["elementwise_chain", "row_reductions", "transpose", "matmul", "fused_softmax"]
+EXAMPLES = [
+    "elementwise_chain",
+    "row_reductions",
+    "transpose",
+    "matmul",
+    "fused_softmax",
+    "ops_demo",
+]
 
 
 def load(name: str):
