@@ -417,11 +417,16 @@ class Stager(ModuleType):
     ``row0, col0 >= 0``; arrays are 2-D with the tile's dtype. Declare the shared array with
     ``alignment=16`` when its pitch is a whole number of 16-byte vectors: staging then uses
     ``STS.128`` / ``LDS.128`` too. Into a padded (unaligned) pitch a 16-byte chunk is stored
-    element by element: conflict free for 4-byte types on 32-wide tiles, 2-way for float16 and
-    float64 (``bank_conflict_degree(..., "row", 16 // itemsize, scalar=True)`` says which).
+    element by element. Each walk keeps 16-byte chunks per lane only where the bank model says
+    its shared accesses are conflict free on this pitch, and otherwise moves one element per
+    lane (the model's plain ``"row"``/``"column"`` access): so a pitch the model calls conflict
+    free is staged without conflicts in every direction. ``row_vector`` and ``column_vector``
+    say which walk was chosen (elements per lane).
     """
 
     tile: Tile
+    row_vector: int
+    column_vector: int
 
 
 def _gather(vector: int, along_rows: bool):
@@ -445,6 +450,35 @@ def _gather(vector: int, along_rows: bool):
     return cuda.jit(device=True)(fn)
 
 
+def _walk_vectors(tile: Tile) -> tuple[int, int]:
+    """Elements per lane of the stager's row walk (``global_to_shared``, ``shared_to_global``)
+    and of its column walk (``shared_to_global_transposed``).
+
+    A walk moves whole 16-byte chunks per lane where the tile's shape allows it and the bank
+    model says the chunked shared accesses are conflict free on this pitch; otherwise it moves
+    one element per lane (consecutive lanes on consecutive elements of the walk), which is the
+    model's plain ``"row"`` / ``"column"`` access, the one ``pad="auto"`` makes conflict free.
+    So a tile whose pitch the model calls conflict free for a direction is staged without
+    conflicts in that direction, whatever its shape and dtype.
+    """
+    (rows, cols), shape = tile.shape, tile.padded_shape
+    v = VECTOR_BYTES // tile.itemsize
+
+    def conflict_free(access, vector, scalar=False):
+        degree = bank_conflict_degree(shape, tile.dtype, access, vector, scalar=scalar, cols=cols)
+        return degree == 1
+
+    def choose(access, along, scalar=False):
+        if along % v or v == 1:
+            return 1
+        if conflict_free(access, v, scalar) or not conflict_free(access, 1):
+            return v  # chunks cost no more than single elements here: keep the 16-byte global side
+        return 1
+
+    aligned = shape[1] % v == 0  # chunks go to shared memory as one 16-byte store
+    return choose("row", cols, scalar=not aligned), choose("column", rows)
+
+
 @functools.cache
 def make_stager(tile: Tile) -> Stager:
     """The staging device functions of ``tile`` (memoised: one set per distinct tile).
@@ -459,8 +493,7 @@ def make_stager(tile: Tile) -> Stager:
     NBT = numpy_support.from_dtype(tile.dtype)  # the Numba type: casts fill values
     V = VECTOR_BYTES // ITEMSIZE
     # Rows split into whole 16-byte chunks, or element by element when they do not.
-    VG = V if TILE_N % V == 0 else 1  # chunk along tile rows (global_to_shared, shared_to_global)
-    VT = V if TILE_M % V == 0 else 1  # chunk along tile columns (transposed store)
+    VG, VT = _walk_vectors(tile)
     VEC_G = VG > 1
     VEC_T = VT > 1
     VEC_S = VEC_G and PITCH % V == 0  # shared rows can be 16-byte aligned
@@ -580,6 +613,7 @@ def make_stager(tile: Tile) -> Stager:
 
     stager = Stager(f"tessera_tile.memory.stager_{TILE_M}x{TILE_N}_{tile.dtype}_pad{tile.pad}")
     stager.tile = tile
+    stager.row_vector, stager.column_vector = VG, VT
     stager.global_to_shared = global_to_shared
     stager.shared_to_global = shared_to_global
     stager.shared_to_global_transposed = shared_to_global_transposed
