@@ -349,10 +349,7 @@ class _CrossEntropy:
 
     @property
     def kernel(self):
-        f64 = self.compute == np.float64
-        return (
-            _cross_entropy.cross_entropy_rows_f64 if f64 else _cross_entropy.cross_entropy_rows_f32
-        )
+        return _cross_entropy.KERNELS[self.logits.dtype]
 
     def _shape(self) -> tuple:
         return self.logits.shape[:1] if self.reduction == "none" else ()

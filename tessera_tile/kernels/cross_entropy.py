@@ -9,7 +9,8 @@ written.
 ::
 
     block = 4 warps; warp w of block b takes rows b*4 + w, + 4*gridDim.x, ...
-    lane l reads columns l, l+32, l+64, ...  (consecutive lanes, consecutive addresses)
+    lane l reads 16-byte chunks l, l+32, ... of the row when it is contiguous and aligned
+      (LDG.E.128: 4 floats, 8 halves, 2 doubles), else columns l, l+32, ...
       running max m and sum s of exp(x - m) (online: s is rescaled when m grows)
       the lane holding column target keeps x[target]
     xor-shuffle butterfly combines (m, s) and x[target]; lane 0 writes
@@ -25,9 +26,11 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 from numba import cuda, float32, float64
 
 from .. import fusion as tt
+from ..memory import aligned16, load16
 
 WARP_SIZE = 32
 WARPS_PER_BLOCK = 4
@@ -35,10 +38,20 @@ THREADS = WARP_SIZE * WARPS_PER_BLOCK
 FULL_MASK = 0xFFFFFFFF
 
 
-def _make(ct):
-    """The kernel computing in ``ct`` (float32 or float64); closes over its constants."""
+def _make(ct, vector: int):
+    """The kernel computing in ``ct`` (float32 or float64) for logits of ``16 // vector``
+    bytes; closes over its constants (a constant ``vector`` keeps divisions by it shifts)."""
     zero, one = ct(0.0), ct(1.0)
     neg_inf, nan = ct(-math.inf), ct(math.nan)
+
+    @cuda.jit(device=True)
+    def online(m, s, x):
+        """One element into the running maximum ``m`` and sum ``s`` of ``exp(x - m)``."""
+        if x > m:
+            return x, s * math.exp(m - x) + one  # exp(-inf) = 0 on the first element
+        if m != neg_inf:
+            return m, s + math.exp(x - m)  # NaN falls through here and propagates
+        return m, s
 
     def cross_entropy_rows(logits, targets, loss, valid, ignore_index, write_valid):
         n_rows, n_cols = logits.shape
@@ -52,13 +65,21 @@ def _make(ct):
             t = cuda.shfl_sync(FULL_MASK, t, 0)  # one read of the target per row
             m, s, picked = neg_inf, zero, zero
             j = lane
+            if logits.strides[1] == logits.itemsize and aligned16(logits, (row, 0)):
+                # 16-byte loads: lane takes chunks lane, lane + 32, ... of the row
+                chunk = lane
+                while chunk < n_cols // vector:
+                    vals = load16(logits, (row, chunk * vector))
+                    for k in range(vector):
+                        x = ct(vals[k])
+                        m, s = online(m, s, x)
+                        if chunk * vector + k == t:
+                            picked = x
+                    chunk += WARP_SIZE
+                j = (n_cols // vector) * vector + lane  # the tail: fewer than one chunk
             while j < n_cols:
                 x = ct(logits[row, j])
-                if x > m:
-                    s = s * math.exp(m - x) + one  # exp(-inf) = 0 on the first element
-                    m = x
-                elif m != neg_inf:
-                    s += math.exp(x - m)  # NaN falls through here and propagates
+                m, s = online(m, s, x)
                 if j == t:
                     picked = x
                 j += WARP_SIZE
@@ -88,8 +109,14 @@ def _make(ct):
     return cuda.jit(cross_entropy_rows)
 
 
-cross_entropy_rows_f32 = _make(float32)
-cross_entropy_rows_f64 = _make(float64)
+cross_entropy_rows_f16 = _make(float32, 8)  # float16 logits, computed in float32
+cross_entropy_rows_f32 = _make(float32, 4)
+cross_entropy_rows_f64 = _make(float64, 2)
+KERNELS = {
+    np.dtype("f2"): cross_entropy_rows_f16,
+    np.dtype("f4"): cross_entropy_rows_f32,
+    np.dtype("f8"): cross_entropy_rows_f64,
+}
 
 
 @functools.cache
