@@ -207,17 +207,28 @@ class KernelWriter:
         s("i = cuda.grid(1)")
         if self.v.vector > 1:
             self.write_vector_loop(self.v.vector)
-            s(f"i = (n // {self.v.vector}) * {self.v.vector} + cuda.grid(1)  # the tail")
+            # fewer than `vector` elements remain and a grid has more threads than that: an
+            # `if`, not a loop (a loop makes LLVM unroll it behind a 64-bit trip-count division)
+            s(f"i = (n // {self.v.vector}) * {self.v.vector} + cuda.grid(1)")
+            s("if i < n:")
+            with s.block():
+                self.write_scalar_element(dims)
+            return
         s("while i < n:")
         with s.block():
-            for line in self.unravel("i", dims, "k"):
-                s(line)
-            env: dict = {}
-            load = self.loader(set())
-            for i, (n, _) in enumerate(self.outputs):
-                val = self.value(n, env, load)
-                s(f"{self.out_name(i)}[{self.index(True, False)}] = {store_cast(n, val)}")
+            self.write_scalar_element(dims)
             s("i += step")
+
+    def write_scalar_element(self, dims: list[str]) -> None:
+        """Element ``i`` of an elementwise stage: unravel, compute, store."""
+        s = self.src
+        for line in self.unravel("i", dims, "k"):
+            s(line)
+        env: dict = {}
+        load = self.loader(set())
+        for i, (n, _) in enumerate(self.outputs):
+            val = self.value(n, env, load)
+            s(f"{self.out_name(i)}[{self.index(True, False)}] = {store_cast(n, val)}")
 
     def write_vector_loop(self, width: int) -> None:
         """Whole 16-byte vectors: one LDG.E.128 per input and one STG.E.128 per output."""

@@ -5,6 +5,8 @@ float64 instruction; contiguous float32 elementwise chains use 128-bit global ac
 in 32 registers; row reductions use warp shuffles.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -102,3 +104,16 @@ def test_softmax_rows_use_shuffles_and_16_byte_accesses(arch):
     assert report.count("SHFL") >= 10
     assert report.count("LDG.E.128") >= 1 and report.count("STG.E.128") >= 1
     assert report.count("LDL") == 0 and report.count("STL") == 0
+
+
+def divisions_64(report) -> set:
+    return set(re.findall(r"\b(?:div|rem)\.[su]64\b", report.ptx))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_vector_chain_tail_is_straight_code_without_64_bit_division(arch):
+    # the scalar tail after the 16-byte loop runs at most once per thread: an `if`, whose
+    # compiled form needs no trip count (a loop there costs a div.u64 and its unrolled copies)
+    (report,) = tt.fuse(chain5).inspect(v32, v32, arch=arch)
+    assert not divisions_64(report), divisions_64(report)
+    assert report.histogram.get("STG.E") == 1  # one scalar store: the tail is not unrolled
