@@ -313,7 +313,23 @@ def trace(fn, stand_ins: list) -> Trace:
     result_trace.outputs = tuple(outputs)
     result_trace.single = single
     ir.validate(result_trace.outputs)
+    _share_common(result_trace)
     return result_trace
+
+
+def _share_common(trace: Trace) -> None:
+    """Make structurally equal nodes one node, so each value is computed once: ``tt.var``
+    computes its own mean, and layer norm would otherwise reduce ``sum(x)`` twice."""
+    canon: dict[str, Node] = {}
+    for n in ir.walk(trace.outputs):
+        if n.key in canon:
+            continue
+        srcs = tuple(canon[s.key] for s in n.srcs)
+        same = all(a is b for a, b in zip(srcs, n.srcs, strict=True))
+        canon[n.key] = n if same else dataclasses.replace(n, srcs=srcs)
+        if n.op is Op.COUNT:
+            trace.counts[id(canon[n.key])] = trace.counts[id(n)]
+    trace.outputs = tuple(canon[o.key] for o in trace.outputs)
 
 
 __all__ = [

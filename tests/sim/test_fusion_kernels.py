@@ -136,6 +136,22 @@ def test_layer_norm_is_one_kernel_with_minimum_traffic(side):
 
 
 @tt.fuse
+def layer_norm_var(x):
+    mu = tt.mean(x, axis=-1, keepdims=True)
+    return (x - mu) * tt.rsqrt(tt.var(x, axis=-1, keepdims=True) + 1e-5)
+
+
+def test_equal_values_are_computed_once():
+    # tt.var computes its own mean: the kernel reduces sum(x) once, not twice
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    ex = layer_norm_var.explain(x)
+    assert ex.ir.count(" = sum %0 ") == 1 and ex.ir.count(" = sum ") == 2, ex.ir
+    assert ex.source.count("= warp_allsum_float32(") == 2, ex.source
+    ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(layer_norm_var(x), ref, rtol=1e-4, atol=1e-5)
+
+
+@tt.fuse
 def row_dot(x, y):
     return tt.sum(x * y, axis=-1)
 
