@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
+from llvmlite import ir as llvm_ir
+from numba import cuda, types
+from numba.cuda.extending import intrinsic
 
-from .. import _config
+from .. import _config, sim
+from ..sim.compat import NumbaTypeError
 
 # name -> implementation, per target
 MATH_NAMES = ("exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "sin", "cos", "tanh")
@@ -28,24 +31,67 @@ fmod = MATH["fmod"]
 floor = MATH["floor"]
 
 
-@cuda.jit(device=True)
-def max_nan(a, b):
-    """NumPy's maximum: NaN wins."""
-    if a != a:
-        return a
-    if b != b or b > a:
-        return b
-    return a
+def _hardware_nan_minmax() -> bool:
+    """``max.NaN.f32`` exists from sm_80 on. Kernels compile for the current device; with no
+    GPU they compile offline, for sm_80 or later (what ``tessera_tile.inspect`` targets)."""
+    try:
+        return cuda.get_current_device().compute_capability >= (8, 0)
+    except Exception:  # no GPU: an offline compilation
+        return True
+
+
+def _make_extreme(name: str):
+    """``max_nan`` / ``min_nan``: NumPy's maximum / minimum, where a NaN operand wins.
+
+    float32 becomes one ``max.NaN.f32`` (or ``min``) on sm_80 and later; PTX has no ``.NaN``
+    form for float64, so float64 (and float32 on older GPUs) compares and selects: NaN test,
+    compare, two selects. Integers are plain ``max``/``min``. The simulator twin is NumPy's.
+    """
+    bigger = name == "max"
+
+    def typer(typingctx, a, b):
+        if a != b or not isinstance(a, (types.Float, types.Integer)):
+            raise NumbaTypeError(f"{name}_nan takes two numbers of one type, got {a}, {b}")
+
+        def codegen(context, builder, sig, args):
+            x, y = args
+            if isinstance(a, types.Integer):
+                pred = ">" if bigger else "<"
+                compare = builder.icmp_signed if a.signed else builder.icmp_unsigned
+                return builder.select(compare(pred, y, x), y, x)
+            if a == types.float32 and _hardware_nan_minmax():
+                fnty = llvm_ir.FunctionType(llvm_ir.FloatType(), [x.type, y.type])
+                asm = f"{name}.NaN.f32 $0, $1, $2;"
+                return builder.call(llvm_ir.InlineAsm(fnty, asm, "=f,f,f"), [x, y])
+            # y wins when it is NaN or strictly better ("u": unordered or ...); x when NaN
+            y_wins = builder.fcmp_unordered(">" if bigger else "<", y, x)
+            x_nan = builder.fcmp_unordered("uno", x, x)
+            return builder.select(x_nan, x, builder.select(y_wins, y, x))
+
+        return a(a, b), codegen
+
+    def twin(a, b):
+        return (np.maximum if bigger else np.minimum)(a, b)
+
+    typer.__name__ = typer.__qualname__ = f"{name}_nan"
+    twin.__name__ = twin.__qualname__ = f"{name}_nan_twin"
+    return sim.twin(twin)(intrinsic(typer))
+
+
+max_nan = _make_extreme("max")
+min_nan = _make_extreme("min")
 
 
 @cuda.jit(device=True)
-def min_nan(a, b):
-    """NumPy's minimum: NaN wins."""
-    if a != a:
-        return a
-    if b != b or b < a:
-        return b
-    return a
+def maximum(a, b):
+    """The operator of a NaN-propagating max all-reduce (``tessera_tile.warp``)."""
+    return max_nan(a, b)
+
+
+@cuda.jit(device=True)
+def minimum(a, b):
+    """The operator of a NaN-propagating min all-reduce."""
+    return min_nan(a, b)
 
 
 @cuda.jit(device=True)

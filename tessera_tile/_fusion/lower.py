@@ -299,8 +299,8 @@ class Reduction:
 REDUCTIONS: dict = {
     Op.SUM: Reduction(lambda r, d: f"{TYPE_NAMES[d]}(0)", _fold("{a} + {b}"), warp.add),
     Op.PROD: Reduction(lambda r, d: f"{TYPE_NAMES[d]}(1)", _fold("{a} * {b}"), warp.multiply),
-    Op.MAX: Reduction(_bound(True), _pick("max"), warp.maximum),
-    Op.MIN: Reduction(_bound(False), _pick("min"), warp.minimum),
+    Op.MAX: Reduction(_bound(True), _pick("max"), device.maximum),
+    Op.MIN: Reduction(_bound(False), _pick("min"), device.minimum),
     Op.ANY: Reduction(lambda r, d: "int32(0)", _fold("{a} | {b}"), device.bit_or),
     Op.ALL: Reduction(lambda r, d: "int32(1)", _fold("{a} & {b}"), device.bit_and),
     Op.ARGMAX: Reduction(_bound(True), _arg_pick(">")),

@@ -117,3 +117,20 @@ def test_vector_chain_tail_is_straight_code_without_64_bit_division(arch):
     (report,) = tt.fuse(chain5).inspect(v32, v32, arch=arch)
     assert not divisions_64(report), divisions_64(report)
     assert report.histogram.get("STG.E") == 1  # one scalar store: the tail is not unrolled
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float32_max_and_min_propagate_nan_in_one_instruction(arch):
+    # max.NaN.f32 (sm_80+): one FMNMX.NAN per element instead of a compare-and-select chain
+    (report,) = tt.fuse(softmax).inspect(f32, arch=arch)
+    assert report.count("FMNMX.NAN") >= 32  # 32 elements per lane, and the butterfly
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float64_max_has_no_nan_instruction_and_selects(arch):
+    # PTX has no max.NaN.f64: compare and select
+    f64 = np.zeros((8, 256), np.float64)
+    (report,) = tt.fuse(lambda x, y: tt.maximum(x, y) + tt.min(x, axis=-1, keepdims=True)).inspect(
+        f64, f64, arch=arch
+    )
+    assert report.count("FMNMX.NAN") == 0 and report.count("DSETP") > 0

@@ -252,3 +252,21 @@ def test_non_contiguous_views_give_correct_results(side):
             atol=1e-6,
         )
     np.testing.assert_allclose(softmax(host.T), softmax_ref(host.T), rtol=1e-5, atol=1e-7)
+
+
+@tt.fuse
+def extremes(x, y):
+    return tt.maximum(x, y), tt.minimum(x, y), tt.max(x, axis=-1), tt.min(y, axis=-1), tt.relu(x)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_max_and_min_propagate_nan_like_numpy(dtype):
+    x = rng.standard_normal((6, 70)).astype(dtype)
+    y = rng.standard_normal((6, 70)).astype(dtype)
+    x[1, 3] = y[2, 5] = np.nan
+    x[3, 0] = np.inf
+    y[4, :] = -np.inf
+    got = extremes(x, y)
+    ref = (np.maximum(x, y), np.minimum(x, y), x.max(-1), y.min(-1), np.maximum(x, 0))
+    for g, r in zip(got, ref, strict=True):
+        np.testing.assert_array_equal(g, r)
