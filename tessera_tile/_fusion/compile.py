@@ -79,6 +79,8 @@ def _namespace() -> dict:
         "boolean": types.boolean,
         "int32": types.int32,
         "int64": types.int64,
+        "uint32": types.uint32,
+        "uint64": types.uint64,
         "float16": types.float16,
         "float32": types.float32,
         "float64": types.float64,

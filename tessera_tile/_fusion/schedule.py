@@ -49,6 +49,7 @@ class Variant:
     mode: str = ""  # row: "warp" or "block"
     cache: bool = False  # row: keep multi-pass leaves in shared memory
     vector: int = 1  # elements per 16-byte load/store (contiguous and aligned)
+    index_bits: int = 64  # width of the loop indices (elementwise and row kernels): 32 or 64
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,11 +190,21 @@ def _vector_width(views, kept_rank: int, rows_only: bool) -> int:
     return VECTOR_BYTES // 4
 
 
+INDEX32_LIMIT = 2**31  # index spaces below this many elements use 32-bit loop indices
+
+
+def index_bits(n_kept: int, n_red: int) -> int:
+    """32 when every loop index of the kernel fits in 32 bits with room for one grid stride
+    (an index reaches at most the size plus one stride), else 64: a separate specialisation."""
+    return 32 if n_kept * max(n_red, 1) < INDEX32_LIMIT else 64
+
+
 def choose_variant(stage: Stage, layout) -> Variant:
     kind, kept_rank, red_rank = stage.kind, layout.kept_rank, layout.red_rank
+    bits = index_bits(layout.n_kept, layout.n_red)
     if kind == "elementwise":
         vector = _vector_width(layout.views, kept_rank, False) if kept_rank == 1 else 1
-        return Variant(kind, kept_rank, red_rank, vector=vector)
+        return Variant(kind, kept_rank, red_rank, vector=vector, index_bits=bits)
     if kind != "row":
         return Variant(kind, kept_rank, red_rank)
     mode = "warp" if layout.n_red <= WARP_ROW_MAX else "block"
@@ -201,7 +212,7 @@ def choose_variant(stage: Stage, layout) -> Variant:
     vector = 1
     if red_rank == 1 and layout.n_red % 4 == 0:
         vector = _vector_width(layout.views, kept_rank, True)
-    return Variant(kind, kept_rank, red_rank, mode, cache, vector)
+    return Variant(kind, kept_rank, red_rank, mode, cache, vector, bits)
 
 
 def launch_config(variant: Variant, n_kept: int, n_red: int):

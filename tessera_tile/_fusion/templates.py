@@ -81,6 +81,32 @@ class KernelWriter:
         self.helpers: dict = {}  # name -> device function the source calls
         self.counter = 0
         self.cache_index = "group, j" if self.v.mode == "warp" else "j"
+        # Elementwise and row kernels index with unsigned integers: no wraparound code for
+        # negative indices. Loop counters are 64-bit (Numba marks no add as non-wrapping, so a
+        # 32-bit counter would stop LLVM from turning it into a pointer increment: measured
+        # worse); coordinates split off a linear index use the variant's width, so the
+        # divisions and remainders of strided views are 32-bit where sizes allow.
+        indexed = self.v.kind in ("elementwise", "row")
+        self.index_type = "uint64" if indexed else ""
+        self.coord_type = f"uint{self.v.index_bits}" if indexed else ""
+        self.red_dims = [f"dr{i}" for i in range(self.v.red_rank)]
+
+    def ix(self, expr: str) -> str:
+        """``expr`` as a loop index of this kernel."""
+        return f"{self.index_type}({expr})" if self.index_type else expr
+
+    def coord(self, expr: str) -> str:
+        """``expr`` as a coordinate split off a linear index."""
+        return f"{self.coord_type}({expr})" if self.coord_type else expr
+
+    def dims(self, prefix: str, rank: int) -> list[str]:
+        """The names of the index space's extents, declared as coordinates where they are."""
+        names = [f"{prefix}{i}" for i in range(rank)]
+        if not self.coord_type:
+            return names
+        for name in names:
+            self.src(f"u{name} = {self.coord(name)}")
+        return [f"u{name}" for name in names]
 
     # naming -------------------------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
@@ -173,10 +199,10 @@ class KernelWriter:
         """Statements splitting ``linear`` into coordinates over ``dims`` (C order)."""
         if len(dims) == 1:
             return [f"{prefix}0 = {linear}"]
-        out = [f"{prefix}rem = {linear}"]
+        out = [f"{prefix}rem = {self.coord(linear)}"]
         for i in range(len(dims) - 1, 0, -1):
-            out.append(f"{prefix}{i} = {prefix}rem % {dims[i]}")
-            out.append(f"{prefix}rem = {prefix}rem // {dims[i]}")
+            out.append(f"{prefix}{i} = {self.coord(f'{prefix}rem % {dims[i]}')}")
+            out.append(f"{prefix}rem = {self.coord(f'{prefix}rem // {dims[i]}')}")
         out.append(f"{prefix}0 = {prefix}rem")
         return out
 
@@ -201,15 +227,17 @@ class KernelWriter:
 
     def write_elementwise(self) -> None:
         s = self.src
-        dims = [f"dk{i}" for i in range(self.v.kept_rank)]
-        s(f"n = {' * '.join(dims)}")
-        s("step = cuda.gridsize(1)")
-        s("i = cuda.grid(1)")
+        dims = self.dims("dk", self.v.kept_rank)
+        s(f"n = {self.ix(' * '.join(dims))}")
+        s(f"step = {self.ix('cuda.gridsize(1)')}")
+        s(f"i = {self.ix('cuda.grid(1)')}")
         if self.v.vector > 1:
-            self.write_vector_loop(self.v.vector)
+            width = self.v.vector
+            s(f"nv = {self.ix(f'n // {width}')}")
+            self.write_vector_loop(width)
             # fewer than `vector` elements remain and a grid has more threads than that: an
             # `if`, not a loop (a loop makes LLVM unroll it behind a 64-bit trip-count division)
-            s(f"i = (n // {self.v.vector}) * {self.v.vector} + cuda.grid(1)")
+            s(f"i = {self.ix(f'nv * {width} + cuda.grid(1)')}")
             s("if i < n:")
             with s.block():
                 self.write_scalar_element(dims)
@@ -217,7 +245,7 @@ class KernelWriter:
         s("while i < n:")
         with s.block():
             self.write_scalar_element(dims)
-            s("i += step")
+            s(f"i = {self.ix('i + step')}")
 
     def write_scalar_element(self, dims: list[str]) -> None:
         """Element ``i`` of an elementwise stage: unravel, compute, store."""
@@ -233,9 +261,9 @@ class KernelWriter:
     def write_vector_loop(self, width: int) -> None:
         """Whole 16-byte vectors: one LDG.E.128 per input and one STG.E.128 per output."""
         s = self.src
-        s(f"while i < n // {width}:")
+        s("while i < nv:")
         with s.block():
-            s(f"b = i * {width}")
+            s(f"b = {self.ix(f'i * {width}')}")
             lanes = [dict() for _ in range(width)]
             for leaf in self.leaves:
                 name = self.names[leaf.key]
@@ -248,7 +276,7 @@ class KernelWriter:
                 vals = [self.value(n, lanes[lane], load) for lane in range(width)]
                 t = TYPE_NAMES[np.dtype(n.dtype)]
                 s(f"store16({self.out_name(i)}, b, ({', '.join(f'{t}({v})' for v in vals)}))")
-            s("i += step")
+            s(f"i = {self.ix('i + step')}")
 
     # passes shared by row / column / full ----------------------------------------------------
     def write_reduce_body(self, group_reduce, group_lead, red_index_setup):
@@ -267,16 +295,16 @@ class KernelWriter:
                 s(line)
             width = self.v.vector
             if width > 1:
-                s(f"j = j * {width}")
+                s(f"j = {self.ix(f'j * {width}')}")
             s("while j < nred:")
             with s.block():
-                for line in self.unravel("j", [f"dr{i}" for i in range(self.v.red_rank)], "j"):
+                for line in self.unravel("j", self.red_dims, "j"):
                     s(line)
                 if width > 1:
                     self.write_vector_elements(targets, accs, outs, row_env, first, reads)
                 else:
                     self.write_elements(accs, outs, row_env, first, reads)
-                s(f"j += jstep * {width}" if width > 1 else "j += jstep")
+                s(f"j = {self.ix(f'j + jstep * {width}' if width > 1 else 'j + jstep')}")
             for r, a, ai in accs:
                 for line in group_reduce(r, a, ai):
                     s(line)
@@ -383,21 +411,23 @@ class KernelWriter:
     def write_row(self) -> None:
         s = self.src
         warp = self.v.mode == "warp"
-        kept = [f"dk{i}" for i in range(self.v.kept_rank)]
-        s(f"nred = {' * '.join(f'dr{i}' for i in range(self.v.red_rank))}")
-        s(f"nkept = {' * '.join(kept)}")
+        ix = self.ix
+        kept = self.dims("dk", self.v.kept_rank)
+        self.red_dims = self.dims("dr", self.v.red_rank)
+        s(f"nred = {ix(' * '.join(self.red_dims))}")
+        s(f"nkept = {ix(' * '.join(kept))}")
         if warp:
-            s("lane = cuda.threadIdx.x & 31")
-            s("group = cuda.threadIdx.x >> 5")
-            s("groups = cuda.blockDim.x >> 5")
-            s("jstep = 32")
+            s(f"lane = {ix('cuda.threadIdx.x & 31')}")
+            s(f"group = {ix('cuda.threadIdx.x >> 5')}")
+            s(f"groups = {ix('cuda.blockDim.x >> 5')}")
+            s(f"jstep = {ix('32')}")
         else:
-            s("lane = cuda.threadIdx.x")
-            s("group = 0")
-            s("groups = 1")
-            s("jstep = cuda.blockDim.x")
+            s(f"lane = {ix('cuda.threadIdx.x')}")
+            s(f"group = {ix('0')}")
+            s(f"groups = {ix('1')}")
+            s(f"jstep = {ix('cuda.blockDim.x')}")
         self.declare_shared(str(WARP))
-        s("row = cuda.blockIdx.x * groups + group")
+        s(f"row = {ix('cuda.blockIdx.x * groups + group')}")
         s("while row < nkept:")
         with s.block():
             for line in self.unravel("row", kept, "k"):
@@ -413,7 +443,7 @@ class KernelWriter:
                 return lines
 
             self.write_reduce_body(reduce, lambda: "lane == 0", setup)
-            s("row += cuda.gridDim.x * groups")
+            s(f"row = {ix('row + cuda.gridDim.x * groups')}")
 
     def warp_allreduce(self, r: Node, a: str, ai: str) -> list[str]:
         """Every lane of the warp gets the warp's result, through tessera_tile.warp."""

@@ -134,3 +134,13 @@ def test_float64_max_has_no_nan_instruction_and_selects(arch):
         f64, f64, arch=arch
     )
     assert report.count("FMNMX.NAN") == 0 and report.count("DSETP") > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_strided_coordinates_divide_in_32_bits_below_2_31_elements(arch):
+    # a broadcast operand keeps two index axes: coordinates are split off the linear index
+    # with unsigned 32-bit division and remainder, never 64-bit ones
+    x = np.zeros((64, 48), np.float32)
+    y = np.zeros(48, np.float32)
+    (report,) = tt.fuse(lambda a, b: a * b + a).inspect(x, y, arch=arch)
+    assert "div.u32" in report.ptx and not divisions_64(report), divisions_64(report)

@@ -270,3 +270,20 @@ def test_max_and_min_propagate_nan_like_numpy(dtype):
     ref = (np.maximum(x, y), np.minimum(x, y), x.max(-1), y.min(-1), np.maximum(x, 0))
     for g, r in zip(got, ref, strict=True):
         np.testing.assert_array_equal(g, r)
+
+
+@tt.fuse
+def plus_row(a, b):
+    return a + b
+
+
+def test_index_width_is_part_of_the_variant():
+    # 32-bit coordinates below 2**31 elements; a separate 64-bit kernel above (a broadcast view
+    # makes such an index space without the memory)
+    small, row = rng.standard_normal((5, 7)).astype(np.float32), np.arange(7, dtype=np.float32)
+    source = plus_row.explain(small, row).source
+    assert "index_bits=32" in source and "uint32(dk1)" in source, source
+    big = np.broadcast_to(np.float32(1), (2**16 + 1, 2**15))
+    source = plus_row.explain(big, np.zeros(2**15, np.float32)).source
+    assert "index_bits=64" in source and "uint64(dk1)" in source, source
+    np.testing.assert_array_equal(plus_row(small, row), small + row)
