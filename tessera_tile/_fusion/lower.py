@@ -77,7 +77,10 @@ class _Operands:
         self.floating = is_float(self.out)
 
     def __call__(self, i: int, to=None) -> str:
-        return cast(self.args[i], self.n.srcs[i].dtype, self.out if to is None else to)
+        # operands go to the node's dtype, not its compute dtype: a float16 operand of a
+        # float16 op stays in float32, unrounded (rounding happens where it is stored or
+        # meets another dtype)
+        return cast(self.args[i], self.n.srcs[i].dtype, self.n.dtype if to is None else to)
 
     def const(self, value) -> str:
         return f"{self.t}({value!r})"

@@ -177,17 +177,21 @@ def _vector_width(views, kept_rank: int, rows_only: bool) -> int:
     """Elements per 16-byte access when every array allows one, else 1.
 
     ``views`` holds (shape, strides, dtype, address, is_row). Elementwise stages need 1-D,
-    unit-stride, 4-byte, 16-byte aligned arrays; row stages need unit-stride rows whose other
-    strides keep every row 16-byte aligned (per-row outputs are written one element a row).
+    unit-stride, 16-byte aligned arrays of one item size, 2 or 4 bytes (8 float16 or 4 float32
+    per access); row stages need unit-stride rows whose other strides keep every row 16-byte
+    aligned (per-row outputs are written one element a row).
     """
+    sizes = set()
     for _, strides, dtype, address, is_row in views:
         if rows_only and is_row:
             continue
-        if dtype.itemsize != 4 or strides[-1] != 4 or address % VECTOR_BYTES:
+        size = dtype.itemsize
+        sizes.add(size)
+        if size not in (2, 4) or strides[-1] != size or address % VECTOR_BYTES:
             return 1
         if rows_only and any(st % VECTOR_BYTES for st in strides[:kept_rank]):
             return 1
-    return VECTOR_BYTES // 4
+    return VECTOR_BYTES // sizes.pop() if len(sizes) == 1 else 1
 
 
 INDEX32_LIMIT = 2**31  # index spaces below this many elements use 32-bit loop indices
@@ -210,8 +214,10 @@ def choose_variant(stage: Stage, layout) -> Variant:
     mode = "warp" if layout.n_red <= WARP_ROW_MAX else "block"
     cache = 0 < layout.n_red <= cache_length(stage, BLOCK // WARP if mode == "warp" else 1)
     vector = 1
-    if red_rank == 1 and layout.n_red % 4 == 0:
+    if red_rank == 1:
         vector = _vector_width(layout.views, kept_rank, True)
+        if layout.n_red % vector:
+            vector = 1
     return Variant(kind, kept_rank, red_rank, mode, cache, vector, bits)
 
 

@@ -269,7 +269,7 @@ class KernelWriter:
                 name = self.names[leaf.key]
                 parts = [f"{name}_{lane}" for lane in range(width)]
                 s(f"{', '.join(parts)} = load16({name}, b)")
-                for lane, part in enumerate(parts):
+                for lane, part in enumerate(self.widened(leaf, parts)):
                     lanes[lane][leaf.key] = part
             load = self.loader(set())
             for i, (n, _) in enumerate(self.outputs):
@@ -375,7 +375,8 @@ class KernelWriter:
                 if key in first:
                     for lane, part in enumerate(parts):
                         s(f"cache_{name}[{self.cache_at(lane)}] = {part}")
-            for lane, part in enumerate(parts):
+            leaf = next(n for n in self.leaves if n.key == key)
+            for lane, part in enumerate(self.widened(leaf, parts)):
                 lanes[lane][key] = part
         no_load = self.loader(set())
         for lane in range(width):
@@ -386,6 +387,15 @@ class KernelWriter:
             t = TYPE_NAMES[np.dtype(n.dtype)]
             vals = [f"{t}({self.value(n, lanes[lane], no_load)})" for lane in range(width)]
             s(f"store16(out{i}, {at}, ({', '.join(vals)}))")
+
+    def widened(self, leaf: Node, parts: list[str]) -> list[str]:
+        """Loaded elements in their compute dtype (float16 is computed in float32)."""
+        if compute_dtype(leaf.dtype) == np.dtype(leaf.dtype):
+            return parts
+        t = TYPE_NAMES[compute_dtype(leaf.dtype)]
+        for part in parts:
+            self.src(f"{part}w = {t}({part})")
+        return [f"{part}w" for part in parts]
 
     def cache_at(self, lane: int) -> str:
         return self.cache_index.replace("j", f"j + {lane}")

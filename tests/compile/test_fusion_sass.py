@@ -144,3 +144,15 @@ def test_strided_coordinates_divide_in_32_bits_below_2_31_elements(arch):
     y = np.zeros(48, np.float32)
     (report,) = tt.fuse(lambda a, b: a * b + a).inspect(x, y, arch=arch)
     assert "div.u32" in report.ptx and not divisions_64(report), divisions_64(report)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float16_rows_and_chains_use_16_byte_accesses(arch):
+    # 8 float16 per LDG.E.128; 2-byte loads remain only in the chain's once-run tail
+    h = np.zeros((64, 1024), np.float16)
+    (rows,) = tt.fuse(softmax).inspect(h, arch=arch)
+    assert rows.count("LDG.E.128") >= 1 and rows.count("STG.E.128") >= 1
+    assert "LDG.E.U16" not in rows.histogram and "STG.E.U16" not in rows.histogram
+    (chain,) = tt.fuse(chain5).inspect(*(v32.astype(np.float16),) * 2, arch=arch)
+    assert chain.count("LDG.E.128") == 2 and chain.count("STG.E.128") == 1
+    assert chain.histogram.get("LDG.E.U16") == 2 and chain.histogram.get("STG.E.U16") == 1

@@ -287,3 +287,17 @@ def test_index_width_is_part_of_the_variant():
     source = plus_row.explain(big, np.zeros(2**15, np.float32)).source
     assert "index_bits=64" in source and "uint64(dk1)" in source, source
     np.testing.assert_array_equal(plus_row(small, row), small + row)
+
+
+@tt.fuse
+def fma_like(a, b, c):
+    return a * b + c
+
+
+def test_float16_is_rounded_only_where_stored():
+    # computed in float32 and rounded once, at the store (NumPy rounds after every op)
+    a, b, c = (rng.standard_normal(4099).astype(np.float16) for _ in range(3))
+    once = (a.astype(np.float32) * b.astype(np.float32) + c.astype(np.float32)).astype(np.float16)
+    assert np.any(once != a * b + c)  # the two roundings differ on this data
+    np.testing.assert_array_equal(fma_like(a, b, c), once)
+    assert "vector=8" in fma_like.explain(a, b, c).source
