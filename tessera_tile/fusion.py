@@ -179,7 +179,8 @@ def _describe(b: runtime.Bound) -> str:
     what = {
         "elementwise": "elementwise, grid-stride",
         "row": f"rows reduced by a {variant.mode}"
-        + (", row kept on chip between passes" if variant.cache else ""),
+        + (", row kept on chip between passes" if variant.cache else "")
+        + (", row kept on chip in registers, unrolled" if variant.chunks else ""),
         "column": "coalesced column reduction",
         "full": "full reduction, two-stage in one launch",
     }[stage.kind]

@@ -31,6 +31,7 @@ WARP = 32
 BLOCK = 256  # threads per block in every template but column
 COLUMN_BLOCK = (32, 8)
 WARP_ROW_MAX = 1024  # rows up to this long get a warp each, longer rows a block
+ROW_REGISTERS = 32  # 4-byte registers per lane that may hold a row's leaves (as Triton's BLOCK)
 CACHE_BYTES = 32768  # shared memory that keeps a row on chip between passes
 VECTOR_BYTES = 16
 # Grid caps. On a GPU: enough blocks to fill the largest parts several times over. In the
@@ -50,6 +51,9 @@ class Variant:
     cache: bool = False  # row: keep multi-pass leaves in shared memory
     vector: int = 1  # elements per 16-byte load/store (contiguous and aligned)
     index_bits: int = 64  # width of the loop indices (elementwise and row kernels): 32 or 64
+    chunks: int = 0  # row, warp: each lane holds its part of the row in registers, `chunks`
+    # accesses of `vector` elements, fully unrolled (0: rows stream through loops)
+    exact: bool = False  # the row length is exactly 32 * chunks * vector: no bounds guards
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,7 +222,24 @@ def choose_variant(stage: Stage, layout) -> Variant:
         vector = _vector_width(layout.views, kept_rank, True)
         if layout.n_red % vector:
             vector = 1
+    chunks = register_chunks(stage, layout.n_red, vector) if mode == "warp" and red_rank == 1 else 0
+    if chunks:  # the row lives in registers: no shared cache, no loops over it
+        exact = layout.n_red == WARP * chunks * vector
+        return Variant(kind, kept_rank, red_rank, mode, False, vector, bits, chunks, exact)
     return Variant(kind, kept_rank, red_rank, mode, cache, vector, bits)
+
+
+def register_chunks(stage: Stage, n_red: int, vector: int) -> int:
+    """Accesses per lane when a warp's row fits in registers (rows bucketed to a power of two
+    of accesses per lane, bounds-guarded below it), else 0. Only rows read by several passes
+    gain from it; a one-pass row streams."""
+    leaves = multi_pass_leaves(stage)
+    if not leaves or n_red == 0:
+        return 0
+    need = -(-n_red // (WARP * vector))
+    chunks = 1 << (need - 1).bit_length()
+    words = sum(max(4, n.dtype.itemsize) // 4 for n in stage.leaves)
+    return chunks if chunks * vector * words <= ROW_REGISTERS else 0
 
 
 def launch_config(variant: Variant, n_kept: int, n_red: int):
@@ -229,7 +250,10 @@ def launch_config(variant: Variant, n_kept: int, n_red: int):
         return max(1, min(-(-n // BLOCK), MAX_BLOCKS)), BLOCK
     if kind == "row":
         rows_per_block = BLOCK // WARP if variant.mode == "warp" else 1
-        return max(1, min(-(-n_kept // rows_per_block), MAX_BLOCKS)), BLOCK
+        blocks = -(-n_kept // rows_per_block)
+        if variant.chunks:  # a warp per row, no loop over rows
+            return max(1, blocks), BLOCK
+        return max(1, min(blocks, MAX_BLOCKS)), BLOCK
     if kind == "column":
         return max(1, min(-(-n_kept // COLUMN_BLOCK[0]), MAX_BLOCKS)), COLUMN_BLOCK
     return max(1, min(-(-n_red // BLOCK), MAX_FULL_BLOCKS)), BLOCK
@@ -248,13 +272,14 @@ class Schedule:
     passes: list[Pass]
     cached: frozenset  # leaf keys kept in the on-chip row cache
     cache_length: int  # row elements each cache holds (per row of the block)
+    resident: frozenset  # leaf keys a register row holds (read once)
     rows_per_block: int
     scratch: dict  # shared scratch array name -> type name
     reciprocals: dict  # TRUEDIV key -> divisor node
 
 
 def schedule(stage: Stage, variant: Variant) -> Schedule:
-    online = variant.kind in ("row", "column") and not variant.cache
+    online = variant.kind in ("row", "column") and not variant.cache and not variant.chunks
     passes = plan_passes(stage, online)
     if variant.kind == "full":
         assert len(passes) <= 1 or not passes[1].reductions, "full stages reduce once"
@@ -276,6 +301,7 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
         passes,
         cached,
         cache_length(stage, rows) if cached else 0,
+        frozenset(n.key for n in stage.leaves) if variant.chunks else frozenset(),
         rows,
         scratch,
         reciprocals(stage),
@@ -298,7 +324,8 @@ def predicted_bytes(sched: Schedule, n_kept: int, n_red: int, blocks: int) -> in
         seen: set = set()
         for p in sched.passes:
             for key in pass_leaves(p.targets):
-                if key not in sched.cached or key not in seen:
+                kept = key in sched.cached or key in sched.resident
+                if not kept or key not in seen:
                     total += leaves[key].dtype.itemsize * elements
             seen |= pass_leaves(p.targets)
     for node, _ in stage.outputs:

@@ -187,7 +187,7 @@ class KernelWriter:
         """The shared scratch of block-wide combines and the on-chip row caches."""
         for name, t in self.sched.scratch.items():
             self.src(f"{name} = cuda.shared.array({scratch_shape}, {t})")
-        length = self.sched.cache_length
+        length = self.sched.cache_length  # (register rows declare no cache)
         shape = f"({self.sched.rows_per_block}, {length})" if self.v.mode == "warp" else length
         for n in self.leaves:
             if n.key in self.sched.cached:
@@ -438,6 +438,15 @@ class KernelWriter:
             s(f"jstep = {ix('cuda.blockDim.x')}")
         self.declare_shared(str(WARP))
         s(f"row = {ix('cuda.blockIdx.x * groups + group')}")
+        if self.v.chunks:
+            # one row per warp, no loop over rows: the warp's shuffles then sit in straight
+            # code, and ptxas emits no divergent fallback copy of the row's code
+            s("if row >= nkept:")
+            s("    return")
+            for line in self.unravel("row", kept, "k"):
+                s(line)
+            self.write_register_row()
+            return
         s("while row < nkept:")
         with s.block():
             for line in self.unravel("row", kept, "k"):
@@ -454,6 +463,75 @@ class KernelWriter:
 
             self.write_reduce_body(reduce, lambda: "lane == 0", setup)
             s(f"row = {ix('row + cuda.gridDim.x * groups')}")
+
+    def write_register_row(self) -> None:
+        """A warp's row in registers: each lane loads its ``chunks`` accesses of ``vector``
+        elements once, every pass is unrolled over them, and a value two passes need (softmax's
+        ``exp``) is computed once. Below the bucket's length, an access past the row loads
+        nothing (its elements are zeros) and is left out of folds and stores."""
+        s = self.src
+        width, chunks, exact = self.v.vector, self.v.chunks, self.v.exact
+        kept = [f"k{i}" for i in range(self.v.kept_rank)]
+        for c in range(chunks):
+            s(f"jc{c} = {self.ix(f'({c * WARP} + lane) * {width}')}")
+            if not exact:
+                s(f"ok{c} = jc{c} < nred")
+        envs = [dict() for _ in range(chunks * width)]
+        loaded: set = set()
+        row_env: dict = {}
+        no_load = self.loader(set())
+        for p in self.sched.passes:
+            accs = [self.accumulator(r) for r in p.reductions]
+            for c in range(chunks):
+                chunk = envs[c * width : (c + 1) * width]
+                for env in chunk:
+                    env.update(row_env)
+                at = ", ".join([*kept, f"jc{c}"])
+                for key in sorted(pass_leaves(p.targets) - loaded):
+                    leaf = next(n for n in self.leaves if n.key == key)
+                    name = self.names[key]
+                    parts = [self.fresh(f"{name}_") for _ in range(width)]
+                    load = f"load16({name}, ({at},))" if width > 1 else f"{name}[{at}]"
+                    if exact:
+                        s(f"{', '.join(parts)} = {load}")
+                    else:
+                        zero = f"{TYPE_NAMES[np.dtype(leaf.dtype)]}(0)"
+                        s(f"if ok{c}:")
+                        s(f"    {', '.join(parts)} = {load}")
+                        s("else:")
+                        s(f"    {', '.join(parts)} = {', '.join([zero] * width)}")
+                    for env, part in zip(chunk, self.widened(leaf, parts), strict=True):
+                        env[key] = part
+                guarded: list[str] = []
+                for lane, env in enumerate(chunk):
+                    for r, a, ai in accs:
+                        guarded += self.fold_element(r, a, ai, env, no_load, f"(jc{c} + {lane})")
+                for i, n in p.outputs:
+                    t = TYPE_NAMES[np.dtype(n.dtype)]
+                    vals = [f"{t}({self.value(n, env, no_load)})" for env in chunk]
+                    if width > 1:
+                        guarded.append(f"store16(out{i}, ({at},), ({', '.join(vals)}))")
+                    else:
+                        guarded.append(f"out{i}[{at}] = {vals[0]}")
+                if not exact and guarded:
+                    s(f"if ok{c}:")
+                    guarded = ["    " + line for line in guarded]
+                for line in guarded:
+                    s(line)
+            loaded |= pass_leaves(p.targets)
+            for r, a, ai in accs:
+                for line in self.warp_allreduce(r, a, ai):
+                    s(line)
+                row_env[r.key] = self.fresh("r")
+                s(f"{row_env[r.key]} = {final_value(r, a, ai)}")
+            self.emit_row_values(row_env)
+        row_outs = [(i, n) for i, (n, _) in enumerate(self.outputs) if self.space[id(n)] == "row"]
+        if row_outs:
+            s("if lane == 0:")
+            with s.block():
+                for i, n in row_outs:
+                    val = self.value(n, row_env, no_load)
+                    s(f"out{i}[{self.index(True, False)}] = {store_cast(n, val)}")
 
     def warp_allreduce(self, r: Node, a: str, ai: str) -> list[str]:
         """Every lane of the warp gets the warp's result, through tessera_tile.warp."""

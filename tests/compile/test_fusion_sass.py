@@ -156,3 +156,15 @@ def test_float16_rows_and_chains_use_16_byte_accesses(arch):
     (chain,) = tt.fuse(chain5).inspect(*(v32.astype(np.float16),) * 2, arch=arch)
     assert chain.count("LDG.E.128") == 2 and chain.count("STG.E.128") == 1
     assert chain.histogram.get("LDG.E.U16") == 2 and chain.histogram.get("STG.E.U16") == 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_softmax_row_of_1024_stays_in_registers_and_computes_exp_once(arch):
+    # a warp per row, 32 float32 per lane: 8 LDG.E.128 issued up front, no shared memory, one
+    # exp per element (MUFU.EX2: 32 per lane), and the two all-reduces' 10 shuffles without a
+    # divergent fallback copy
+    (report,) = tt.fuse(softmax).inspect(f32, arch=arch)
+    assert report.shared_bytes == 0 and report.spill_stores == 0
+    assert report.count("LDG.E.128") == 8 and report.count("STG.E.128") == 8
+    assert report.count("MUFU.EX2") == 32
+    assert report.count("SHFL") == 10
