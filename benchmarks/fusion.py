@@ -11,6 +11,7 @@
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -35,6 +36,12 @@ ANCHORS = {
         ("Triton (4 warps)", 21, 173, "LDG.128:2 STG.128:2 SHFL:14 BAR:3 MUFU.EX2:8"),
     ],
 }
+
+
+# Steady-state instructions per element of the same peers (marginal cost between two row
+# lengths), from the same offline builds.
+PER_ELEMENT = {"CUDA C++ (1 warp/row)": "9.5-9.7", "Triton (1 warp)": "13-13.75",
+               "Triton (4 warps)": "13-13.75"}  # fmt: skip
 
 
 def chains():
@@ -118,19 +125,24 @@ def sass() -> None:
         return e / tt.sum(e, axis=-1, keepdims=True)
 
     v = np.zeros(1 << 20, np.float32)
-    rows = np.zeros((4096, 1024), np.float32)
-    ours = {
-        "chain": tt.fuse(chain).inspect(v, v, v, arch="sm_90")[0],
-        "softmax": tt.fuse(softmax).inspect(rows, arch="sm_90")[0],
-    }
-    titles = {
-        "chain": "elementwise tanh(a*b+c)*sigmoid(a*b+c)-a, float32, sm_90",
-        "softmax": "row softmax, 1024 float32 per row, sm_90",
-    }
     keys = ("LDG", "STG", "FFMA", "MUFU", "SHFL", "BAR", "LDS", "STS")
-    for op, report in ours.items():
-        table = Table(title=titles[op])
-        for col in ("kernel", "regs", "spills", "smem (B)", "instr", "key opcodes (static)"):
+    for op, dtype in (("chain", np.float32), ("chain", np.float16), ("softmax", np.float32),
+                      ("softmax", np.float16)):  # fmt: skip
+        if op == "chain":
+            x = v.astype(dtype)
+            report = tt.fuse(chain).inspect(x, x, x, arch="sm_90")[0]
+            width = 16 // np.dtype(dtype).itemsize
+            body = max(_loop_bodies(report.sass), default=0)  # the 16-byte loop
+            per_element = body / width
+            title = f"elementwise tanh(a*b+c)*sigmoid(a*b+c)-a, {np.dtype(dtype)}, sm_90"
+        else:
+            report = tt.fuse(softmax).inspect(np.zeros((4096, 1024), dtype), arch="sm_90")[0]
+            half = tt.fuse(softmax).inspect(np.zeros((4096, 512), dtype), arch="sm_90")[0]
+            per_element = (report.instructions - half.instructions) / 16  # 16 more per lane
+            title = f"row softmax, 1024 {np.dtype(dtype)} per row, sm_90"
+        table = Table(title=title)
+        cols = ("kernel", "regs", "spills", "smem (B)", "instr", "instr/element", "key opcodes")
+        for col in cols:
             table.add_column(col)
         table.add_row(
             "tessera_tile @tt.fuse",
@@ -138,12 +150,37 @@ def sass() -> None:
             str(report.spill_stores + report.spill_loads),
             str(report.shared_bytes),
             str(report.instructions),
+            f"{per_element:.1f}",
             report.key_opcodes(keys),
         )
-        for name, regs, instr, opcodes in ANCHORS[op]:
-            table.add_row(name, str(regs), "0", "-", str(instr), opcodes)
+        if dtype == np.float32:
+            for name, regs, instr, opcodes in ANCHORS[op]:
+                table.add_row(name, str(regs), "0", "-", str(instr), PER_ELEMENT.get(name, "-"),
+                              opcodes)  # fmt: skip
         console.print(table)
-    console.print("Static SASS counts from ptxas/nvdisasm 13.5 (no GPU): not timings.")
+    console.print(
+        "Static SASS counts from ptxas/nvdisasm 13.5 (no GPU): not timings. instr/element: the "
+        "16-byte loop's instructions per element (chain), or the kernel's growth from 512 to "
+        "1024 per row over the 16 elements a lane gains (softmax)."
+    )
+
+
+def _loop_bodies(sass: str) -> list[int]:
+    """Instruction counts of the loops of a SASS listing (a backward branch to a label)."""
+    labels, count, bodies = {}, 0, []
+    for line in sass.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = count
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
+        if not m or m.group(1).startswith("NOP"):
+            continue
+        count += 1
+        target = re.search(r"\bBRA\b.*?(\.L_x_\d+)", m.group(1))
+        if target and target.group(1) in labels and count - labels[target.group(1)] > 1:
+            bodies.append(count - labels[target.group(1)])
+    return bodies
 
 
 def compile_time() -> None:

@@ -37,6 +37,7 @@ from . import tile_ir as ir
 from ._fusion import plan as planner
 from ._fusion import runtime, schedule
 from ._fusion.compile import CountingCache, KernelCache
+from ._fusion.schedule import MATH_MODES
 from ._fusion.trace import Traced, TraceError, as_node, binary, count, reduce, ternary, trace, unary
 from .tile_ir import Op
 
@@ -80,8 +81,11 @@ class Explain:
 class FusedFunction:
     """A function of arrays compiled into as few kernels as the data allows."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, math: str = "fast"):
+        if math not in MATH_MODES:
+            raise ValueError(f"math must be one of {MATH_MODES}, got {math!r}")
         self.fn = fn
+        self.math = math
         functools.update_wrapper(self, fn)
         self._programs = CountingCache()
 
@@ -98,7 +102,9 @@ class FusedFunction:
         program = self._program(call)
         shapes = call.shapes(program)
         records = runtime.planned_records(program, call, shapes)
-        stages = [runtime.bind(s, records, shapes, kernel_cache) for s in program.plan.stages]
+        stages = [
+            runtime.bind(s, records, shapes, kernel_cache, self.math) for s in program.plan.stages
+        ]
         return call, program, shapes, stages
 
     def cache_info(self) -> dict:
@@ -159,14 +165,23 @@ class FusedFunction:
                 "no CUDA GPU found: set NUMBA_ENABLE_CUDASIM=1 (before Python starts) to run "
                 "fused functions in tessera_tile's simulator"
             )
-        return runtime.execute(self._program(call), call, kernel_cache, stream)
+        return runtime.execute(self._program(call), call, kernel_cache, stream, self.math)
 
 
-def fuse(fn) -> FusedFunction:
-    """Decorator: compile ``fn``'s elementwise and reduction ops into fused kernels."""
+def fuse(fn=None, *, math: str = "fast"):
+    """Decorator: compile ``fn``'s elementwise and reduction ops into fused kernels.
+
+    ``math="fast"`` (the default) uses the approximations of the numerics policy in
+    docs/fusion.md: ``ex2.approx`` for ``exp(x - max(x))`` and one ``rcp.approx`` per row
+    for a division by a per-row value, each within the documented error. ``math="ieee"`` uses
+    IEEE divisions and libdevice everywhere. Use as ``@tt.fuse``, ``@tt.fuse(math="ieee")`` or
+    ``tt.fuse(fn, math="ieee")``.
+    """
+    if fn is None:
+        return lambda f: fuse(f, math=math)
     if not callable(fn):
         raise TypeError(f"fuse expects a function, got {type(fn).__name__}")
-    return FusedFunction(fn)
+    return FusedFunction(fn, math)
 
 
 def _stand_in(shape, strides, dtype):

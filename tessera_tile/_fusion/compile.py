@@ -85,6 +85,8 @@ def _namespace() -> dict:
         "float32": types.float32,
         "float64": types.float64,
         "max_nan": device.max_nan,
+        "exp_approx": device.exp_approx,
+        "rcp_approx": device.rcp_approx,
         "min_nan": device.min_nan,
         "floordiv_int": device.floordiv_int,
         "floordiv_float": device.floordiv_float,

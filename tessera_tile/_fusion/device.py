@@ -82,6 +82,40 @@ max_nan = _make_extreme("max")
 min_nan = _make_extreme("min")
 
 
+def _make_approx(name: str, asm: str, scale: float, twin):
+    """A float32 function of one hardware instruction (``MUFU``), ``asm`` applied to
+    ``x * scale``; its simulator twin is NumPy's exact function (the approximation's error is
+    measured offline and documented in docs/fusion.md)."""
+
+    def typer(typingctx, x):
+        if x != types.float32:
+            raise NumbaTypeError(f"{name} takes float32, got {x}")
+
+        def codegen(context, builder, sig, args):
+            (v,) = args
+            if scale != 1.0:
+                v = builder.fmul(v, llvm_ir.Constant(llvm_ir.FloatType(), scale))
+            fnty = llvm_ir.FunctionType(llvm_ir.FloatType(), [v.type])
+            return builder.call(llvm_ir.InlineAsm(fnty, f"{asm} $0, $1;", "=f,f"), [v])
+
+        return types.float32(x), codegen
+
+    typer.__name__ = typer.__qualname__ = name
+    twin.__name__ = twin.__qualname__ = f"{name}_twin"
+    return sim.twin(twin)(intrinsic(typer))
+
+
+# exp(x) = 2**(x log2 e), one FMUL and one MUFU.EX2: used where x <= 0 is known (softmax's
+# x - max(x)), where the rounding of x log2 e stays small (the error grows with |x|)
+exp_approx = _make_approx(
+    "exp_approx", "ex2.approx.f32", math.log2(math.e), lambda x: np.exp(np.float32(x))
+)
+# 1 / x in one MUFU.RCP (no IEEE slow path): the reciprocal of a per-row divisor
+rcp_approx = _make_approx(
+    "rcp_approx", "rcp.approx.f32", 1.0, lambda x: np.float32(1) / np.float32(x)
+)
+
+
 @cuda.jit(device=True)
 def maximum(a, b):
     """The operator of a NaN-propagating max all-reduce (``tessera_tile.warp``)."""

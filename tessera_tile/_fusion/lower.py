@@ -214,6 +214,27 @@ def emit_elementwise(n: Node, args: list[str]) -> str:
     return EMIT[n.op](_Operands(n, args))
 
 
+APPROX: dict[Op, Callable[[_Operands], str]] = {
+    Op.EXP: lambda o: f"exp_approx({o(0)})",
+    Op.SIGMOID: lambda o: f"rcp_approx({o.const(1.0)} + {o.t}(exp(-{o(0)})))",
+    Op.SILU: lambda o: f"({o(0)} * rcp_approx({o.const(1.0)} + {o.t}(exp(-{o(0)}))))",
+}
+
+
+def emit_approx(n: Node, args: list[str]) -> str:
+    """The hardware-approximated expression of ``n`` (float32; the schedule chose where)."""
+    return APPROX[n.op](_Operands(n, args))
+
+
+def reciprocal(expr: str, dtype: np.dtype, approx: bool) -> str:
+    """``1 / expr`` in ``dtype``'s compute dtype: one ``rcp.approx`` for float32 when
+    ``approx``, else an IEEE division."""
+    t = TYPE_NAMES[compute_dtype(dtype)]
+    if approx and compute_dtype(dtype) == np.dtype(np.float32):
+        return f"rcp_approx({expr})"
+    return f"{t}(1.0) / {expr}"
+
+
 # --------------------------------------------------------------------------------------------
 # reductions
 

@@ -231,13 +231,15 @@ class Bound:
         return schedule.predicted_bytes(self.generated.schedule, lay.n_kept, lay.n_red, self.blocks)
 
 
-def bind(stage: Stage, records: dict, shapes: dict, cache: KernelCache) -> Bound:
+def bind(
+    stage: Stage, records: dict, shapes: dict, cache: KernelCache, math: str = "fast"
+) -> Bound:
     """``records`` maps a leaf's ``arg`` (position, ``("temp", k)``, ``("out", k)``) to its
-    record on the device."""
+    record on the device; ``math`` is ``"fast"`` or ``"ieee"`` (see ``tt.fuse``)."""
     leaves = [records[n.arg] for n in stage.leaves]
     outs = [records[dest] for _, dest in stage.outputs]
     layout = Layout(stage, stage_index_shape(stage, shapes), leaves, outs)
-    variant = schedule.choose_variant(stage, layout)
+    variant = schedule.choose_variant(stage, layout, math)
     generated = cache.kernel(stage, variant)
     blocks, threads = schedule.launch_config(variant, layout.n_kept, layout.n_red)
     return Bound(stage, layout, variant, generated, blocks, threads)
@@ -282,7 +284,7 @@ def full_scratch_types(stage: Stage) -> list:
 # execution
 
 
-def execute(program: Program, call: Call, cache: KernelCache, stream):
+def execute(program: Program, call: Call, cache: KernelCache, stream, math: str = "fast"):
     """Run the call; results are of the arguments' family (NumPy, numba, CuPy)."""
     shapes = call.shapes(program)
     check_out(program, shapes, call)
@@ -311,7 +313,7 @@ def execute(program: Program, call: Call, cache: KernelCache, stream):
     for tid, n in program.plan.temps.items():
         place(("temp", tid), arrays.read(arrays.empty(shapes[n.key], n.dtype, "numba", s), "temp"))
     for stage in program.plan.stages:
-        _launch(bind(stage, records, shapes, cache), handles, program, call, shapes, s)
+        _launch(bind(stage, records, shapes, cache, math), handles, program, call, shapes, s)
     if not call.on_device:
         outs = call.out or [None] * len(results)
         results = [

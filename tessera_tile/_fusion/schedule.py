@@ -54,6 +54,7 @@ class Variant:
     chunks: int = 0  # row, warp: each lane holds its part of the row in registers, `chunks`
     # accesses of `vector` elements, fully unrolled (0: rows stream through loops)
     exact: bool = False  # the row length is exactly 32 * chunks * vector: no bounds guards
+    math: str = "fast"  # "fast": the approximations of the numerics policy; "ieee": libdevice
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,6 +112,28 @@ def reciprocals(stage: Stage) -> dict[str, Node]:
         and space[id(n.srcs[1])] == "row"
         and lower.is_float(n.dtype)
     }
+
+
+def approximated(stage: Stage) -> frozenset:
+    """float32 nodes written with hardware approximations (see docs/fusion.md, numerics
+    policy): ``exp(f - max(f))`` over the reduced axes, whose argument is at most 0 (or NaN),
+    by ``ex2.approx``; ``sigmoid`` and ``silu``, whose divisor ``1 + exp(-x)`` is at least 1,
+    by one ``rcp.approx`` (exp itself stays libdevice's: its argument is unbounded)."""
+    out = set()
+    for n in stage.nodes:
+        if lower.compute_dtype(n.dtype) != np.dtype(np.float32):
+            continue
+        if n.op in (Op.SIGMOID, Op.SILU):
+            out.add(n.key)
+        if n.op is not Op.EXP:
+            continue
+        sub = n.srcs[0]
+        if sub.op is not Op.SUB:
+            continue
+        f, peak = sub.srcs
+        if peak.op is Op.MAX and peak.srcs[0].key == f.key and peak.arg[1]:
+            out.add(n.key)
+    return frozenset(out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,14 +230,17 @@ def index_bits(n_kept: int, n_red: int) -> int:
     return 32 if n_kept * max(n_red, 1) < INDEX32_LIMIT else 64
 
 
-def choose_variant(stage: Stage, layout) -> Variant:
+MATH_MODES = ("fast", "ieee")
+
+
+def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     kind, kept_rank, red_rank = stage.kind, layout.kept_rank, layout.red_rank
     bits = index_bits(layout.n_kept, layout.n_red)
     if kind == "elementwise":
         vector = _vector_width(layout.views, kept_rank, False) if kept_rank == 1 else 1
-        return Variant(kind, kept_rank, red_rank, vector=vector, index_bits=bits)
+        return Variant(kind, kept_rank, red_rank, vector=vector, index_bits=bits, math=math)
     if kind != "row":
-        return Variant(kind, kept_rank, red_rank)
+        return Variant(kind, kept_rank, red_rank, math=math)
     mode = "warp" if layout.n_red <= WARP_ROW_MAX else "block"
     cache = 0 < layout.n_red <= cache_length(stage, BLOCK // WARP if mode == "warp" else 1)
     vector = 1
@@ -225,8 +251,8 @@ def choose_variant(stage: Stage, layout) -> Variant:
     chunks = register_chunks(stage, layout.n_red, vector) if mode == "warp" and red_rank == 1 else 0
     if chunks:  # the row lives in registers: no shared cache, no loops over it
         exact = layout.n_red == WARP * chunks * vector
-        return Variant(kind, kept_rank, red_rank, mode, False, vector, bits, chunks, exact)
-    return Variant(kind, kept_rank, red_rank, mode, cache, vector, bits)
+        return Variant(kind, kept_rank, red_rank, mode, False, vector, bits, chunks, exact, math)
+    return Variant(kind, kept_rank, red_rank, mode, cache, vector, bits, math=math)
 
 
 def register_chunks(stage: Stage, n_red: int, vector: int) -> int:
@@ -273,6 +299,8 @@ class Schedule:
     cached: frozenset  # leaf keys kept in the on-chip row cache
     cache_length: int  # row elements each cache holds (per row of the block)
     resident: frozenset  # leaf keys a register row holds (read once)
+    approx: frozenset  # keys of nodes written with hardware approximations
+    approx_reciprocal: bool  # per-row float32 reciprocals with rcp.approx
     rows_per_block: int
     scratch: dict  # shared scratch array name -> type name
     reciprocals: dict  # TRUEDIV key -> divisor node
@@ -302,6 +330,8 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
         cached,
         cache_length(stage, rows) if cached else 0,
         frozenset(n.key for n in stage.leaves) if variant.chunks else frozenset(),
+        approximated(stage) if variant.math == "fast" else frozenset(),
+        variant.math == "fast",
         rows,
         scratch,
         reciprocals(stage),

@@ -22,11 +22,13 @@ from .lower import (
     combine,
     compute_dtype,
     element_value,
+    emit_approx,
     emit_elementwise,
     final_value,
     fold_partials,
     identity,
     online_element,
+    reciprocal,
     second_accumulator,
     store_cast,
 )
@@ -162,6 +164,8 @@ class KernelWriter:
         rcp = env.get("rcp:" + n.key)
         if rcp is not None:  # divide by a per-row value: multiply by its reciprocal
             self.src(f"{var} = {cast(args[0], n.srcs[0].dtype, n.dtype)} * {rcp}")
+        elif n.key in self.sched.approx:
+            self.src(f"{var} = {emit_approx(n, args)}")
         else:
             self.src(f"{var} = {emit_elementwise(n, args)}")
         env[n.key] = var
@@ -413,8 +417,8 @@ class KernelWriter:
                 continue
             dtype = next(n.dtype for n in self.nodes if n.key == key)
             var = self.fresh("rcp")
-            t = TYPE_NAMES[compute_dtype(dtype)]
-            self.src(f"{var} = {t}(1.0) / {cast(env[divisor.key], divisor.dtype, dtype)}")
+            value = cast(env[divisor.key], divisor.dtype, dtype)
+            self.src(f"{var} = {reciprocal(value, dtype, self.sched.approx_reciprocal)}")
             env["rcp:" + key] = var
 
     # row template ---------------------------------------------------------------------------

@@ -168,3 +168,20 @@ def test_softmax_row_of_1024_stays_in_registers_and_computes_exp_once(arch):
     assert report.count("LDG.E.128") == 8 and report.count("STG.E.128") == 8
     assert report.count("MUFU.EX2") == 32
     assert report.count("SHFL") == 10
+
+
+def slow_path_calls(report) -> list[str]:
+    return [line.split("`")[-1] for line in report.sass.splitlines() if "CALL" in line]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fast_math_has_no_ieee_slow_path_and_one_reciprocal_per_row(arch):
+    # numerics policy: ex2.approx for exp(x - max), rcp.approx once per row and in sigmoid
+    (rows,) = tt.fuse(softmax).inspect(f32, arch=arch)
+    assert not slow_path_calls(rows) and rows.count("MUFU.RCP") == 1
+    (chain,) = tt.fuse(chain5).inspect(v32, v32, arch=arch)
+    assert not slow_path_calls(chain)
+    # math="ieee": IEEE division and libdevice exp, which bring the slow path back
+    (ieee,) = tt.fuse(softmax, math="ieee").inspect(f32, arch=arch)
+    assert slow_path_calls(ieee)
+    assert ieee.count("FFMA.RM") > 0 and rows.count("FFMA.RM") == 0  # libdevice expf's rounding

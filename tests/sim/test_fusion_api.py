@@ -243,3 +243,21 @@ def test_tt_functions_take_scalars_as_numpy_functions_do():
     got32 = stays_float32(x)
     assert got32.dtype == ref32.dtype == np.float32
     np.testing.assert_allclose(got32, ref32, rtol=1e-6)
+
+
+def test_math_option_selects_ieee_or_fast_kernels():
+    def softmax(x):
+        e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))
+        return e / tt.sum(e, axis=-1, keepdims=True)
+
+    x = np.random.default_rng(3).standard_normal((4, 96)).astype(np.float32)
+    fast, ieee = tt.fuse(softmax), tt.fuse(math="ieee")(softmax)
+    assert "exp_approx(" in fast.explain(x).source and "rcp_approx(" in fast.explain(x).source
+    assert "exp_approx(" not in ieee.explain(x).source
+    assert "rcp_approx(" not in ieee.explain(x).source
+    ref = np.exp(x - x.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    for fn in (fast, ieee):
+        np.testing.assert_allclose(fn(x), ref, rtol=2e-4)
+    with pytest.raises(ValueError, match="math must be one of"):
+        tt.fuse(softmax, math="approximate")
