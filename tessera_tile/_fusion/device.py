@@ -110,6 +110,10 @@ def _make_approx(name: str, asm: str, scale: float, twin):
 exp_approx = _make_approx(
     "exp_approx", "ex2.approx.f32", math.log2(math.e), lambda x: np.exp(np.float32(x))
 )
+# 1 / sqrt(x) in one MUFU.RSQ (instead of an IEEE square root and division)
+rsqrt_approx = _make_approx(
+    "rsqrt_approx", "rsqrt.approx.f32", 1.0, lambda x: np.float32(1) / np.sqrt(np.float32(x))
+)
 # 1 / x in one MUFU.RCP (no IEEE slow path): the reciprocal of a per-row divisor
 rcp_approx = _make_approx(
     "rcp_approx", "rcp.approx.f32", 1.0, lambda x: np.float32(1) / np.float32(x)

@@ -118,12 +118,15 @@ def approximated(stage: Stage) -> frozenset:
     """float32 nodes written with hardware approximations (see docs/fusion.md, numerics
     policy): ``exp(f - max(f))`` over the reduced axes, whose argument is at most 0 (or NaN),
     by ``ex2.approx``; ``sigmoid`` and ``silu``, whose divisor ``1 + exp(-x)`` is at least 1,
-    by one ``rcp.approx`` (exp itself stays libdevice's: its argument is unbounded)."""
+    by one ``rcp.approx`` (exp itself stays libdevice's: its argument is unbounded); a
+    per-row ``rsqrt`` and division (layer norm's ``rsqrt(var + eps)``, ``sum / n``) by one
+    ``rsqrt.approx`` or ``rcp.approx`` per row."""
     out = set()
     for n in stage.nodes:
         if lower.compute_dtype(n.dtype) != np.dtype(np.float32):
             continue
-        if n.op in (Op.SIGMOID, Op.SILU):
+        per_row = stage.space[id(n)] == "row"
+        if n.op in (Op.SIGMOID, Op.SILU) or (n.op in (Op.RSQRT, Op.TRUEDIV) and per_row):
             out.add(n.key)
         if n.op is not Op.EXP:
             continue

@@ -301,3 +301,13 @@ def test_float16_is_rounded_only_where_stored():
     assert np.any(once != a * b + c)  # the two roundings differ on this data
     np.testing.assert_array_equal(fma_like(a, b, c), once)
     assert "vector=8" in fma_like.explain(a, b, c).source
+
+
+def test_layer_norm_row_cache_has_no_bank_conflicts():
+    x = rng.standard_normal((2, 4096)).astype(np.float32)
+    with sim.profile() as prof:
+        got = layer_norm_var(x)
+    ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    assert "cache=True" in layer_norm_var.explain(x).source
+    assert prof.bank_conflicts == 0
