@@ -558,7 +558,24 @@ class KernelWriter:
         return [f"{a} = {name}({a}, {mask})"]
 
     def block_combine(self, r: Node, a: str, ai: str) -> list[str]:
-        """Lane 0 of each warp publishes the warp's result; warps fold in order."""
+        """Lane 0 of each warp publishes the warp's result; every warp then all-reduces the
+        partials with shuffles (one shared load and 5 shuffles per thread, where folding the
+        partials one by one costs a load and a combine per warp), in a fixed order, so the
+        result is deterministic. Reductions without a warp operator fold in order."""
+        if not isinstance(r, Online) and REDUCTIONS[r.op].warp is not None:
+            t = TYPE_NAMES[acc_dtype(r)]
+            name = f"warp_all{r.op.name.lower()}_{t}"
+            self.helpers[name] = warp.make_warp_allreduce(REDUCTIONS[r.op].warp, acc_dtype(r))
+            return [
+                "if (cuda.threadIdx.x & 31) == 0:",
+                f"    scratch_{t}[cuda.threadIdx.x >> 5] = {a}",
+                "cuda.syncthreads()",
+                f"{a} = {identity(r)}",
+                "if (cuda.threadIdx.x & 31) < (cuda.blockDim.x + 31) >> 5:",
+                f"    {a} = {t}(scratch_{t}[cuda.threadIdx.x & 31])",
+                f"{a} = {name}({a}, 0xFFFFFFFF)",
+                "cuda.syncthreads()",
+            ]
         return fold_partials(
             r, a, ai, "(cuda.threadIdx.x & 31) == 0",
             lambda w: "cuda.threadIdx.x >> 5" if w is None else w,
