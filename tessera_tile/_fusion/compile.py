@@ -17,6 +17,7 @@ from .. import _config, memory, warp
 from .. import tile_ir as ir
 from . import device
 from .plan import Stage
+from .reductions import ReductionWriter
 from .schedule import Schedule, Variant, schedule
 from .templates import KernelWriter
 
@@ -108,7 +109,7 @@ def generate(stage: Stage, variant: Variant) -> Generated:
     """Source and compiled (lazy) kernel of one stage variant."""
     name = kernel_name(stage, variant)
     sched = schedule(stage, variant)
-    writer = KernelWriter(sched, name)
+    writer = (KernelWriter if variant.kind == "elementwise" else ReductionWriter)(sched, name)
     source = writer.write()
     filename = f"<tessera_tile generated {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
