@@ -38,7 +38,7 @@ Variants (all ``void(float32[:, ::1], float32[:, ::1], float32[:, ::1])``; launc
 * ``matmul_2stage``, ``matmul_3stage``: ``cp.async`` of 4 bytes per element (any shape);
 * ``matmul_3stage_v16``: ``cp.async.cg`` of 16 bytes, when K and N are multiples of 4 (the rows
   of A and B are then 16-byte aligned); :func:`matmul` picks it when it can;
-* ``matmul_3stage_8x8``: the shape of the expert SIMT GEMM in ``../shared/ANCHORS.md``:
+* ``matmul_3stage_8x8``: the shape of an expert hand-written CUDA C++ SIMT GEMM:
   128 x 128 x 8 block tile, 8 x 8 per thread, 16-byte copies: 16 FFMA per shared load, but
   128 (sm_80) / 164 (sm_90) registers.
 
@@ -180,7 +180,7 @@ CONFIGS = {
     "2stage": Config(stages=2, copy_bytes=4),
     "3stage": Config(stages=3, copy_bytes=4),
     "3stage_v16": Config(stages=3, copy_bytes=16),
-    # The shape of the expert SIMT GEMM in ANCHORS.md: 128 x 128 x 8, 8 x 8 per thread.
+    # The shape of an expert hand-written SIMT GEMM: 128 x 128 x 8, 8 x 8 per thread.
     "3stage_8x8": Config(stages=3, copy_bytes=16, tile=(128, 128, 8), regs=(8, 8)),
 }
 matmul_sync = _make_matmul("matmul_sync", CONFIGS["sync"])
