@@ -31,7 +31,9 @@ def _gpu_reason() -> str | None:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "sim_only: needs the simulator (profiler, race checks)")
+    config.addinivalue_line(
+        "markers", "sim_only(reason): holds only in the simulator (profiler, twins...), and why"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -39,8 +41,10 @@ def pytest_collection_modifyitems(config, items):
     if tier == "gpu":
         reason = _gpu_reason()
         for item in items:
-            if "sim_only" in item.keywords:
-                item.add_marker(pytest.mark.skip(reason="simulator-only test"))
+            marker = item.get_closest_marker("sim_only")
+            if marker is not None:
+                why = marker.kwargs.get("reason", "needs the simulator")
+                item.add_marker(pytest.mark.skip(reason=f"simulator-only test: {why}"))
             elif reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
     if tier == "gpu" and _gpu_reason():

@@ -12,7 +12,9 @@ from helpers import back, on
 import tessera_tile as tt
 from tessera_tile import sim
 
-pytestmark = pytest.mark.sim_only
+pytestmark = pytest.mark.sim_only(
+    reason="the profiler measures global traffic in the simulator only"
+)
 rng = np.random.default_rng(7)
 
 

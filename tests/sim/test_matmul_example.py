@@ -66,7 +66,9 @@ def test_auto_picks_16_byte_copies_only_when_rows_are_aligned():
         mm.matmul(a, np.zeros((7, 4), np.float32))
 
 
-@pytest.mark.sim_only
+@pytest.mark.sim_only(
+    reason="the profiler measures traffic and bank conflicts in the simulator only"
+)
 @pytest.mark.parametrize(
     ("variant", "m", "n", "k"), [("3stage", 65, 20, 33), ("3stage_v16", 20, 68, 20)]
 )

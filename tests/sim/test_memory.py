@@ -321,7 +321,7 @@ def misaligned_vector_access(src, dst, load):
         store16(dst, 1, (src[0], src[1], src[2], src[3]))
 
 
-@pytest.mark.sim_only  # on a GPU the launch fails with a misaligned-address error
+@pytest.mark.sim_only(reason="on a GPU the launch fails with a misaligned-address error")
 @pytest.mark.parametrize("load", [True, False])
 def test_misaligned_vector_access_faults(load):
     src = cuda.to_device(np.arange(16, dtype=np.float32))
@@ -341,7 +341,7 @@ def shared_misaligned_load(out):
     out[0] = a + b + c + d
 
 
-@pytest.mark.sim_only  # on a GPU the launch fails with a misaligned-address error
+@pytest.mark.sim_only(reason="on a GPU the launch fails with a misaligned-address error")
 def test_misaligned_shared_vector_load_faults():
     with pytest.raises(sim.SimulationError, match="misaligned address"):
         shared_misaligned_load[1, 1](np.zeros(1, np.float32))
@@ -352,7 +352,9 @@ def test_misaligned_shared_vector_load_faults():
 # -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
+@pytest.mark.sim_only(
+    reason="the profiler measures traffic and bank conflicts in the simulator only"
+)
 @given(
     dtype=st.sampled_from(DTYPES),
     rows=st.sampled_from([0, *EDGES]),
@@ -381,7 +383,9 @@ def _transpose_profile(kernel, src):
     return prof
 
 
-@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
+@pytest.mark.sim_only(
+    reason="the profiler measures traffic and bank conflicts in the simulator only"
+)
 @pytest.mark.parametrize("rows, cols", [(32, 32), (31, 33), (65, 33), (1, 64)])
 def test_padded_transpose_is_conflict_free_and_moves_each_element_once(rows, cols):
     ex = load_example("transpose")
@@ -423,7 +427,9 @@ def predicted_transpose_conflicts(tile: Tile, blocks: int) -> int:
     return blocks * per_block
 
 
-@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
+@pytest.mark.sim_only(
+    reason="the profiler measures traffic and bank conflicts in the simulator only"
+)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_padded_transpose_conflicts_match_the_model_for_every_dtype(dtype):
     # 16-byte chunks would conflict 2 ways for float16 (stored element by element into the
@@ -455,7 +461,9 @@ def _staging_profile(tile: Tile, src, transposed: bool):
     return prof
 
 
-@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
+@pytest.mark.sim_only(
+    reason="the profiler measures traffic and bank conflicts in the simulator only"
+)
 def test_the_two_staging_cases_of_the_prebuilt_ops_issue_are_conflict_free():
     # A (64, 32) float32 column tile gets pad 1 and the model calls it conflict free; the
     # transposed store used to read 4 floats per lane down a column, 16 lanes per column
@@ -472,7 +480,9 @@ def test_the_two_staging_cases_of_the_prebuilt_ops_issue_are_conflict_free():
     assert prof.bank_conflicts == 0, str(prof)
 
 
-@pytest.mark.sim_only
+@pytest.mark.sim_only(
+    reason="the profiler measures traffic and bank conflicts in the simulator only"
+)
 @given(
     shape=st.sampled_from([(16, 32), (32, 16), (64, 32), (32, 64), (8, 32), (32, 8)]),
     dtype=st.sampled_from(DTYPES),
@@ -500,7 +510,9 @@ def test_a_tile_the_model_calls_conflict_free_is_staged_without_conflicts(
         assert prof.bank_conflicts == predicted_transpose_conflicts(tile, 1) or not transposed
 
 
-@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
+@pytest.mark.sim_only(
+    reason="the profiler measures traffic and bank conflicts in the simulator only"
+)
 @pytest.mark.parametrize("rows, cols", [(32, 32), (64, 32), (32, 96)])
 def test_model_agrees_with_measured_conflicts(rows, cols):
     ex = load_example("transpose")

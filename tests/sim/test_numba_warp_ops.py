@@ -15,7 +15,7 @@ from helpers import SIMULATED
 
 import tessera_tile  # noqa: F401 - importing it installs the warp-aware simulator
 
-pytestmark = pytest.mark.sim_only  # numba-cuda's cases are run against the simulator
+pytestmark = pytest.mark.sim_only(reason="numba-cuda's cases are run against the simulator")
 if not SIMULATED:
     pytest.skip("numba-cuda's warp tests are run against the simulator", allow_module_level=True)
 

@@ -38,7 +38,9 @@ def test_transpose_matches_numpy(dtype, m, n, view, side):
     np.testing.assert_array_equal(base, before)
 
 
-@pytest.mark.sim_only
+@pytest.mark.sim_only(
+    reason="the profiler measures traffic and bank conflicts in the simulator only"
+)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_traffic_is_the_minimum_and_no_bank_conflicts(dtype):
     x = np.random.default_rng(0).standard_normal((45, 70)).astype(dtype)

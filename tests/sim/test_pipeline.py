@@ -146,7 +146,7 @@ def test_cp_async_with_wait_lands():
     np.testing.assert_array_equal(y, x)
 
 
-@pytest.mark.sim_only  # on a GPU an unwaited copy lands some time; the twin: never
+@pytest.mark.sim_only(reason="on a GPU an unwaited copy lands some time; the twin: never")
 @pytest.mark.parametrize("kernel", [copy_without_wait, copy_without_commit])
 def test_cp_async_without_wait_never_lands(kernel):
     x = np.arange(64, dtype=np.float32)
@@ -171,7 +171,7 @@ def groups_land_in_order(x, y):
     y[4] = buf[8]
 
 
-@pytest.mark.sim_only  # observes when each group lands, which only the twin controls
+@pytest.mark.sim_only(reason="observes when each group lands, which only the twin controls")
 def test_wait_group_lands_all_but_the_newest_n():
     x = np.arange(12, dtype=np.float32)
     y = np.zeros(5, np.float32)
@@ -214,14 +214,14 @@ def misaligned(x, y):
     y[0] = buf[0]
 
 
-@pytest.mark.sim_only  # on a GPU the launch fails with a misaligned-address error
+@pytest.mark.sim_only(reason="on a GPU the launch fails with a misaligned-address error")
 def test_misaligned_copy_is_an_error():
     x = np.arange(16, dtype=np.float32)
     with pytest.raises(sim.SimulationError, match="not 16-byte aligned"):
         misaligned[1, 1](x, np.zeros(1, np.float32))
 
 
-@pytest.mark.sim_only  # the twin registry is the simulator's
+@pytest.mark.sim_only(reason="the twin registry is the simulator's")
 def test_twins_list_the_intrinsics():
     names = {name.rsplit(".", 1)[-1] for name in sim.twins() if ".pipeline." in name}
     assert {
@@ -244,7 +244,9 @@ def test_twins_list_the_intrinsics():
 # --- traffic ------------------------------------------------------------------------------
 
 
-@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
+@pytest.mark.sim_only(
+    reason="the profiler measures traffic and bank conflicts in the simulator only"
+)
 @pytest.mark.parametrize("async_copy", [True, False])
 @pytest.mark.parametrize("k_axis", [0, 1])
 @pytest.mark.parametrize("shape", [(9, 20), (4, 8), (1, 4)])
@@ -259,7 +261,9 @@ def test_streamed_copy_traffic_is_exact(async_copy, k_axis, shape):
     assert not prof.races and not prof.out_of_bounds, str(prof)
 
 
-@pytest.mark.sim_only  # the profiler measures traffic and bank conflicts in the simulator only
+@pytest.mark.sim_only(
+    reason="the profiler measures traffic and bank conflicts in the simulator only"
+)
 def test_streamed_sum_traffic_is_exact():
     x = np.arange(3 * WIDTH + 5, dtype=np.float32)
     out = np.zeros(WIDTH, np.float32)

@@ -9,7 +9,7 @@ from numba import cuda
 
 from tessera_tile import sim
 
-pytestmark = pytest.mark.sim_only  # the simulator's own errors, notes and switches
+pytestmark = pytest.mark.sim_only(reason="the simulator's own errors, notes and switches")
 FULL = 0xFFFFFFFF
 
 

@@ -8,7 +8,7 @@ from numba import cuda, float32
 
 from tessera_tile import sim
 
-pytestmark = pytest.mark.sim_only  # the profiler exists in the simulator only
+pytestmark = pytest.mark.sim_only(reason="the profiler exists in the simulator only")
 
 
 @cuda.jit

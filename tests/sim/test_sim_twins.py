@@ -7,7 +7,7 @@ from numba.cuda.extending import intrinsic
 
 from tessera_tile import sim
 
-pytestmark = pytest.mark.sim_only  # twins replace intrinsics in the simulator only
+pytestmark = pytest.mark.sim_only(reason="twins replace intrinsics in the simulator only")
 
 
 def _copy4_twin(dst, i, src, j):
