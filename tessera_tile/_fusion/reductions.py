@@ -128,6 +128,9 @@ class ReductionWriter(KernelWriter):
             cache_at = f"({self.cache_index},)"
             if key in reads:
                 s(f"{', '.join(parts)} = load16_shared(cache_{name}, {cache_at})")
+            elif key in self.sched.broadcast:
+                red_at = f"({self.index(False, True)},)"
+                s(f"{', '.join(parts)} = load16_shared(bcast_{name}, {red_at})")
             else:
                 s(f"{', '.join(parts)} = load16({name}, {at})")
                 if key in first:
@@ -185,6 +188,7 @@ class ReductionWriter(KernelWriter):
             s(f"groups = {ix('1')}")
             s(f"jstep = {ix('cuda.blockDim.x')}")
         self.declare_shared(str(WARP))
+        self.stage_broadcast()  # before any thread may leave: every thread takes part
         s(f"row = {ix('cuda.blockIdx.x * groups + group')}")
         if self.v.chunks:
             # one row per warp, no loop over rows: the warp's shuffles then sit in straight
@@ -240,6 +244,13 @@ class ReductionWriter(KernelWriter):
                     name = self.names[key]
                     parts = [self.fresh(f"{name}_") for _ in range(width)]
                     load = f"load16({name}, ({at},))" if width > 1 else f"{name}[{at}]"
+                    if key in self.sched.broadcast:  # the block's shared copy
+                        shared = f"bcast_{name}"
+                        load = (
+                            f"load16_shared({shared}, (jc{c},))"
+                            if width > 1
+                            else f"{shared}[jc{c}]"
+                        )
                     if exact:
                         s(f"{', '.join(parts)} = {load}")
                     else:

@@ -9,7 +9,8 @@ For a stage (from :mod:`.plan`) and the geometry of one call's arrays (a ``Layou
 * the **rewrites**: a softmax-style normaliser folded into the pass of its maximum
   (:class:`Online`) when rows are not kept on chip, and one reciprocal per row for every
   division by a per-row value;
-* the shared **scratch** and row caches the kernel declares;
+* the shared **scratch** and row caches the kernel declares, and the row-invariant leaves
+  (weights) a row kernel's block copies into shared memory once, before its rows;
 * the **launch configuration** and the **traffic** the kernel will move.
 
 The templates (:mod:`.templates`) render a :class:`Schedule` and decide nothing.
@@ -34,6 +35,10 @@ WARP_ROW_MAX = 1024  # rows up to this long get a warp each, longer rows a block
 ROW_REGISTERS = 32  # 4-byte registers per lane that may hold a row's leaves (as Triton's BLOCK)
 CACHE_BYTES = 32768  # shared memory that keeps a row on chip between passes
 VECTOR_BYTES = 16
+# Shared memory for the row-invariant leaves a row kernel's block reads once (a (C,) weight
+# against (N, C) rows): with CACHE_BYTES and the scratch, a block stays under the 48 KiB of
+# static shared memory.
+BROADCAST_BYTES = 8192
 # Grid caps. On a GPU: enough blocks to fill the largest parts several times over. In the
 # simulator every block runs in turn, so a few blocks (grid-stride loops do the rest).
 MAX_BLOCKS = 8 if _config.SIMULATED else 4096
@@ -55,6 +60,9 @@ class Variant:
     # accesses of `vector` elements, fully unrolled (0: rows stream through loops)
     exact: bool = False  # the row length is exactly 32 * chunks * vector: no bounds guards
     math: str = "fast"  # "fast": the approximations of the numerics policy; "ieee": libdevice
+    broadcast: tuple = ()  # row: positions in stage.leaves of the row-invariant leaves the
+    # block stages into shared memory once, before its rows, and every row reads from there
+    broadcast_length: int = 0  # elements each of their shared arrays holds (>= n_red)
 
 
 # --------------------------------------------------------------------------------------------
@@ -252,10 +260,34 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
         if layout.n_red % vector:
             vector = 1
     chunks = register_chunks(stage, layout.n_red, vector) if mode == "warp" and red_rank == 1 else 0
+    # the register row's bucket, else the row length rounded up to a power of two
+    length = WARP * chunks * vector if chunks else 1 << max(layout.n_red - 1, 31).bit_length()
+    staged = broadcast_leaves(stage, layout, length)
+    if not staged:
+        length = 0
+    shared = dict(broadcast=staged, broadcast_length=length, math=math)
     if chunks:  # the row lives in registers: no shared cache, no loops over it
         exact = layout.n_red == WARP * chunks * vector
-        return Variant(kind, kept_rank, red_rank, mode, False, vector, bits, chunks, exact, math)
-    return Variant(kind, kept_rank, red_rank, mode, cache, vector, bits, math=math)
+        return Variant(
+            kind, kept_rank, red_rank, mode, False, vector, bits, chunks, exact, **shared
+        )
+    return Variant(kind, kept_rank, red_rank, mode, cache, vector, bits, **shared)
+
+
+def broadcast_leaves(stage: Stage, layout, length: int) -> tuple:
+    """Positions (in ``stage.leaves``) of the leaves a row kernel's block reads once: views
+    whose strides over every kept axis are 0 (the same row for every row), over one reduced
+    axis, when all of them fit ``BROADCAST_BYTES`` at ``length`` elements each."""
+    if layout.red_rank != 1 or layout.kept_rank < 1 or layout.n_red == 0:
+        return ()
+    leaves = layout.views[: len(stage.leaves)]
+    picked = tuple(
+        i
+        for i, (_, strides, dtype, *_) in enumerate(leaves)
+        if all(st == 0 for st in strides[: layout.kept_rank]) and dtype.kind in "fiu"
+    )
+    size = sum(stage.leaves[i].dtype.itemsize for i in picked) * length
+    return picked if picked and size <= BROADCAST_BYTES else ()
 
 
 def register_chunks(stage: Stage, n_red: int, vector: int) -> int:
@@ -302,6 +334,7 @@ class Schedule:
     cached: frozenset  # leaf keys kept in the on-chip row cache
     cache_length: int  # row elements each cache holds (per row of the block)
     resident: frozenset  # leaf keys a register row holds (read once)
+    broadcast: frozenset  # leaf keys staged in shared memory once per block
     approx: frozenset  # keys of nodes written with hardware approximations
     approx_reciprocal: bool  # per-row float32 reciprocals with rcp.approx
     rows_per_block: int
@@ -315,7 +348,9 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
     if variant.kind == "full":
         assert len(passes) <= 1 or not passes[1].reductions, "full stages reduce once"
     rows = BLOCK // WARP if variant.mode == "warp" else 1
+    broadcast = frozenset(stage.leaves[i].key for i in variant.broadcast)
     cached = frozenset(n.key for n in multi_pass_leaves(stage)) if variant.cache else frozenset()
+    cached -= broadcast  # read from the block's shared copy in every pass
     reductions = [r for p in passes for r in p.reductions]
     scratch: dict[str, str] = {}
     if variant.kind in ("column", "full") or variant.mode == "block":
@@ -333,6 +368,7 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
         cached,
         cache_length(stage, rows) if cached else 0,
         frozenset(n.key for n in stage.leaves) if variant.chunks else frozenset(),
+        broadcast,
         approximated(stage) if variant.math == "fast" else frozenset(),
         variant.math == "fast",
         rows,
@@ -354,9 +390,13 @@ def predicted_bytes(sched: Schedule, n_kept: int, n_red: int, blocks: int) -> in
     if stage.kind == "elementwise":
         total += sum(n.dtype.itemsize for n in leaves.values()) * elements
     else:
-        seen: set = set()
+        for key in sched.broadcast:  # each block reads the row once
+            total += leaves[key].dtype.itemsize * n_red * blocks
+        seen: set = set(sched.broadcast)
         for p in sched.passes:
             for key in pass_leaves(p.targets):
+                if key in sched.broadcast:
+                    continue
                 kept = key in sched.cached or key in sched.resident
                 if not kept or key not in seen:
                     total += leaves[key].dtype.itemsize * elements

@@ -186,6 +186,30 @@ class KernelWriter:
             if n.key in self.sched.cached:
                 t = TYPE_NAMES[np.dtype(n.dtype)]
                 self.src(f"cache_{self.names[n.key]} = cuda.shared.array({shape}, {t})")
+        for n in self.leaves:
+            if n.key in self.sched.broadcast:
+                t = TYPE_NAMES[np.dtype(n.dtype)]
+                length = self.v.broadcast_length
+                self.src(
+                    f"bcast_{self.names[n.key]} = cuda.shared.array({length}, {t}, alignment=16)"
+                )
+
+    def stage_broadcast(self) -> None:
+        """Every thread of the block copies its share of each row-invariant leaf into the
+        block's shared array, once, before any row; then the block waits for the copy."""
+        if not self.sched.broadcast:
+            return
+        s = self.src
+        zeros = "0, " * self.v.kept_rank
+        s(f"jb = {self.ix('cuda.threadIdx.x')}")
+        s("while jb < nred:")
+        with s.block():
+            for n in self.leaves:
+                if n.key in self.sched.broadcast:
+                    name = self.names[n.key]
+                    s(f"bcast_{name}[jb] = {name}[{zeros}jb]")
+            s(f"jb = {self.ix('jb + cuda.blockDim.x')}")
+        s("cuda.syncthreads()")
 
     # index helpers
     def unravel(self, linear: str, dims: list[str], prefix: str) -> list[str]:
@@ -214,6 +238,8 @@ class KernelWriter:
             name = self.names[n.key]
             if n.key in cache_reads:
                 return f"cache_{name}[{self.cache_index}]"
+            if n.key in self.sched.broadcast:
+                return f"bcast_{name}[{self.index(False, True)}]"
             return f"{name}[{self.index(True, True)}]"
 
         return load

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tessera_tile as tt
+from tessera_tile.kernels import norms
 
 ARCHS = ("sm_80", "sm_90")
 FLOAT64_OPCODES = (
@@ -70,6 +71,24 @@ CASES = {
     "total_and_argmax": (total_and_argmax, (v32,)),
     "gelu_bias_broadcast": (gelu_bias, (f32, np.zeros(1024, np.float32))),
     "chain5_float16": (chain5, (v32.astype(np.float16),) * 2),
+}
+# the norms with their weights staged in shared memory once per block (see STAGED)
+w512 = np.zeros(512, np.float32)
+STAGED = {
+    "layer_norm_weights_512_row_cache": (norms.layer_norm(True, True), (f32[:, :512], w512, w512)),
+    "layer_norm_weights_513_scalar": (
+        norms.layer_norm(True, True),
+        (np.zeros((64, 513), np.float32), np.zeros(513, np.float32), np.zeros(513, np.float32)),
+    ),
+    "layer_norm_weights_float16": (
+        norms.layer_norm(True, True),
+        (f32[:, :512].astype(np.float16), w512.astype(np.float16), w512.astype(np.float16)),
+    ),
+    "rms_norm_weight_512_registers": (norms.rms_norm(True), (f32[:, :512], w512)),
+    "rms_norm_weight_1536_block": (
+        norms.rms_norm(True),
+        (np.zeros((16, 1536), np.float32), np.zeros(1536, np.float32)),
+    ),
 }
 
 
@@ -202,3 +221,17 @@ def test_layer_norm_over_4096_has_one_rsqrt_per_row_and_16_byte_row_cache(arch):
     assert report.count("STS.128") >= 1 and report.count("LDS.128") >= 2
     # each of the two block reductions: 5 shuffles in the warp, 5 over the warps' partials
     assert report.count("SHFL") == 20
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", sorted(STAGED))
+def test_norms_with_weights_staged_once_per_block_compile_cleanly(name, arch):
+    # the weights are copied to shared memory before the rows (a barrier), then every row
+    # reads them from there: shared loads and no global load of a weight inside the row loop
+    fn, args = STAGED[name]
+    (report,) = fn.inspect(*args, 1e-5, arch=arch)
+    print(report)
+    assert report.spill_stores == 0 and report.spill_loads == 0
+    assert not report.uses_local_memory
+    assert not float64_ops(report), float64_ops(report)
+    assert report.count("BAR.SYNC") >= 1 and report.count("LDS") >= 1

@@ -122,6 +122,73 @@ def test_8192_float32_per_row_stay_on_chip(side):
     assert "kept on chip" in ex.stages[0] and traffic == 2 * x.nbytes
 
 
+# (ops, rows, row length, dtype, blocks): the launch's blocks as the schedule sizes them in the
+# simulator (MAX_BLOCKS 8): a warp per row, 8 rows a block, the grid capped at 8 blocks except for
+# rows kept in registers (one warp per row, no row loop); a block per row above 1,024 elements.
+NORM_CASES = [
+    ("layer_norm rms_norm", 32, 512, np.float32, 4),  # warp rows (shared row cache), 16-byte
+    ("layer_norm rms_norm", 32, 512, np.float16, 4),
+    ("layer_norm rms_norm", 40, 513, np.float32, 5),  # one element per access
+    ("layer_norm rms_norm", 100, 513, np.float32, 8),  # warps loop over 2 rows (grid stride)
+    ("layer_norm rms_norm", 100, 64, np.float32, 13),  # rows in registers, last block part full
+    ("layer_norm rms_norm", 70, 33, np.float64, 9),
+    ("layer_norm rms_norm", 90, 40, np.float32, 12),
+    ("rms_norm", 12, 1536, np.float32, 8),  # a block per row, 12 rows on 8 blocks
+]
+
+
+@tt.fuse
+def row_scale(x, w):
+    return x * tt.rsqrt(tt.mean(x * x, axis=-1, keepdims=True) + 1e-6) * w
+
+
+@pytest.mark.parametrize("names, rows, n, dtype, blocks", NORM_CASES)
+def test_norm_weights_are_read_once_per_block(names, rows, n, dtype, blocks, side):
+    """The weight and bias rows are staged in shared memory once per block: x read once, y
+    written once, each weight ``blocks`` times (not once per row)."""
+    from tessera_tile import ops
+
+    x = (rng.standard_normal((rows, n)) * 3).astype(dtype)
+    w = rng.standard_normal(n).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
+    xs, ws, bs = on(side, x, w, b)
+    tol = dict(rtol=2e-3, atol=4e-3) if dtype == np.float16 else dict(rtol=2e-5, atol=4e-6)
+    x64 = x.astype(np.float64)
+    centred = x64 - x64.mean(-1, keepdims=True)
+    refs = {
+        "layer_norm": (
+            (xs, ws, bs),
+            centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-5) * w + b,
+        ),
+        "rms_norm": ((xs, ws), x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * w),
+    }
+    for name in names.split():
+        op = getattr(ops, name)
+        args, ref = refs[name]
+        with sim.profile() as prof:
+            got = back(op(*args), side)
+        np.testing.assert_allclose(got, ref, **tol)
+        ex = op.explain(*args)
+        traffic = prof.bytes_read + prof.bytes_written
+        weights = len(args) - 1
+        assert ex.kernels == 1
+        assert traffic == ex.bytes_fused == 2 * x.nbytes + blocks * weights * w.nbytes, name
+
+
+def test_per_row_weights_are_not_staged(side):
+    """A (rows, n) weight differs per row: read once per element, as before; a (n,) one is
+    read once per block (4 blocks of 8 rows)."""
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6)
+    for w, weight_bytes in (
+        (rng.standard_normal((32, 64)).astype(np.float32), 32 * 64 * 4),
+        (rng.standard_normal(64).astype(np.float32), 4 * 64 * 4),
+    ):
+        got, traffic, ex = measured(side, row_scale, x, w)
+        np.testing.assert_allclose(got, ref * w, rtol=2e-5, atol=4e-6)
+        assert traffic == ex.bytes_fused == 2 * x.nbytes + weight_bytes
+
+
 @tt.fuse
 def layer_norm(x):
     mu = tt.mean(x, axis=-1, keepdims=True)
