@@ -143,6 +143,21 @@ def overlap(a: Arg, b: Arg) -> bool:
     return lo_a < hi_b and lo_b < hi_a
 
 
+def check_out(out: Arg, name: str, shape, dtype, inputs: dict[str, Arg]) -> None:
+    """``out=`` must have the result's shape and dtype, be writable, and share no memory with
+    an input (``inputs``: name -> record); ValueError naming ``name`` otherwise."""
+    if out.shape != tuple(shape) or out.dtype != dtype:
+        raise ValueError(
+            f"{name} has shape {out.shape} and dtype {out.dtype}; the result has shape "
+            f"{tuple(shape)} and dtype {dtype}"
+        )
+    if out.readonly:
+        raise ValueError(f"{name} is read-only")
+    for input_name, a in inputs.items():
+        if a.is_array and overlap(out, a):
+            raise ValueError(f"{name} overlaps {input_name}: inputs are never modified")
+
+
 def check_one_side(args: list[Arg], names: list[str]) -> None:
     """Arrays must all be on the host or all on the device: TypeError naming two of them."""
     host = [n for a, n in zip(args, names, strict=True) if a.kind == HOST]
@@ -160,6 +175,43 @@ def result_family(args: list[Arg]) -> str:
     if "numpy" in families:
         return "numpy"
     return "cupy" if "cupy" in families else "numba"
+
+
+# --------------------------------------------------------------------------------------------
+# where a call runs
+
+
+class Placement:
+    """Where one call runs: its stream, the device side of its arrays, and results of the
+    inputs' family (a host call's results are device arrays, copied back at the end)."""
+
+    def __init__(self, inputs: list[Arg], outs: list[Arg | None], stream):
+        arrays = [a for a in inputs + outs if a is not None]
+        self.stream = resolve_stream(stream, arrays)
+        self.on_device = any(a.kind == DEVICE for a in arrays)
+        self.family = result_family(inputs) if self.on_device else "numba"
+
+    def device(self, rec: Arg) -> Arg:
+        """``rec`` on the device: a host array is copied there (once, contiguously)."""
+        return rec if rec.kind == DEVICE else to_device(rec, self.stream)
+
+    def result(self, shape, dtype, out: Arg | None = None) -> Arg:
+        """The device record of one result: ``out`` when it is a device array, else a new
+        array of the call's family (its ``value`` is what a device call returns)."""
+        if out is not None and out.kind == DEVICE:
+            return out
+        return read(empty(shape, dtype, self.family, self.stream), "a result")
+
+    def temp(self, shape, dtype) -> Arg:
+        """A device temporary (a numba device array)."""
+        return read(empty(shape, dtype, "numba", self.stream), "a temporary")
+
+    def finish(self, result: Arg, out: Arg | None = None):
+        """A result on the caller's side: as it is for device calls, else copied back (into
+        ``out`` when given)."""
+        if self.on_device:
+            return result.value
+        return to_host(device_handle(result), None if out is None else out.value, self.stream)
 
 
 # --------------------------------------------------------------------------------------------

@@ -144,15 +144,14 @@ def _eps(eps) -> float:
     return float(eps)
 
 
-def _row_param(value, name: str, x: arrays.Arg, what: str) -> arrays.Arg:
-    """A weight or bias: shape ``(x.shape[-1],)`` and x's dtype, on x's side."""
+def _check_row_param(value, name: str, x: arrays.Arg, what: str) -> None:
+    """A weight or bias must have shape ``(x.shape[-1],)`` and x's dtype, on x's side."""
     p = arrays.read(value, name, scalars=False)
     if p.shape != x.shape[-1:]:
         raise ValueError(f"{name} has shape {p.shape}; {what} needs ({x.shape[-1]},)")
     if p.dtype != x.dtype:
         raise TypeError(f"{name} has dtype {p.dtype}; it must match x's dtype {x.dtype}")
     arrays.check_one_side([x, p], ["x", name])
-    return p
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,11 +193,10 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     a = _array(x, "x", FLOATS, "layer_norm")
     if not a.shape:
         raise ValueError("x is 0-dimensional; layer_norm normalises over the last axis")
-    params = [
-        v
-        for v, name in ((weight, "weight"), (bias, "bias"))
-        if v is not None and _row_param(v, name, a, "layer_norm")
-    ]
+    params = [v for v in (weight, bias) if v is not None]
+    for v, name in ((weight, "weight"), (bias, "bias")):
+        if v is not None:
+            _check_row_param(v, name, a, "layer_norm")
     fn = _norms.layer_norm(weight is not None, bias is not None)
     return _Fused(fn, (x, *params, _eps(eps)))
 
@@ -211,7 +209,9 @@ def rms_norm(x, weight=None, eps=1e-6):
     a = _array(x, "x", FLOATS, "rms_norm")
     if not a.shape:
         raise ValueError("x is 0-dimensional; rms_norm normalises over the last axis")
-    params = [] if weight is None else [_row_param(weight, "weight", a, "rms_norm") and weight]
+    params = [] if weight is None else [weight]
+    if weight is not None:
+        _check_row_param(weight, "weight", a, "rms_norm")
     return _Fused(_norms.rms_norm(weight is not None), (x, *params, _eps(eps)))
 
 
@@ -237,12 +237,7 @@ def _reduction_plan(name: str):
         + (" (ddof=0)" if name in ("var", "std") else "")
         + ".\n\n    x: bool, int32, int64, float16 (computed in float32), float32 or float64."
     )
-    plan.__signature__ = _pyinspect.signature(_signature_of_reduction)
     return plan
-
-
-def _signature_of_reduction(x, axis=None, keepdims=False):
-    """(signature template of the reductions)"""
 
 
 softmax = PrebuiltOp(softmax)
@@ -263,65 +258,20 @@ argmin = PrebuiltOp(_reduction_plan("argmin"))
 # hand-written kernels: placement of arrays, results, reports
 
 
-def _kind(rec: arrays.Arg) -> str:
-    return "device" if rec.kind == arrays.DEVICE else "host"
-
-
-def _check_out(out, name: str, shape, dtype, inputs: list[arrays.Arg]) -> arrays.Arg | None:
-    """``out=`` of a hand-written op: the result's shape and dtype, writable, no overlap."""
+def _check_out(out, shape, dtype, inputs: dict[str, arrays.Arg]) -> arrays.Arg | None:
+    """The record of ``out=`` of a hand-written op, checked against the result."""
     if out is None:
         return None
-    o = arrays.read(out, name, scalars=False)
-    if o.shape != tuple(shape) or o.dtype != dtype:
-        raise ValueError(
-            f"{name} has shape {o.shape} and dtype {o.dtype}; the result has shape "
-            f"{tuple(shape)} and dtype {dtype}"
-        )
-    if o.readonly:
-        raise ValueError(f"{name} is read-only")
-    if any(arrays.overlap(o, a) for a in inputs):
-        raise ValueError(f"{name} overlaps an input: inputs are never modified")
+    o = arrays.read(out, "out", scalars=False)
+    arrays.check_out(o, "out", shape, dtype, inputs)
     return o
 
 
-class _Placement:
-    """Where one call of a hand-written op runs: its stream, device handles of its inputs
-    (host inputs copied to the device once), and results of the inputs' family."""
-
-    def __init__(self, inputs: list[arrays.Arg], out: arrays.Arg | None, stream):
-        everything = inputs + ([out] if out is not None else [])
-        self.stream = arrays.resolve_stream(stream, everything)
-        self.on_device = any(a.kind == arrays.DEVICE for a in everything)
-        self.family = arrays.result_family(inputs) if self.on_device else "numba"
-        self.out = out
-
-    def handle(self, rec: arrays.Arg):
-        if rec.kind != arrays.DEVICE:
-            rec = arrays.to_device(rec, self.stream)
-        return arrays.device_handle(rec)
-
-    def result(self, shape, dtype):
-        """(device handle, value to return when on the device) of the result."""
-        if self.out is not None and self.out.kind == arrays.DEVICE:
-            return arrays.device_handle(self.out), self.out.value
-        made = arrays.empty(shape, dtype, self.family, self.stream)
-        return arrays.device_handle(arrays.read(made, "result")), made
-
-    def temp(self, shape, dtype):
-        return arrays.empty(shape, dtype, "numba", self.stream)
-
-    def finish(self, handle, value):
-        """The result on the caller's side (copied back into ``out`` for host calls)."""
-        if self.on_device:
-            return value
-        return arrays.to_host(handle, self.out.value if self.out is not None else None, self.stream)
-
-
-def _numba_type(rec: arrays.Arg, kind: str | None = None):
+def _numba_type(rec: arrays.Arg):
     """The numba type a kernel sees for this array (host arrays arrive as contiguous copies)."""
     from numba import from_dtype, types
 
-    contiguous = rec.contiguous or (kind or _kind(rec)) == "host"
+    contiguous = rec.contiguous or rec.kind != arrays.DEVICE
     return types.Array(from_dtype(rec.dtype), len(rec.shape), "C" if contiguous else "A")
 
 
@@ -364,28 +314,32 @@ class _CrossEntropy:
 
     def run(self, out, stream):
         n = self.logits.shape[0]
-        o = _check_out(out, "out", self._shape(), self.logits.dtype, [self.logits, self.targets])
-        place = _Placement([self.logits, self.targets], o, stream)
+        o = _check_out(
+            out, self._shape(), self.logits.dtype, {"logits": self.logits, "targets": self.targets}
+        )
+        place = arrays.Placement([self.logits, self.targets], [o], stream)
         s = place.stream
-        logits, targets = place.handle(self.logits), place.handle(self.targets)
+        logits = arrays.device_handle(place.device(self.logits))
+        targets = arrays.device_handle(place.device(self.targets))
         if self.reduction == "none":
-            loss_handle, value = place.result((n,), self.logits.dtype)
+            loss = place.result((n,), self.logits.dtype, o)
             valid = place.temp((1,), self.compute)  # not written: nothing counts rows
         else:
-            loss_handle, valid = place.temp((n,), self.compute), place.temp((n,), self.compute)
+            loss, valid = place.temp((n,), self.compute), place.temp((n,), self.compute)
+        loss_handle = arrays.device_handle(loss)
         if n:
             blocks = -(-n // _cross_entropy.WARPS_PER_BLOCK)
             write_valid = self.reduction == "mean"
             with np.errstate(all="ignore"):  # the simulator computes in NumPy
                 self.kernel[blocks, _cross_entropy.THREADS, s](
-                    logits, targets, loss_handle, valid, self.ignore_index, write_valid
+                    logits, targets, loss_handle, valid.value, self.ignore_index, write_valid
                 )
         if self.reduction == "none":
-            return place.finish(loss_handle, value)
-        handle, value = place.result((), self.logits.dtype)
-        args = (loss_handle, valid) if self.reduction == "mean" else (loss_handle,)
-        self._reducer()(*args, out=value, stream=s)
-        return place.finish(handle, value)
+            return place.finish(loss, o)
+        total = place.result((), self.logits.dtype, o)
+        args = (loss_handle, valid.value) if self.reduction == "mean" else (loss_handle,)
+        self._reducer()(*args, out=total.value, stream=s)
+        return place.finish(total, o)
 
     def predicted_bytes(self) -> int:
         """Global bytes the row kernel moves: the logits once, one target and one loss per
@@ -528,15 +482,16 @@ class _Transpose:
 
     def run(self, out, stream):
         m, n = self.x.shape
-        o = _check_out(out, "out", (n, m), self.x.dtype, [self.x])
+        o = _check_out(out, (n, m), self.x.dtype, {"x": self.x})
         if o is not None and not o.contiguous:
             raise ValueError("out must be C-contiguous: transpose writes C-contiguous results")
-        place = _Placement([self.x], o, stream)
-        src = place.handle(self.x)
-        handle, value = place.result((n, m), self.x.dtype)
+        place = arrays.Placement([self.x], [o], stream)
+        result = place.result((n, m), self.x.dtype, o)
         if self.x.size:
-            self.kernel[self._blocks(), _transpose.THREADS, place.stream](src, handle)
-        return place.finish(handle, value)
+            src = arrays.device_handle(place.device(self.x))
+            dst = arrays.device_handle(result)
+            self.kernel[self._blocks(), _transpose.THREADS, place.stream](src, dst)
+        return place.finish(result, o)
 
     def explain(self):
         from .fusion import Explain

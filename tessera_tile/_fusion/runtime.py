@@ -55,10 +55,7 @@ class Call:
             outs = out if isinstance(out, tuple) else (out,)
             self.out = [arrays.read(o, f"out[{k}]", scalars=False) for k, o in enumerate(outs)]
             names += [f"out[{k}]" for k in range(len(self.out))]
-        everything = self.args + (self.out or [])
-        arrays.check_one_side(everything, names)
-        self.on_device = any(a.kind == DEVICE for a in everything)
-        self.family = arrays.result_family(self.args)
+        arrays.check_one_side(self.args + (self.out or []), names)
         self.signature = tuple(_signature(a) for a in self.args) + (_config.TARGET,)
 
     def stand_ins(self) -> list:
@@ -94,17 +91,9 @@ def check_out(program: Program, shapes: dict, call: Call) -> None:
         return
     if len(call.out) != len(nodes):
         raise ValueError(f"the function has {len(nodes)} result(s); out= has {len(call.out)}")
+    inputs = {f"argument {i}": a for i, a in enumerate(call.args)}
     for k, (o, n) in enumerate(zip(call.out, nodes, strict=True)):
-        if o.shape != tuple(shapes[n.key]) or o.dtype != n.dtype:
-            raise ValueError(
-                f"out[{k}] has shape {o.shape} and dtype {o.dtype}; the result has shape "
-                f"{tuple(shapes[n.key])} and dtype {n.dtype}"
-            )
-        if o.readonly:
-            raise ValueError(f"out[{k}] is read-only")
-        for i, a in enumerate(call.args):
-            if a.is_array and arrays.overlap(o, a):
-                raise ValueError(f"out[{k}] overlaps argument {i}: inputs are never modified")
+        arrays.check_out(o, f"out[{k}]", shapes[n.key], n.dtype, inputs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,42 +277,28 @@ def execute(program: Program, call: Call, cache: KernelCache, stream, math: str 
     """Run the call; results are of the arguments' family (NumPy, numba, CuPy)."""
     shapes = call.shapes(program)
     check_out(program, shapes, call)
-    everything = call.args + (call.out or [])
-    s = arrays.resolve_stream(stream, everything)
+    outs = call.out or [None] * len(program.trace.outputs)
+    place = arrays.Placement(call.args, outs, stream)
     records: dict = {}
     handles: dict = {}
 
-    def place(key, rec: Arg) -> None:
+    def put(key, rec: Arg) -> None:
         records[key], handles[key] = rec, arrays.device_handle(rec)
 
     for i, a in enumerate(call.args):
         if a.is_array:
-            place(i, a if a.kind == DEVICE else arrays.to_device(a, s))
-    family = call.family if call.on_device else "numba"
-    results = []
-    for k, n in enumerate(program.trace.outputs):
-        given = call.out[k] if call.out else None
-        if given is not None and given.kind == DEVICE:
-            place(("out", k), given)
-            results.append(given.value)
-        else:
-            made = arrays.empty(shapes[n.key], n.dtype, family, s)
-            place(("out", k), arrays.read(made, f"result {k}"))
-            results.append(made)
+            put(i, place.device(a))
+    for k, (n, out) in enumerate(zip(program.trace.outputs, outs, strict=True)):
+        put(("out", k), place.result(shapes[n.key], n.dtype, out))
     for tid, n in program.plan.temps.items():
-        place(("temp", tid), arrays.read(arrays.empty(shapes[n.key], n.dtype, "numba", s), "temp"))
+        put(("temp", tid), place.temp(shapes[n.key], n.dtype))
     for stage in program.plan.stages:
-        _launch(bind(stage, records, shapes, cache, math), handles, program, call, shapes, s)
-    if not call.on_device:
-        outs = call.out or [None] * len(results)
-        results = [
-            arrays.to_host(handles[("out", k)], o.value if o is not None else None, s)
-            for k, o in enumerate(outs)
-        ]
+        _launch(bind(stage, records, shapes, cache, math), handles, program, call, shapes, place)
+    results = [place.finish(records[("out", k)], out) for k, out in enumerate(outs)]
     return results[0] if program.trace.single else tuple(results)
 
 
-def _launch(bound: Bound, handles: dict, program: Program, call: Call, shapes: dict, s) -> None:
+def _launch(bound: Bound, handles: dict, program: Program, call: Call, shapes: dict, place) -> None:
     if bound.empty:
         return
     stage, layout = bound.stage, bound.layout
@@ -335,13 +310,13 @@ def _launch(bound: Bound, handles: dict, program: Program, call: Call, shapes: d
     if stage.kind == "full":
         for length, dtype in full_scratch_types(stage):
             params.append(
-                arrays.zeros(1, dtype, s)
+                arrays.zeros(1, dtype, place.stream)
                 if length == "ticket"
-                else arrays.empty(bound.blocks, dtype, "numba", s)
+                else place.temp(bound.blocks, dtype).value
             )
     params += scalar_values(stage, program, call, shapes)
     params += layout.sizes()
     if _config.dump_source():
         print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")
     with np.errstate(all="ignore"):  # the simulator computes in NumPy: no warnings per element
-        bound.generated.kernel[bound.blocks, bound.threads, s](*params)
+        bound.generated.kernel[bound.blocks, bound.threads, place.stream](*params)
