@@ -519,10 +519,3 @@ def _parse_ptxas(log: str, kernel: str, arch: str) -> dict[str, int]:
         "spill_loads": int(frame.group(3)),
         "shared_bytes": int(smem.group(1)) if smem else 0,
     }
-
-
-def _parse_sass_json(text: str, kernel: str, arch: str) -> dict[str, int]:
-    """Opcode histogram of every function in ``nvdisasm -json`` output (the kernel and the
-    subroutines it calls). Raises ``RuntimeError`` when it holds no instruction."""
-    functions = sass.parse(text, kernel, arch)
-    return sass.histogram(ins for f in functions for ins in f.instructions)

@@ -392,7 +392,7 @@ def predicted_bytes(sched: Schedule, n_kept: int, n_red: int, blocks: int) -> in
     else:
         for key in sched.broadcast:  # each block reads the row once
             total += leaves[key].dtype.itemsize * n_red * blocks
-        seen: set = set(sched.broadcast)
+        seen: set = set()
         for p in sched.passes:
             for key in pass_leaves(p.targets):
                 if key in sched.broadcast:

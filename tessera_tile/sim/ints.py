@@ -42,25 +42,20 @@ _UNSIGNED = np.unsignedinteger
 def _exact(op):
     """Operators that are exact on Python integers and wrap at 64 bits (add, shifts, ...)."""
 
-    def forward(self, other):
-        if isinstance(other, _INTEGERS):
-            r = op(int(self), int(other))
+    def apply(x, y):
+        if isinstance(x, _INTEGERS) and isinstance(y, _INTEGERS):
+            r = op(int(x), int(y))
             # Unsigned only when both are unsigned: a literal or a signed operand makes the
             # result signed (Numba's typing).
-            if isinstance(other, _UNSIGNED) and isinstance(self, _UNSIGNED):
-                return _uint64(r)
-            return np.int64(r) if -_HALF64 <= r < _HALF64 else _int64(r)
-        return op(_wide(self), other)  # a float: NumPy promotes int64 with it as Numba does
+            unsigned = isinstance(x, _UNSIGNED) and isinstance(y, _UNSIGNED)
+            return _uint64(r) if unsigned else _int64(r)
+        # a float: NumPy promotes the widened integer with it as Numba does
+        return op(
+            _wide(x) if isinstance(x, np.integer) else x,
+            _wide(y) if isinstance(y, np.integer) else y,
+        )
 
-    def reflected(self, other):
-        if isinstance(other, _INTEGERS):
-            r = op(int(other), int(self))
-            if isinstance(other, _UNSIGNED) and isinstance(self, _UNSIGNED):
-                return _uint64(r)
-            return np.int64(r) if -_HALF64 <= r < _HALF64 else _int64(r)
-        return op(other, _wide(self))
-
-    return forward, reflected
+    return (lambda self, other: apply(self, other)), (lambda self, other: apply(other, self))
 
 
 def _numpy(op):

@@ -7,7 +7,7 @@ import numba.cuda.dispatcher
 import pytest
 from numba import cuda, float32
 
-from tessera_tile import inspect
+from tessera_tile import inspect, sass
 from tessera_tile.sim import compat
 
 F32_3 = "void(float32[::1], float32[::1], float32[::1])"
@@ -201,7 +201,11 @@ def test_unreadable_ptxas_log_raises(log, missing):
 def test_sass_json_is_parsed():
     doc = '[{"SM": {}}, [{"function-name": "k", "sass-instructions": [{"opcode": "EXIT"}, '
     doc += '{"predicate": "@P0", "opcode": "LDG.E.128"}, {"opcode": "LDG.E.128"}]}]]'
-    assert inspect._parse_sass_json(doc, "k", "sm_90") == {"EXIT": 1, "LDG.E.128": 2}
+    functions = sass.parse(doc, "k", "sm_90")
+    assert sass.histogram(ins for f in functions for ins in f.instructions) == {
+        "EXIT": 1,
+        "LDG.E.128": 2,
+    }
 
 
 def test_report_holds_the_listing_it_was_counted_from():
@@ -226,7 +230,7 @@ def test_report_holds_the_listing_it_was_counted_from():
 )
 def test_unreadable_sass_raises(text, message):
     with pytest.raises(RuntimeError, match=f"kernel 'k' on sm_80.*{message}"):
-        inspect._parse_sass_json(text, "k", "sm_80")
+        sass.parse(text, "k", "sm_80")
 
 
 def test_occupancy_model():
