@@ -21,14 +21,23 @@ never modified. float16 is computed in float32.
 from __future__ import annotations
 
 import builtins
-import inspect as _pyinspect
 import numbers
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _arrays as arrays
+from ._prebuilt import (
+    FLOATS,
+    Fused,
+    PrebuiltOp,
+    array_arg,
+    axis_index,
+    check_out,
+    eps_value,
+    numba_type,
+    source_of,
+)
 from .kernels import cross_entropy as _cross_entropy
 from .kernels import norms as _norms
 from .kernels import reduction as _reduction
@@ -40,88 +49,7 @@ __all__ = [
     "rms_norm", "softmax", "std", "sum", "transpose", "var",
 ]  # fmt: skip
 
-FLOATS = tuple(np.dtype(d) for d in ("float16", "float32", "float64"))
 REDUCIBLE = tuple(np.dtype(d) for d in ("bool", "int32", "int64")) + FLOATS
-
-
-# --------------------------------------------------------------------------------------------
-# the op object: call, explain, inspect
-
-
-class PrebuiltOp:
-    """A prebuilt op: ``op(*args, out=None, stream=None, **kwargs)``, ``op.explain(...)`` and
-    ``op.inspect(..., arch="sm_90")``.
-
-    ``explain`` returns the :class:`tessera_tile.fusion.Explain` report of the call (kernels,
-    predicted traffic, source, reasons) and ``inspect`` one offline compile report per kernel
-    the call would launch; neither allocates nor launches, and NumPy arrays may stand in for
-    device arrays (only their shape, dtype and strides are used).
-    """
-
-    def __init__(self, plan):
-        self._plan = plan
-        self.__name__ = self.__qualname__ = plan.__name__
-        self.__doc__ = plan.__doc__
-        self.__module__ = __name__
-        sig = _pyinspect.signature(plan)
-        extra = [
-            _pyinspect.Parameter(n, _pyinspect.Parameter.KEYWORD_ONLY, default=None)
-            for n in ("out", "stream")
-        ]
-        self.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
-
-    def __call__(self, *args, out=None, stream=None, **kwargs):
-        return self._plan(*args, **kwargs).run(out, stream)
-
-    def explain(self, *args, **kwargs):
-        """What the call would do, without running it (see the class docstring)."""
-        return self._plan(*args, **kwargs).explain()
-
-    def inspect(self, *args, arch: str = "sm_90", **kwargs) -> list:
-        """Offline compile reports of the kernels the call would launch, for ``arch``."""
-        return self._plan(*args, **kwargs).inspect(arch)
-
-    def __repr__(self) -> str:
-        return f"<tessera_tile op {self.__name__}{self.__signature__}>"
-
-
-@dataclass
-class _Fused:
-    """A call dispatched to a fused definition of :mod:`tessera_tile.kernels`."""
-
-    fn: object  # a FusedFunction
-    args: tuple
-
-    def run(self, out, stream):
-        return self.fn(*self.args, out=out, stream=stream)
-
-    def explain(self):
-        return self.fn.explain(*self.args)
-
-    def inspect(self, arch: str) -> list:
-        return self.fn.inspect(*self.args, arch=arch)
-
-
-# --------------------------------------------------------------------------------------------
-# validation (before any launch; every message names the argument)
-
-
-def _array(value, name: str, dtypes, what: str) -> arrays.Arg:
-    a = arrays.read(value, name, scalars=False)
-    if a.dtype not in dtypes:
-        raise TypeError(
-            f"{name} has dtype {a.dtype}; {what} takes {', '.join(str(d) for d in dtypes)}"
-        )
-    return a
-
-
-def _axis(axis, ndim: int, name: str = "axis") -> int:
-    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(axis).__name__}")
-    axis = operator.index(axis)
-    if not -ndim <= axis < ndim:
-        raise ValueError(f"{name} {axis} is out of range for an array of {ndim} dimension(s)")
-    return axis % ndim
 
 
 def _axes(axis, ndim: int):
@@ -129,19 +57,11 @@ def _axes(axis, ndim: int):
     if axis is None:
         return None
     if isinstance(axis, tuple):
-        axes = tuple(_axis(a, ndim) for a in axis)
+        axes = tuple(axis_index(a, ndim) for a in axis)
         if len(set(axes)) != len(axes):
             raise ValueError(f"axis {axis} repeats an axis")
         return tuple(sorted(axes))
-    return _axis(axis, ndim)
-
-
-def _eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
-    if not (np.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    return float(eps)
+    return axis_index(axis, ndim)
 
 
 def _check_row_param(value, name: str, x: arrays.Arg, what: str) -> None:
@@ -160,10 +80,10 @@ def _check_row_param(value, name: str, x: arrays.Arg, what: str) -> None:
 
 def _softmax_plan(kind: str):
     def plan(x, axis=-1):
-        a = _array(x, "x", FLOATS, kind)
+        a = array_arg(x, "x", FLOATS, kind)
         if not a.shape:
             raise ValueError(f"x is 0-dimensional; {kind} needs at least one axis")
-        return _Fused(getattr(_softmax, kind)(_axis(axis, len(a.shape))), (x,))
+        return Fused(getattr(_softmax, kind)(axis_index(axis, len(a.shape))), (x,))
 
     return plan
 
@@ -190,7 +110,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     weight, bias: None or arrays of shape ``(x.shape[-1],)`` and x's dtype. One kernel, the row
     read once when it fits on chip, one ``rsqrt`` per row.
     """
-    a = _array(x, "x", FLOATS, "layer_norm")
+    a = array_arg(x, "x", FLOATS, "layer_norm")
     if not a.shape:
         raise ValueError("x is 0-dimensional; layer_norm normalises over the last axis")
     params = [v for v in (weight, bias) if v is not None]
@@ -198,7 +118,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
         if v is not None:
             _check_row_param(v, name, a, "layer_norm")
     fn = _norms.layer_norm(weight is not None, bias is not None)
-    return _Fused(fn, (x, *params, _eps(eps)))
+    return Fused(fn, (x, *params, eps_value(eps)))
 
 
 def rms_norm(x, weight=None, eps=1e-6):
@@ -206,13 +126,13 @@ def rms_norm(x, weight=None, eps=1e-6):
 
     weight: None or an array of shape ``(x.shape[-1],)`` and x's dtype.
     """
-    a = _array(x, "x", FLOATS, "rms_norm")
+    a = array_arg(x, "x", FLOATS, "rms_norm")
     if not a.shape:
         raise ValueError("x is 0-dimensional; rms_norm normalises over the last axis")
     params = [] if weight is None else [weight]
     if weight is not None:
         _check_row_param(weight, "weight", a, "rms_norm")
-    return _Fused(_norms.rms_norm(weight is not None), (x, *params, _eps(eps)))
+    return Fused(_norms.rms_norm(weight is not None), (x, *params, eps_value(eps)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,13 +143,13 @@ def _reduction_plan(name: str):
     one_axis = name in ("argmax", "argmin")
 
     def plan(x, axis=None, keepdims=False):
-        a = _array(x, "x", REDUCIBLE, name)
+        a = array_arg(x, "x", REDUCIBLE, name)
         if not isinstance(keepdims, bool | np.bool_):
             raise TypeError(f"keepdims must be a bool, got {type(keepdims).__name__}")
         if one_axis and isinstance(axis, tuple):
             raise TypeError(f"{name} takes one axis or None, not a tuple")
         axes = _axes(axis, len(a.shape))
-        return _Fused(_reduction.reduction(name, axes, bool(keepdims)), (x,))
+        return Fused(_reduction.reduction(name, axes, bool(keepdims)), (x,))
 
     plan.__name__ = plan.__qualname__ = name
     plan.__doc__ = (
@@ -252,31 +172,6 @@ var = PrebuiltOp(_reduction_plan("var"))
 std = PrebuiltOp(_reduction_plan("std"))
 argmax = PrebuiltOp(_reduction_plan("argmax"))
 argmin = PrebuiltOp(_reduction_plan("argmin"))
-
-
-# --------------------------------------------------------------------------------------------
-# hand-written kernels: placement of arrays, results, reports
-
-
-def _check_out(out, shape, dtype, inputs: dict[str, arrays.Arg]) -> arrays.Arg | None:
-    """The record of ``out=`` of a hand-written op, checked against the result."""
-    if out is None:
-        return None
-    o = arrays.read(out, "out", scalars=False)
-    arrays.check_out(o, "out", shape, dtype, inputs)
-    return o
-
-
-def _numba_type(rec: arrays.Arg):
-    """The numba type a kernel sees for this array (host arrays arrive as contiguous copies)."""
-    from numba import from_dtype, types
-
-    contiguous = rec.contiguous or rec.kind != arrays.DEVICE
-    return types.Array(from_dtype(rec.dtype), len(rec.shape), "C" if contiguous else "A")
-
-
-def _source(kernel) -> str:
-    return _pyinspect.getsource(kernel.py_func)
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,7 +209,7 @@ class _CrossEntropy:
 
     def run(self, out, stream):
         n = self.logits.shape[0]
-        o = _check_out(
+        o = check_out(
             out, self._shape(), self.logits.dtype, {"logits": self.logits, "targets": self.targets}
         )
         place = arrays.Placement([self.logits, self.targets], [o], stream)
@@ -383,7 +278,7 @@ class _CrossEntropy:
             f"{kernel.py_func.__name__}: hand-written, a warp per row, logits read once, "
             f"{self.logits.shape[0]} rows of {self.logits.shape[1]}"
         ]
-        source, fused = _source(kernel), self.predicted_bytes()
+        source, fused = source_of(kernel), self.predicted_bytes()
         reasons = []
         if reducer is not None:
             ex = reducer.explain(*self._reduce_args())
@@ -408,8 +303,8 @@ class _CrossEntropy:
 
         loss_type = types.Array(from_dtype(self._loss_dtype()), 1, "C")
         signature = (
-            _numba_type(self.logits),
-            _numba_type(self.targets),
+            numba_type(self.logits),
+            numba_type(self.targets),
             loss_type,
             types.Array(from_dtype(self.compute), 1, "C"),
             types.int64,
@@ -433,7 +328,7 @@ def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
     row when they are on the device. One hand-written kernel reads each logit once and writes
     no probabilities; ``"mean"`` and ``"sum"`` add a fused full reduction of the N losses.
     """
-    x = _array(logits, "logits", FLOATS, "cross_entropy")
+    x = array_arg(logits, "logits", FLOATS, "cross_entropy")
     if len(x.shape) != 2:
         raise ValueError(f"logits has shape {x.shape}; cross_entropy needs (N, C)")
     t = arrays.read(targets, "targets", scalars=False)
@@ -482,7 +377,7 @@ class _Transpose:
 
     def run(self, out, stream):
         m, n = self.x.shape
-        o = _check_out(out, (n, m), self.x.dtype, {"x": self.x})
+        o = check_out(out, (n, m), self.x.dtype, {"x": self.x})
         if o is not None and not o.contiguous:
             raise ValueError("out must be C-contiguous: transpose writes C-contiguous results")
         place = arrays.Placement([self.x], [o], stream)
@@ -501,7 +396,7 @@ class _Transpose:
         return Explain(
             kernels=1,
             ir=f"hand-written {name} (no Tile IR)",
-            source=_source(self.kernel),
+            source=source_of(self.kernel),
             bytes_fused=nbytes,
             bytes_unfused=nbytes,  # one op: nothing to fuse
             reasons=[],
@@ -517,7 +412,7 @@ class _Transpose:
         from . import inspect as offline
 
         out_type = types.Array(from_dtype(self.x.dtype), 2, "C")
-        signature = (_numba_type(self.x), out_type)
+        signature = (numba_type(self.x), out_type)
         return [offline.compile(self.kernel, signature, arch=arch, block=_transpose.THREADS)]
 
 
@@ -526,7 +421,7 @@ def transpose(x):
     strides in. One hand-written kernel through a padded shared-memory tile: each element read
     and written once, both coalesced, no bank conflicts.
     """
-    a = _array(x, "x", FLOATS, "transpose")
+    a = array_arg(x, "x", FLOATS, "transpose")
     if len(a.shape) != 2:
         raise ValueError(f"x has shape {a.shape}; transpose takes 2-D arrays")
     return _Transpose(a)
