@@ -56,6 +56,7 @@ from .fusion import (  # noqa: E402
     var,
     where,
 )
+from .tile_config import TileConfig  # noqa: E402 - the schedule of the matmul ops
 
 # Submodules reachable as attributes (tt.inspect, tt.memory...), imported on first use: the
 # compile-only and primitive modules cost nothing to a user who only fuses.
@@ -72,6 +73,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "__version__",
+    "TileConfig",
     "fusion",
     "fuse",
     "abs",

@@ -14,10 +14,10 @@ LAYERS = {
     "_version": 0, "_config": 0, "_cupy": 0, "banks": 0,
     "sim": 1, "_arrays": 1,
     "inspect": 2, "sass": 2, "intrinsics": 2,
-    "tile_ir": 3,
+    "tile_ir": 3, "tile_config": 3,
     "memory": 4, "pipeline": 4, "warp": 4,
     "_fusion": 5, "fusion": 5,
-    "kernels": 6, "_prebuilt": 6, "ops": 6,
+    "kernels": 6, "_prebuilt": 6, "_matmul_ops": 6, "ops": 6,
 }  # fmt: skip
 
 

@@ -1,0 +1,669 @@
+"""The matmul family of prebuilt ops: ``matmul``, ``linear`` and ``mlp`` (validation, result
+allocation, launch geometry, dispatch, ``explain`` and ``inspect``).
+
+:mod:`tessera_tile.ops` re-exports them. The kernel of a call is chosen in one place,
+:func:`choose_kernel` (dtype, config, activation, bias, operand layouts -> kernel factory and
+launch); float16 runs there on the float32 SIMT kernel until the tensor-core factory is wired
+in (computing in float32 and rounding once at the store: correct, slower than tensor cores,
+and ``explain`` says so).
+
+Batched operands broadcast as in NumPy: the batch dimensions of size 1 or missing get stride 0
+(nothing is copied), adjacent batch dimensions merge when every operand's strides allow, the
+innermost merged run becomes the grid's z axis (chunks of at most 65,535) and any dimensions
+left outside it are launched one after another.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _arrays as arrays
+from ._prebuilt import PrebuiltOp, array_arg, check_out, source_of
+from .kernels import epilogue
+from .kernels import matmul as simt
+from .tile_config import TileConfig, default_config, estimate, waves_text
+
+__all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
+
+DTYPES = tuple(np.dtype(d) for d in ("float16", "float32"))
+ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
+MAX_GRID_YZ = 65535
+DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
+
+
+# --------------------------------------------------------------------------------------------
+# geometry: operands as (batch, rows, cols) with byte strides
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One operand as the kernel sees it: a stack of matrices over the broadcast batch.
+
+    ``rows``/``cols`` and their byte strides; ``batch_strides``: one per broadcast batch
+    dimension (0 where the operand broadcasts), ``index_of``: for each broadcast batch
+    dimension, the operand's own dimension to index (None where it broadcasts)."""
+
+    rows: int
+    cols: int
+    row_stride: int
+    col_stride: int
+    batch_strides: tuple[int, ...]
+    index_of: tuple[int | None, ...]
+    itemsize: int
+
+
+def as_matrix(rec: arrays.Arg, batch: tuple[int, ...], vector: str | None) -> Matrix:
+    """``rec`` as a :class:`Matrix`; ``vector`` says how a 1-D operand becomes 2-D (``"row"``:
+    ``(1, K)`` as NumPy does for the left operand, ``"col"``: ``(K, 1)`` for the right one)."""
+    shape, strides = list(rec.shape), list(rec.strides)
+    if vector == "row":
+        shape, strides = [1, *shape], [0, *strides]
+    elif vector == "col":
+        shape, strides = [*shape, 1], [*strides, 0]
+    own = len(shape) - 2
+    offset = len(batch) - own
+    batch_strides, index_of = [], []
+    for d, size in enumerate(batch):
+        o = d - offset
+        if o >= 0 and shape[o] == size and size > 1:
+            batch_strides.append(strides[o])
+            index_of.append(o)
+        else:
+            batch_strides.append(0)
+            index_of.append(None)
+    return Matrix(
+        shape[-2], shape[-1], strides[-2], strides[-1],
+        tuple(batch_strides), tuple(index_of), rec.dtype.itemsize,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a batched call splits into launches: ``outer`` batch dimensions launched one after
+    another, a merged ``z`` run of batch dimensions on the grid's z axis."""
+
+    batch: tuple[int, ...]
+    outer: tuple[int, ...]  # the broadcast dimensions launched one by one
+    run: tuple[int, ...]  # the dimensions merged onto z, outermost first
+    z_strides: tuple[int, ...]  # per operand, the byte stride of z
+
+    @property
+    def z(self) -> int:
+        return math.prod(self.batch[d] for d in self.run)
+
+    @property
+    def launches(self) -> int:
+        chunks = -(-self.z // MAX_GRID_YZ) if self.z else 0
+        return math.prod(self.batch[d] for d in self.outer) * chunks
+
+    def indices(self):
+        """(batch index, z0, z count) of each launch: the index of the first matrix of it."""
+        z = self.z
+        for outer in np.ndindex(*(self.batch[d] for d in self.outer)):
+            for z0 in range(0, z, MAX_GRID_YZ):
+                index = [0] * len(self.batch)
+                for d, i in zip(self.outer, outer, strict=True):
+                    index[d] = i
+                run_index = np.unravel_index(z0, tuple(self.batch[d] for d in self.run) or (1,))
+                for d, i in zip(self.run, run_index, strict=False):
+                    index[d] = int(i)
+                yield tuple(index), z0, builtins.min(MAX_GRID_YZ, z - z0)
+
+
+def geometry(batch: tuple[int, ...], mats: list[Matrix]) -> Geometry:
+    dims = [d for d, size in enumerate(batch) if size > 1]
+    run: list[int] = []
+    for d in reversed(dims):  # grow the merged run outwards while every stride allows
+        if run:
+            inner = run[0]
+            if any(m.batch_strides[d] != m.batch_strides[inner] * batch[inner] for m in mats):
+                break
+        run.insert(0, d)
+    outer = tuple(d for d in dims if d not in run)
+    z_strides = tuple(m.batch_strides[run[-1]] if run else 0 for m in mats)
+    return Geometry(batch, outer, tuple(run), z_strides)
+
+
+def _matrix_view(handle, mat: Matrix, index, z_count: int, z_stride: int):
+    own = tuple(index[d] for d, o in enumerate(mat.index_of) if o is not None)
+    sub = handle[own] if own else handle
+    shape = (z_count, mat.rows, mat.cols)
+    return arrays.view(sub, shape, (z_stride, mat.row_stride, mat.col_stride))
+
+
+def _first_address(rec: arrays.Arg, mat: Matrix, index) -> int:
+    offset = sum(index[d] * s for d, s in enumerate(mat.batch_strides))
+    return rec.address + offset
+
+
+def _layout(mat: Matrix, z_count: int, z_stride: int) -> str:
+    """'C' when the (z, rows, cols) view is C-contiguous by NumPy's rule (size-1 dims free)."""
+    want = arrays.contiguous_strides((z_count, mat.rows, mat.cols), mat.itemsize)
+    have = (z_stride, mat.row_stride, mat.col_stride)
+    sizes = (z_count, mat.rows, mat.cols)
+    return "C" if all(n <= 1 or h == w for n, h, w in zip(sizes, have, want, strict=True)) else "A"
+
+
+def _copy_bytes(mat: Matrix, z_stride: int, address: int, dtype: np.dtype) -> int:
+    """16 when every row of every matrix starts 16-byte aligned on a contiguous inner axis."""
+    if dtype != np.float32 or (mat.cols > 1 and mat.col_stride != mat.itemsize):
+        return 4
+    ok = all(s % 16 == 0 for s in (mat.row_stride, z_stride, address))
+    return 16 if ok else 4
+
+
+# --------------------------------------------------------------------------------------------
+# the one place a kernel is chosen
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    kernel: object
+    config: TileConfig
+    threads: int
+    signature: tuple
+    reasons: tuple[str, ...]
+
+    def grid(self, m: int, n: int, z: int) -> tuple[int, int, int]:
+        c = self.config
+        return (-(-n // c.tile_n), -(-m // c.tile_m), z)
+
+
+def choose_kernel(
+    dtype: np.dtype, config: TileConfig, activation, has_bias: bool, copy_a: int, copy_b: int,
+    vector_store: bool, types: tuple, names: tuple[str, str] = ("a", "b"),
+) -> KernelChoice:  # fmt: skip
+    """The kernel and launch of one call. float16 goes to the SIMT kernel with synchronous,
+    widening staging until the tensor-core factory is wired in here."""
+    reasons = []
+    if dtype == np.float16:
+        reasons.append(
+            "float16 runs on the float32 SIMT kernel (staged and accumulated in float32, rounded "
+            "once at the store): correct, but slower than the tensor-core kernel it awaits"
+        )
+        kernel = simt.simt_matmul(
+            config, activation, has_bias, 4, 4, async_copy=False, vector_store=False
+        )
+    else:
+        for name, width in zip(names, (copy_a, copy_b), strict=True):
+            if width == 4:
+                reasons.append(
+                    f"{name}'s rows are not 16-byte aligned and contiguous: 4-byte cp.async "
+                    "copies, read in place"
+                )
+        kernel = simt.simt_matmul(
+            config, activation, has_bias, copy_a, copy_b, vector_store=vector_store
+        )
+    return KernelChoice(kernel, config, config.threads, types, tuple(reasons))
+
+
+# --------------------------------------------------------------------------------------------
+# one tiled product with its epilogue: the plan behind matmul and linear, and mlp's stages
+
+
+def _array_type(dtype: np.dtype, ndim: int, layout: str):
+    from numba import from_dtype, types
+
+    return types.Array(from_dtype(dtype), ndim, layout)
+
+
+@dataclass
+class Product:
+    """``activation(a @ b + bias)`` over a broadcast batch, as one kernel per launch."""
+
+    a: arrays.Arg
+    b: arrays.Arg
+    bias: arrays.Arg | None
+    activation: str | None
+    config: TileConfig | None
+    name: str = "matmul"
+    names: tuple[str, ...] = ("a", "b", "bias")
+    a_vector: str | None = None
+    b_vector: str | None = None
+    batch: tuple[int, ...] = ()
+    out_shape: tuple[int, ...] = field(default=())
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.a.dtype
+
+    @property
+    def m(self) -> int:
+        return as_matrix(self.a, self.batch, self.a_vector).rows
+
+    @property
+    def n(self) -> int:
+        return as_matrix(self.b, self.batch, self.b_vector).cols
+
+    @property
+    def k(self) -> int:
+        return as_matrix(self.a, self.batch, self.a_vector).cols
+
+    def tile_config(self) -> TileConfig:
+        if self.config is not None:
+            return self.config
+        z = math.prod(self.batch)
+        return default_config(self.m, self.n, self.k, z, str(self.dtype))
+
+    def _c_matrix(self, rec: arrays.Arg) -> Matrix:
+        """The result as a (batch, M, N) stack, whatever 1-D squeezing its shape had."""
+        shape, strides = list(rec.shape[len(self.batch) :]), list(rec.strides[len(self.batch) :])
+        if self.a_vector:
+            shape, strides = [1, *shape], [0, *strides]
+        if self.b_vector:
+            shape, strides = [*shape, 1], [*strides, 0]
+        full = arrays.Arg(
+            rec.kind, rec.value, (*self.batch, *shape),
+            (*rec.strides[: len(self.batch)], *strides), rec.dtype, rec.address,
+        )  # fmt: skip
+        return as_matrix(full, self.batch, None)
+
+    def _c_record(self, out: arrays.Arg | None) -> arrays.Arg:
+        """A stand-in for the result's layout (a new result is C-contiguous, device-aligned)."""
+        if out is not None and out.kind == arrays.DEVICE:
+            return out
+        strides = arrays.contiguous_strides(self.out_shape, self.dtype.itemsize)
+        return arrays.Arg(arrays.DEVICE, None, self.out_shape, strides, self.dtype, DEVICE_ALIGN)
+
+    def _device_like(self, rec: arrays.Arg) -> arrays.Arg:
+        """A host operand as its device copy will be: contiguous, aligned."""
+        if rec.kind == arrays.DEVICE:
+            return rec
+        strides = arrays.contiguous_strides(rec.shape, rec.dtype.itemsize)
+        return arrays.Arg(arrays.DEVICE, None, rec.shape, strides, rec.dtype, DEVICE_ALIGN)
+
+    def plan_launches(self, a: arrays.Arg, b: arrays.Arg, c: arrays.Arg):
+        """(geometry, matrices, and per launch: (index, z0, count, KernelChoice))."""
+        mats = [
+            as_matrix(a, self.batch, self.a_vector),
+            as_matrix(b, self.batch, self.b_vector),
+            self._c_matrix(c),
+        ]
+        geo = geometry(self.batch, mats)
+        config = self.tile_config()
+        act = epilogue.activation_function(self.activation)
+        bias_type = _array_type(
+            self.dtype if self.bias is None else self.bias.dtype,
+            1, "C" if self.bias is None or self.bias.contiguous else "A",
+        )  # fmt: skip
+        launches = []
+        for index, z0, count in geo.indices():
+            (ma, mb, mc), (za, zb, zc) = mats, geo.z_strides
+            copy_a = _copy_bytes(ma, za, _first_address(a, ma, index), a.dtype)
+            copy_b = _copy_bytes(mb, zb, _first_address(b, mb, index), b.dtype)
+            vector_store = self.dtype == np.float32 and (mc.cols <= 1 or mc.col_stride == 4)
+            types = (
+                _array_type(a.dtype, 3, _layout(ma, count, za)),
+                _array_type(b.dtype, 3, _layout(mb, count, zb)),
+                bias_type,
+                _array_type(c.dtype, 3, _layout(mc, count, zc)),
+            )
+            choice = choose_kernel(
+                self.dtype,
+                config,
+                act,
+                self.bias is not None,
+                copy_a,
+                copy_b,
+                vector_store,
+                types,
+                self.names[:2],
+            )
+            launches.append((index, z0, count, choice))
+        return geo, mats, launches
+
+    # running ------------------------------------------------------------------------------
+    def launch(self, place: arrays.Placement, a, b, bias, c) -> None:
+        """Launch on device records ``a``, ``b``, ``bias`` (or None), ``c``."""
+        if not (self.m and self.n):
+            return
+        geo, (ma, mb, mc), launches = self.plan_launches(a, b, c)
+        ha, hb, hc = (arrays.device_handle(r) for r in (a, b, c))
+        hbias = arrays.device_handle(bias) if bias is not None else place.temp((1,), "f4").value
+        za, zb, zc = geo.z_strides
+        for index, _z0, count, choice in launches:
+            grid = choice.grid(self.m, self.n, count)
+            with np.errstate(all="ignore"):  # the simulator computes in NumPy
+                choice.kernel[grid, choice.threads, place.stream](
+                    _matrix_view(ha, ma, index, count, za),
+                    _matrix_view(hb, mb, index, count, zb),
+                    hbias,
+                    _matrix_view(hc, mc, index, count, zc),
+                )
+
+    def run(self, out, stream):
+        o = check_out(out, self.out_shape, self.dtype, self._inputs())
+        place = arrays.Placement(self._input_list(), [o], stream)
+        result = place.result(self.out_shape, self.dtype, o)
+        a, b = place.device(self.a), place.device(self.b)
+        bias = None if self.bias is None else place.device(self.bias)
+        self.launch(place, a, b, bias, result)
+        return place.finish(result, o)
+
+    def _inputs(self) -> dict:
+        named = {self.names[0]: self.a, self.names[1]: self.b}
+        if self.bias is not None:
+            named[self.names[2] if len(self.names) > 2 else "bias"] = self.bias
+        return named
+
+    def _input_list(self) -> list:
+        return list(self._inputs().values())
+
+    # reports --------------------------------------------------------------------------------
+    def predicted_bytes(self) -> int:
+        """Global bytes of the kernel(s): A once per column of C tiles, B once per row of
+        them, the bias once per row of them, C written once."""
+        cfg = self.tile_config()
+        z = math.prod(self.batch)
+        m, n, k = self.m, self.n, self.k
+        rows, cols = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
+        item = self.dtype.itemsize
+        if not (m and n):
+            return 0
+        nbytes = z * item * (m * k * cols + k * n * rows + m * n)
+        if self.bias is not None:
+            nbytes += z * rows * n * self.bias.dtype.itemsize
+        return nbytes
+
+    def flops(self) -> int:
+        return 2 * math.prod(self.batch) * self.m * self.n * self.k
+
+    def unfused_bytes(self) -> int:
+        """The same product, then the bias add and the activation as kernels of their own
+        (each reads C and writes it back)."""
+        mn = math.prod(self.batch) * self.m * self.n * self.dtype.itemsize
+        extra = 0
+        if self.bias is not None:
+            extra += 2 * mn + self.n * self.bias.dtype.itemsize
+        if self.activation is not None:
+            extra += 2 * mn
+        return self.predicted_bytes() + extra
+
+    def stage_text(self, launches) -> list[str]:
+        cfg = self.tile_config()
+        e = estimate(
+            builtins.max(self.m, 1), builtins.max(self.n, 1), builtins.max(self.k, 1),
+            builtins.max(math.prod(self.batch), 1), cfg, self.dtype.itemsize,
+        )  # fmt: skip
+        names = sorted({choice.kernel.py_func.__name__ for *_, choice in launches})
+        epi = ["+ bias" if self.bias is not None else "", self.activation or ""]
+        epi_text = " ".join(x for x in epi if x) or "none"
+        return [
+            f"{name}: {self.name} ({self.m} x {self.k}) @ ({self.k} x {self.n}) over batch "
+            f"{self.batch or '()'} in {len(launches)} launch(es); tile {cfg}; epilogue "
+            f"{epi_text} in registers before the one store; {waves_text(e)}"
+            for name in names
+        ]
+
+    def distinct(self, launches) -> list:
+        seen, out = set(), []
+        for *_, choice in launches:
+            key = (choice.kernel, choice.signature)
+            if key not in seen:
+                seen.add(key)
+                out.append(choice)
+        return out
+
+    def explain_parts(self, out=None):
+        a, b = self._device_like(self.a), self._device_like(self.b)
+        _, _, launches = self.plan_launches(a, b, self._c_record(out))
+        reasons = sorted({r for *_, choice in launches for r in choice.reasons})
+        return launches, reasons
+
+    def explain(self):
+        from .fusion import Explain
+
+        launches, reasons = self.explain_parts()
+        kernels = self.distinct(launches) if self.m and self.n else []
+        return Explain(
+            kernels=len(kernels),
+            ir=f"hand-written {self.name} (no Tile IR)",
+            source="\n\n".join(source_of(c.kernel) for c in kernels[:1]),
+            bytes_fused=self.predicted_bytes(),
+            bytes_unfused=self.unfused_bytes(),
+            reasons=reasons,
+            stages=self.stage_text(launches) if kernels else [],
+        )
+
+    def inspect(self, arch: str) -> list:
+        from . import inspect as offline
+
+        launches, _ = self.explain_parts()
+        if not (self.m and self.n):
+            return []
+        return [
+            offline.compile(c.kernel, c.signature, arch=arch, block=c.threads)
+            for c in self.distinct(launches)
+        ]
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+
+
+def _operand(value, name: str, what: str) -> arrays.Arg:
+    rec = array_arg(value, name, DTYPES, what)
+    if not rec.shape:
+        raise ValueError(f"{name} is 0-dimensional; {what} needs at least 1 dimension")
+    return rec
+
+
+def _broadcast(a: arrays.Arg, b: arrays.Arg, names, a_batch, b_batch) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(a_batch, b_batch))
+    except ValueError:
+        raise ValueError(
+            f"{names[0]} of shape {a.shape} and {names[1]} of shape {b.shape}: batch shapes "
+            f"{a_batch} and {b_batch} do not broadcast"
+        ) from None
+
+
+def _check_config(config) -> TileConfig | None:
+    if config is None:
+        return None
+    if not isinstance(config, TileConfig):
+        raise TypeError(f"config must be a TileConfig or None, got {type(config).__name__}")
+    if config.dtype != "float32":
+        raise ValueError(
+            f"config has {config.dtype} tiles; the kernels available today stage float32 tiles "
+            "(float16 inputs included): use TileConfig(..., dtype='float32')"
+        )
+    return config
+
+
+def _check_activation(activation):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    return activation
+
+
+def _product(a, b, names, what, config, bias=None, activation=None, bias_name="bias") -> Product:
+    ra, rb = _operand(a, names[0], what), _operand(b, names[1], what)
+    if rb.dtype != ra.dtype:
+        raise TypeError(
+            f"{names[1]} has dtype {rb.dtype} and {names[0]} {ra.dtype}: {what} needs one dtype "
+            "(convert one of them first)"
+        )
+    arrays.check_one_side([ra, rb], list(names))
+    a_vector = "row" if len(ra.shape) == 1 else None
+    b_vector = "col" if len(rb.shape) == 1 else None
+    k_a = ra.shape[-1]
+    k_b = rb.shape[0] if b_vector else rb.shape[-2]
+    if k_a != k_b:
+        raise ValueError(
+            f"{names[0]} has shape {ra.shape} and {names[1]} {rb.shape}: the inner dimensions "
+            f"({k_a} and {k_b}) do not match"
+        )
+    a_batch = ra.shape[:-2] if not a_vector else ()
+    b_batch = rb.shape[:-2] if not b_vector else ()
+    batch = _broadcast(ra, rb, names, a_batch, b_batch)
+    out_shape = (
+        *batch,
+        *(() if a_vector else (ra.shape[-2],)),
+        *(() if b_vector else (rb.shape[-1],)),
+    )
+    m = 1 if a_vector else ra.shape[-2]
+    n = 1 if b_vector else rb.shape[-1]
+    cfg = _check_config(config)
+    tile_m = (cfg or default_config(m, n, k_a, math.prod(batch))).tile_m
+    if -(-m // tile_m) > MAX_GRID_YZ:
+        raise ValueError(f"{names[0]} has {m} rows: more than {MAX_GRID_YZ} tiles of {tile_m}")
+    return Product(
+        ra,
+        rb,
+        bias,
+        activation,
+        cfg,
+        what,
+        tuple(names) + (bias_name,),
+        a_vector,
+        b_vector,
+        batch,
+        out_shape,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the ops
+
+
+def matmul(a, b, *, config=None):
+    """``a @ b`` with NumPy's ``matmul`` semantics: 2-D, batched (leading dimensions broadcast,
+    without copies) and 1-D operands (a vector on the left is a row, on the right a column;
+    its dimension is dropped from the result).
+
+    a, b: float32 (computed exactly in float32 SIMT) or float16 (today on the same kernel,
+    accumulated in float32 and rounded once); one dtype for both; host or device, any strides.
+    config: a :class:`tessera_tile.TileConfig`, or None for the analytic model's default.
+    One kernel (one launch per batch run; see ``docs/matmul.md``).
+    """
+    return _product(a, b, ("a", "b"), "matmul", config)
+
+
+def linear(x, w, bias=None, activation=None, *, config=None):
+    """``activation(x @ w + bias)`` in one kernel: the bias and the activation run on the
+    accumulator tile in registers before its single store.
+
+    x: (..., K); w: (K, N); bias: None or (N,), all of one dtype (float32 or float16).
+    activation: None, ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (tanh approximation)
+    or ``"silu"``, as in PyTorch. K = 0 gives ``activation(bias)``.
+    """
+    return _linear(x, w, bias, activation, config, ("x", "w", "bias"), "linear")
+
+
+def _linear(x, w, bias, activation, config, names, what) -> Product:
+    x_name, w_name, bias_name = names
+    rw = _operand(w, w_name, what)
+    if len(rw.shape) != 2:
+        raise ValueError(f"{w_name} has shape {rw.shape}; {what} needs {w_name} of shape (K, N)")
+    _check_activation(activation)
+    rbias = None
+    if bias is not None:
+        rbias = arrays.read(bias, bias_name, scalars=False)
+        if rbias.shape != rw.shape[1:]:
+            raise ValueError(f"{bias_name} has shape {rbias.shape}; {what} needs ({rw.shape[1]},)")
+        if rbias.dtype != rw.dtype:
+            raise TypeError(
+                f"{bias_name} has dtype {rbias.dtype}; it must match {w_name}'s dtype {rw.dtype}"
+            )
+        arrays.check_one_side([rw, rbias], [w_name, bias_name])
+    return _product(x, w, (x_name, w_name), what, config, rbias, activation, bias_name)
+
+
+@dataclass
+class _Mlp:
+    first: Product
+    second: Product
+
+    def run(self, out, stream):
+        second = self.second
+        inputs = {**self.first._inputs(), "w2": second.b}
+        if second.bias is not None:
+            inputs["b2"] = second.bias
+        o = check_out(out, second.out_shape, second.dtype, inputs)
+        place = arrays.Placement(list(inputs.values()), [o], stream)
+        x, w1, w2 = (place.device(r) for r in (self.first.a, self.first.b, second.b))
+        b1 = None if self.first.bias is None else place.device(self.first.bias)
+        b2 = None if second.bias is None else place.device(second.bias)
+        hidden = place.temp(self.first.out_shape, self.first.dtype)
+        self.first.launch(place, x, w1, b1, hidden)
+        result = place.result(second.out_shape, second.dtype, o)
+        second.launch(place, hidden, w2, b2, result)
+        return place.finish(result, o)
+
+    def hidden_bytes(self) -> int:
+        """The hidden activation's traffic: written once by the first kernel, read once per
+        column of output tiles by the second."""
+        h = math.prod(self.first.out_shape) * self.first.dtype.itemsize
+        cols = -(-self.second.n // self.second.tile_config().tile_n)
+        return h * (1 + cols)
+
+    def explain(self):
+        from .fusion import Explain
+
+        one, two = self.first.explain(), self.second.explain()
+        reasons = [
+            "two kernels: the second product needs whole rows of the hidden activation, "
+            f"which a tile of the first does not hold; the hidden activation costs "
+            f"{self.hidden_bytes()} B of traffic (written once, read once per column of "
+            "output tiles)",
+            *sorted(set(one.reasons + two.reasons)),
+        ]
+        return Explain(
+            kernels=one.kernels + two.kernels,
+            ir="hand-written mlp (no Tile IR)",
+            source="\n\n".join(s for s in (one.source, two.source) if s),
+            bytes_fused=one.bytes_fused + two.bytes_fused,
+            bytes_unfused=one.bytes_unfused + two.bytes_unfused,
+            reasons=reasons,
+            stages=one.stages + two.stages,
+        )
+
+    def inspect(self, arch: str) -> list:
+        return self.first.inspect(arch) + self.second.inspect(arch)
+
+
+def mlp(x, w1, b1, w2, b2, activation="gelu"):
+    """``activation(x @ w1 + b1) @ w2 + b2``: two ``linear`` kernels, the first with the
+    activation in its epilogue, the second with the bias in its epilogue.
+
+    x: (..., K); w1: (K, H); b1: (H,) or None; w2: (H, N); b2: (N,) or None; one dtype.
+    The hidden activation (..., H) goes through device memory: written once, read once per
+    column of output tiles of the second kernel (``docs/matmul.md`` says when keeping it on
+    chip would pay).
+    """
+    first = _linear(x, w1, b1, activation, None, ("x", "w1", "b1"), "mlp")
+    rw2 = _operand(w2, "w2", "mlp")
+    if len(rw2.shape) != 2 or rw2.shape[0] != first.n:
+        raise ValueError(f"w2 has shape {rw2.shape}; mlp needs ({first.n}, N) after w1")
+    if rw2.dtype != first.dtype:
+        raise TypeError(f"w2 has dtype {rw2.dtype}; it must match x's dtype {first.dtype}")
+    arrays.check_one_side([first.a, rw2], ["x", "w2"])
+    hidden = arrays.Arg(
+        first.a.kind, None, first.out_shape,
+        arrays.contiguous_strides(first.out_shape, first.dtype.itemsize), first.dtype,
+        DEVICE_ALIGN,
+    )  # fmt: skip
+    rb2 = None
+    if b2 is not None:
+        rb2 = arrays.read(b2, "b2", scalars=False)
+        if rb2.shape != rw2.shape[1:]:
+            raise ValueError(f"b2 has shape {rb2.shape}; mlp needs ({rw2.shape[1]},)")
+        if rb2.dtype != first.dtype:
+            raise TypeError(f"b2 has dtype {rb2.dtype}; it must match x's dtype {first.dtype}")
+        arrays.check_one_side([first.a, rb2], ["x", "b2"])
+    second = Product(
+        hidden, rw2, rb2, None, None, "mlp", ("hidden", "w2", "b2"),
+        first.a_vector, None, first.batch,
+        (*first.out_shape[:-1], rw2.shape[1]),
+    )  # fmt: skip
+    return _Mlp(first, second)
+
+
+matmul = PrebuiltOp(matmul)
+linear = PrebuiltOp(linear)
+mlp = PrebuiltOp(mlp)

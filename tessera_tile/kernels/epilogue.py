@@ -1,0 +1,94 @@
+"""Matmul epilogues: what runs on a float32 accumulator in registers before its single store.
+
+An epilogue is any Numba CUDA device function ``f(x: float32) -> float32``. The matmul kernel
+factories (:mod:`tessera_tile.kernels.matmul`, and the float16 tensor-core factory) take one as
+``activation`` and call it on every accumulator element after the bias is added::
+
+    acc (registers) -> acc + bias[col] -> activation(...) -> one store of C
+
+so the activation costs no memory traffic. The factories close over the function, so any device
+function works, including one the composer generates from a traced elementwise expression.
+
+The named activations (``ACTIVATIONS``) follow PyTorch's definitions, computed in float32 with
+float32 constants (a bare ``1.0`` would be float64 in Numba):
+
+* ``relu``: ``max(x, 0)`` (NaN propagates, as ``torch.relu``);
+* ``gelu``: ``0.5 x (1 + erf(x / sqrt 2))``, the exact form; ``math.erf`` on float32 is
+  libdevice's ``erff`` (no float64);
+* ``gelu_tanh``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``;
+* ``silu``: ``x * sigmoid(x)`` = ``x / (1 + exp(-x))``.
+
+``reference(name, x)`` is the float64 NumPy reference the tests compare against.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+__all__ = ["ACTIVATIONS", "activation_function", "identity", "reference"]
+
+ZERO = float32(0.0)
+HALF = float32(0.5)
+ONE = float32(1.0)
+INV_SQRT2 = float32(1.0 / math.sqrt(2.0))
+SQRT_2_OVER_PI = float32(math.sqrt(2.0 / math.pi))
+GELU_CUBIC = float32(0.044715)
+
+
+@cuda.jit(device=True)
+def identity(x):
+    return x
+
+
+@cuda.jit(device=True)
+def relu(x):
+    # x > 0 is False for NaN: return x then, so NaN propagates as in PyTorch.
+    return x if not x < ZERO else ZERO
+
+
+@cuda.jit(device=True)
+def gelu(x):
+    return HALF * x * (ONE + math.erf(x * INV_SQRT2))
+
+
+@cuda.jit(device=True)
+def gelu_tanh(x):
+    inner = SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x)
+    return HALF * x * (ONE + math.tanh(inner))
+
+
+@cuda.jit(device=True)
+def silu(x):
+    return x / (ONE + math.exp(-x))
+
+
+ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
+
+
+def activation_function(name):
+    """The device function of an activation name (``None``: :func:`identity`)."""
+    if name is None:
+        return identity
+    return ACTIVATIONS[name]
+
+
+def reference(name, x: np.ndarray) -> np.ndarray:
+    """The activation in float64 NumPy (the tests' reference); ``None`` is the identity."""
+    from math import erf
+
+    x = np.asarray(x, np.float64)
+    if name is None:
+        return x
+    if name == "relu":
+        return np.where(x < 0, 0.0, x)
+    if name == "gelu":
+        return 0.5 * x * (1.0 + np.vectorize(erf, otypes=[np.float64])(x / math.sqrt(2.0)))
+    if name == "gelu_tanh":
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    if name == "silu":
+        with np.errstate(over="ignore"):
+            return x / (1.0 + np.exp(-x))
+    raise ValueError(f"unknown activation {name!r}")

@@ -1,0 +1,219 @@
+"""float32 SIMT matmul kernels with a fused epilogue: ``C = activation(A @ B + bias)``.
+
+:func:`simt_matmul` makes one kernel per (config, copy widths, activation, bias, store kind)
+and memoises it. Every kernel has the signature the float16 tensor-core factory shares::
+
+    kernel(a, b, bias, c)    a: (batch, M, K)   b: (batch, K, N)   bias: (N,) or a 1-element
+                             dummy   c: (batch, M, N)
+    grid  = (tiles over N, tiles over M, batch)      block = config.threads
+
+Batch strides are arbitrary (0 for a broadcast operand: nothing is copied). A block computes a
+``tile_m x tile_n`` tile of C; each thread a ``thread_m x thread_n`` register tile (8 x 8 in
+the default configs). The K axis streams through two :func:`tessera_tile.pipeline.ring_buffer`
+rings of ``num_stages`` stages::
+
+    prologue      tiles 0 .. stages-2 of A and B in flight (cp.async, one group per tile)
+    main loop     wait for tile k; issue tile k + stages - 1; multiply tile k from shared memory
+    epilogue      acc += bias[col]; acc = activation(acc); one store of each C element
+
+Main loop, per 4 k values: ``thread_m`` ``LDS.128`` of A (a row of the A tile, 4 consecutive
+k) and ``thread_n`` ``LDS.128`` of B (4 rows of the B tile, ``thread_n / 4`` vectors each) feed
+``4 * thread_m * thread_n`` FFMA: 16 FFMA per shared load at 8 x 8 (the expert hand-written
+CUDA C++ SIMT GEMM's ratio; Triton's exact-fp32 GEMM has 12.8). Both reads are conflict free
+without padding: a quarter-warp (8 lanes) lies within one row of the thread grid, so its A
+reads are one broadcast vector and its B reads consecutive vectors.
+
+Staging: 16-byte ``cp.async.cg`` copies (``copy_bytes=16``) when an operand's rows and batches
+are 16-byte aligned with a contiguous inner axis, else 4-byte ``cp.async`` of single elements
+(``copy_bytes=4``), which take any strides, so a non-contiguous device input is read in place.
+Elements outside A and B are zero-filled (partial tiles multiply zeros): any M, N, K, K = 0
+included (the epilogue then sees zeros: ``linear`` gives ``activation(bias)``). float16 inputs
+(until the tensor-core kernel is wired in) take synchronous staging (``async_copy=False``) that
+widens each element to float32 on its way into shared memory; the accumulator is float32 and C
+is rounded to float16 once, at the store.
+
+The epilogue is any device function ``f(float32) -> float32`` (:mod:`.epilogue`): the bias row
+of the block's tile is staged into shared memory once per block (read from global memory once
+per block) and added in registers before the activation, then each C element is stored once,
+16 bytes at a time where C's rows allow it (``vector_store``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from numba import cuda, float32
+
+from ..memory import aligned16, load16_shared, store16
+from ..pipeline import SHARED_ALIGN, ring_buffer
+from ..tile_config import CANDIDATES, TileConfig
+from .epilogue import ACTIVATIONS, identity
+
+__all__ = ["KV", "activation_name", "simt_matmul"]
+
+KV = 4  # k values per LDS.128 of A
+ZERO = float32(0.0)
+
+
+def activation_name(fn) -> str:
+    """A short name of an epilogue device function (for kernel names)."""
+    if fn is identity:
+        return "none"
+    for name, known in ACTIVATIONS.items():
+        if fn is known:
+            return name
+    return getattr(getattr(fn, "py_func", fn), "__name__", "custom")
+
+
+@functools.cache
+def simt_matmul(
+    config: TileConfig,
+    activation=identity,
+    has_bias: bool = False,
+    copy_a: int = 16,
+    copy_b: int = 16,
+    async_copy: bool = True,
+    vector_store: bool = True,
+):
+    """The kernel ``kernel(a, b, bias, c)`` for these choices (memoised; see the module doc).
+
+    ``copy_a`` / ``copy_b``: bytes per ``cp.async`` of each operand (16 needs 16-byte aligned
+    rows and batches and a contiguous inner axis; 4 takes any strides). ``async_copy=False``
+    stages synchronously, converting to float32 (float16 inputs). ``vector_store``: C's rows
+    have a contiguous inner axis and are float32 (16-byte stores where aligned).
+    """
+    if config.dtype != "float32":
+        raise ValueError(f"the SIMT kernel stages float32 tiles; config has {config.dtype}")
+    tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
+    tm, tn = config.register_tile
+    threads = config.threads
+    threads_m = tile_m // tm  # a thread owns rows ty + threads_m * i of the C tile
+    threads_n = tile_n // tn
+    span_n = threads_n * 4  # ... and columns h * span_n + 4 * tx + (0..3)
+    stages = config.num_stages
+    ring_a = ring_buffer(
+        stages, (tile_m, tile_k), float32, k_axis=1,
+        async_copy=async_copy, copy_bytes=copy_a if async_copy else 4,
+    )  # fmt: skip
+    ring_b = ring_buffer(
+        stages, (tile_k, tile_n), float32, k_axis=0,
+        async_copy=async_copy, copy_bytes=copy_b if async_copy else 4,
+    )  # fmt: skip
+    a_shape, b_shape = ring_a.shape, ring_b.shape
+    bias_len = tile_n if has_bias else 1
+    ahead = stages - 1
+    act = activation
+
+    @cuda.jit(device=True)
+    def store_row(c, row, col, n, acc, i, j0):
+        # Four consecutive C elements of register-tile row i: 16 bytes at once where allowed.
+        if vector_store and col + 4 <= n and aligned16(c, (row, col)):
+            store16(c, (row, col), (acc[i, j0], acc[i, j0 + 1], acc[i, j0 + 2], acc[i, j0 + 3]))
+        else:
+            for j in range(4):
+                if col + j < n:
+                    c[row, col + j] = acc[i, j0 + j]
+
+    def kernel(a, b, bias, c):
+        sa = cuda.shared.array(a_shape, float32, alignment=SHARED_ALIGN)
+        sb = cuda.shared.array(b_shape, float32, alignment=SHARED_ALIGN)
+        sbias = cuda.shared.array(bias_len, float32, alignment=SHARED_ALIGN)
+        # Local arrays indexed only by constants (loops over constants, which LLVM unrolls)
+        # become registers: the compile tier checks there is no local memory.
+        acc = cuda.local.array((tm, tn), float32)
+        av = cuda.local.array((tm, KV), float32)
+        bv = cuda.local.array(tn, float32)
+        z = cuda.blockIdx.z
+        cz = c[z]
+        m, n = cz.shape
+        m0 = cuda.blockIdx.y * tile_m
+        n0 = cuda.blockIdx.x * tile_n
+        tid = cuda.threadIdx.x
+        tx = tid % threads_n
+        ty = tid // threads_n
+        for i in range(tm):
+            for j in range(tn):
+                acc[i, j] = ZERO
+        if has_bias:  # the block's bias row, once; the first wait_tile or the sync below orders it
+            t = tid
+            while t < tile_n:
+                sbias[t] = float32(bias[n0 + t]) if n0 + t < n else ZERO
+                t += threads
+        a_panel = a[z, m0 : m0 + tile_m, :]  # the rows of A this block needs
+        b_panel = b[z, :, n0 : n0 + tile_n]  # the columns of B this block needs
+        tiles = ring_a.num_tiles(a_panel)
+
+        for k in range(ahead):  # prologue: one cp.async group per tile, A and B together
+            ring_a.load_tile(sa, a_panel, k)
+            ring_b.load_tile(sb, b_panel, k)
+            ring_a.commit()
+
+        kt = 0
+        while kt < tiles:  # a run-time bound: `while`, not range()
+            s = ring_a.wait_tile(kt)  # tile kt has landed and every thread is done with kt - 1
+            ring_a.load_tile(sa, a_panel, kt + ahead)  # refill the stage kt - 1 used
+            ring_b.load_tile(sb, b_panel, kt + ahead)  # (no copy past the last tile)
+            ring_a.commit()
+            for kk in range(0, tile_k, KV):
+                for i in range(tm):  # A[row, kk .. kk+3]: a quarter-warp reads one vector
+                    v = load16_shared(sa, (s, ty + i * threads_m, kk))
+                    for q in range(KV):
+                        av[i, q] = v[q]
+                for q in range(KV):
+                    for h in range(tn // 4):  # B[kk+q, 4 columns]: consecutive vectors
+                        v = load16_shared(sb, (s, kk + q, h * span_n + tx * 4))
+                        for j in range(4):
+                            bv[h * 4 + j] = v[j]
+                    for i in range(tm):
+                        for j in range(tn):
+                            acc[i, j] += av[i, q] * bv[j]
+            kt += 1
+        # Copies past the last tile were never issued: nothing to drain.
+
+        if has_bias:
+            cuda.syncthreads()  # the bias row is visible even when K = 0 (no wait_tile ran)
+            for h in range(tn // 4):
+                v = load16_shared(sbias, h * span_n + tx * 4)
+                for j in range(4):
+                    bv[h * 4 + j] = v[j]
+        for i in range(tm):
+            for j in range(tn):
+                x = acc[i, j]
+                if has_bias:
+                    x += bv[j]
+                acc[i, j] = act(x)
+        for i in range(tm):
+            row = m0 + ty + i * threads_m
+            if row < m:
+                for h in range(tn // 4):
+                    store_row(cz, row, n0 + h * span_n + tx * 4, n, acc, i, h * 4)
+
+    parts = [
+        f"matmul_{tile_m}x{tile_n}x{tile_k}_w{config.num_warps}_s{stages}",
+        f"c{copy_a}{copy_b}" if async_copy else "sync",
+        activation_name(activation),
+    ]
+    if has_bias:
+        parts.append("bias")
+    if not vector_store:
+        parts.append("scalar_store")
+    kernel.__name__ = kernel.__qualname__ = "_".join(parts)
+    return cuda.jit(kernel)  # lazy: an eager signature would ask for a GPU at import time
+
+
+def signature(dtype: str = "float32", out_dtype: str | None = None, layout: str = "C") -> str:
+    """The kernel signature for contiguous (``"C"``) or strided (``"A"``) operands."""
+    ab = f"{dtype}[:, :, ::1]" if layout == "C" else f"{dtype}[:, :, :]"
+    out = out_dtype or dtype
+    cc = f"{out}[:, :, ::1]" if layout == "C" else f"{out}[:, :, :]"
+    return f"void({ab}, {ab}, float32[::1], {cc})"
+
+
+# The default configs' kernels as module attributes: the compile tier builds each of them
+# (tests/compile/cases.py), and the ops get the same objects from the memoised factory.
+matmul_f32_default_128x128 = simt_matmul(CANDIDATES[0])
+matmul_f32_default_128x64 = simt_matmul(CANDIDATES[1])
+matmul_f32_default_64x128 = simt_matmul(CANDIDATES[2])
+matmul_f32_default_64x64 = simt_matmul(CANDIDATES[3])
+linear_f32_gelu_bias_128x128 = simt_matmul(CANDIDATES[0], ACTIVATIONS["gelu"], True)
+matmul_f16_sync_128x128 = simt_matmul(CANDIDATES[0], async_copy=False, vector_store=False)

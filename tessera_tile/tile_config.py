@@ -1,0 +1,285 @@
+"""``TileConfig``: the schedule of a tiled matmul, and the analytic model that picks a default.
+
+A config is a frozen dataclass compared and hashed by value, so it can key kernel caches (one
+compiled kernel per distinct config) and, later, an autotuner's table (``config.key`` is its
+plain value identity, ``config.fingerprint`` a short stable hash of it)::
+
+    from tessera_tile import TileConfig
+    cfg = TileConfig(tile_m=128, tile_n=128, tile_k=8, num_warps=8, num_stages=3)
+
+    +------- tile_n -------+         a block of num_warps * 32 threads computes a
+    |                      |         tile_m x tile_n tile of C; each thread holds a
+  tile_m   C tile          |         thread_m x thread_n register tile of it; the K axis
+    |                      |         streams through num_stages shared-memory stages of
+    +----------------------+         tile_k columns of A and tile_k rows of B
+
+**Validation on construction** (``ValueError`` naming the field): positive ints; ``num_warps``
+1, 2, 4, 8 or 16 and ``num_stages`` 2, 3 or 4 (what :func:`tessera_tile.pipeline.ring_buffer`
+supports); for ``dtype="float32"`` (the SIMT kernel, which also serves float16 inputs today,
+widening them into float32 tiles) the register tile must be 4 x 4, 4 x 8, 8 x 4 or 8 x 8 and the
+thread grid must divide the warp layout (``threads_n`` 8, 16 or 32 lanes per tile row, so a
+quarter-warp never spans two rows of the C tile), ``tile_k`` a multiple of 4 (one ``LDS.128``
+of A holds 4 k values); for ``dtype="float16"`` (the tensor-core kernel's tiles) ``tile_m`` and
+``tile_k`` multiples of 16 and ``tile_n`` of 8 (mma.sync m16n8k16), the exact warp arrangement
+being that kernel's to check.
+
+**Shared memory.** The architectures allow more than our kernels can use: a block may have up to
+163 KiB of *dynamic* shared memory on sm_80 and 227 KiB on sm_90 (CUDA C++ Programming Guide,
+"Technical Specifications per Compute Capability", maximum shared memory per thread block; both
+need an opt-in attribute at launch). Numba's ``cuda.shared.array`` is *static* shared memory,
+limited to 48 KiB per block on every architecture, and our kernels use static arrays; so the
+limit a config is validated against is :data:`STATIC_SHARED_LIMIT` = 48 KiB, the one the
+kernels can actually use (``ARCH_SHARED_LIMIT`` records the dynamic limits for reference).
+
+**The default** for a problem (:func:`default_config`) is chosen by an analytic model (see
+``docs/matmul.md``): for each candidate, blocks resident per SM from registers (an estimate of
+the kernel's use), shared memory and warps; the blocks the busiest of the 132 SMs of an H100
+runs; the time of its compute (its tiles' FLOP at 1/132 of 67 TFLOP/s of float32 FFMA, slowed
+when fewer than 4 warps, one per scheduler, are resident) and of the traffic (A read once per
+column of C tiles, B once per row of them, C written once, at 3.35 TB/s); the larger of the two is the candidate's time, and the fastest wins (ties to the
+larger tile, listed first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import astuple, dataclass, fields
+
+__all__ = [
+    "ARCH_SHARED_LIMIT",
+    "CANDIDATES",
+    "STATIC_SHARED_LIMIT",
+    "TileConfig",
+    "default_config",
+    "estimate",
+]
+
+STATIC_SHARED_LIMIT = 48 * 1024  # bytes of static shared memory per block, any architecture
+ARCH_SHARED_LIMIT = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}  # dynamic, with opt-in
+WARP = 32
+REGISTER_TILES = ((4, 4), (4, 8), (8, 4), (8, 8))  # (thread_m, thread_n) the SIMT kernel supports
+STAGED_BYTES = {"float32": 4, "float16": 2}
+
+# The machine the default model is written for: an H100 SXM.
+SMS = 132
+FP32_FLOPS = 67e12  # float32 FFMA, SIMT
+DRAM_BYTES_PER_S = 3.35e12
+SM_REGISTERS = 65536
+SM_SHARED = 228 * 1024  # per SM usable by blocks (sm_90), each block also reserves 1 KiB
+SM_WARPS = 64
+SM_BLOCKS = 32
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"TileConfig {name} must be an int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"TileConfig {name} must be positive, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """The schedule knobs of a tiled matmul (see the module docstring).
+
+    Parameters
+    ----------
+    tile_m, tile_n:
+        the C tile one block computes.
+    tile_k:
+        the K step: columns of A and rows of B per shared-memory stage.
+    num_warps:
+        warps per block (``threads = 32 * num_warps``).
+    num_stages:
+        shared-memory stages of the ``cp.async`` ring (2, 3 or 4): ``num_stages - 1`` tiles in
+        flight while one is multiplied.
+    dtype:
+        the dtype of the staged tiles: ``"float32"`` for the SIMT kernel (float32 inputs, and
+        float16 inputs widened while the tensor-core kernel is not wired in), ``"float16"``
+        for the tensor-core kernel.
+    """
+
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    num_warps: int
+    num_stages: int
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for f in fields(self)[:5]:
+            _positive_int(f.name, getattr(self, f.name))
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"TileConfig num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        if self.num_stages not in (2, 3, 4):
+            raise ValueError(f"TileConfig num_stages must be 2, 3 or 4, got {self.num_stages}")
+        if self.dtype not in STAGED_BYTES:
+            raise ValueError(
+                f"TileConfig dtype must be one of {sorted(STAGED_BYTES)}, got {self.dtype!r}"
+            )
+        if self.dtype == "float32":
+            self._check_simt_layout()
+        else:
+            for name, step in (("tile_m", 16), ("tile_n", 8), ("tile_k", 16)):
+                if getattr(self, name) % step:
+                    raise ValueError(
+                        f"TileConfig {name} must be a multiple of {step} for float16 "
+                        f"tensor-core tiles (mma m16n8k16), got {getattr(self, name)}"
+                    )
+        if self.shared_bytes > STATIC_SHARED_LIMIT:
+            raise ValueError(
+                f"TileConfig {self.tile_m}x{self.tile_n}x{self.tile_k} with {self.num_stages} "
+                f"stages needs {self.shared_bytes} B of shared memory; the kernels use static "
+                f"shared memory, limited to {STATIC_SHARED_LIMIT} B per block"
+            )
+
+    def _check_simt_layout(self) -> None:
+        threads = self.threads
+        per_thread, rest = divmod(self.tile_m * self.tile_n, threads)
+        if rest or per_thread not in (16, 32, 64):
+            raise ValueError(
+                f"TileConfig {self.tile_m}x{self.tile_n} over {threads} threads gives "
+                f"{self.tile_m * self.tile_n / threads:g} elements per thread; the SIMT kernel's "
+                "register tiles hold 16, 32 or 64 (4x4, 4x8 or 8x4, 8x8)"
+            )
+        if self._simt_register_tile() is None:
+            raise ValueError(
+                f"TileConfig {self.tile_m}x{self.tile_n} with {threads} threads fits no "
+                "register tile whose thread grid has 8, 16 or 32 threads per row of the C tile "
+                "(a quarter-warp must lie within one row)"
+            )
+        if self.tile_k % 4:
+            raise ValueError(f"TileConfig tile_k must be a multiple of 4, got {self.tile_k}")
+
+    def _simt_register_tile(self) -> tuple[int, int] | None:
+        per_thread = self.tile_m * self.tile_n // self.threads
+        for tm, tn in REGISTER_TILES:
+            fits = tm * tn == per_thread and self.tile_m % tm == 0 and self.tile_n % tn == 0
+            if fits and self.tile_n // tn in (8, 16, 32):
+                return tm, tn
+        return None
+
+    # derived figures ------------------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return WARP * self.num_warps
+
+    @property
+    def register_tile(self) -> tuple[int, int]:
+        """``(thread_m, thread_n)``: the C elements one thread accumulates (SIMT kernel)."""
+        return self._simt_register_tile()
+
+    @property
+    def staged_itemsize(self) -> int:
+        return STAGED_BYTES[self.dtype]
+
+    @property
+    def shared_bytes(self) -> int:
+        """Static shared memory of the kernel: the A and B rings, plus the bias row."""
+        ring = self.num_stages * (self.tile_m + self.tile_n) * self.tile_k
+        return ring * self.staged_itemsize + self.tile_n * 4
+
+    @property
+    def key(self) -> tuple:
+        """The plain value identity (what caches and an autotuner's table key on)."""
+        return astuple(self)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of :attr:`key`, stable across processes."""
+        return hashlib.sha256(repr(self.key).encode()).hexdigest()[:12]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.tile_m}x{self.tile_n}x{self.tile_k}, {self.num_warps} warps, "
+            f"{self.num_stages} stages ({self.dtype} tiles)"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# the default model
+
+# Largest first: ties go to the tile with the most reuse. All 8 x 8 per thread: 16 FFMA per
+# shared load in the main loop (smaller register tiles have 8 to 10.7).
+CANDIDATES = (
+    TileConfig(128, 128, 8, 8, 3),
+    TileConfig(128, 64, 8, 4, 3),
+    TileConfig(64, 128, 8, 4, 3),
+    TileConfig(64, 64, 8, 2, 3),
+)
+
+
+def estimated_registers(config: TileConfig) -> int:
+    """Registers per thread the SIMT kernel is expected to use: the accumulators, the A and B
+    fragments of one k step, and about 40 for addresses, indices and the pipeline (the compile
+    tier checks the estimate against ptxas, within 25%)."""
+    tm, tn = config.register_tile
+    return tm * tn + tm * 4 + tn + 40
+
+
+def blocks_per_sm(config: TileConfig) -> int:
+    regs = -(-estimated_registers(config) * WARP // 256) * 256  # per warp, in units of 256
+    by_regs = SM_REGISTERS // (regs * config.num_warps)
+    by_smem = SM_SHARED // (config.shared_bytes + 1024)
+    return max(0, min(by_regs, by_smem, SM_WARPS // config.num_warps, SM_BLOCKS))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The model's figures for one config on one problem (a model, not a measurement)."""
+
+    config: TileConfig
+    tiles: int
+    waves: int
+    blocks_per_sm: int
+    bytes: int
+    compute_s: float
+    memory_s: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+
+def traffic_bytes(m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: int) -> int:
+    """Global bytes of the tiled matmul: A once per column of C tiles, B once per row of them,
+    C written once."""
+    cols, rows = -(-n // config.tile_n), -(-m // config.tile_m)
+    return batch * itemsize * (m * k * cols + k * n * rows + m * n)
+
+
+def estimate(m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: int = 4):
+    """The analytic model's estimate for ``config`` on a ``batch`` of ``(m, k) @ (k, n)``."""
+    resident = blocks_per_sm(config)
+    tiles = batch * -(-m // config.tile_m) * -(-n // config.tile_n)
+    per_sm = -(-tiles // SMS)  # blocks the busiest SM runs, `resident` at a time
+    waves = max(1, -(-per_sm // max(resident, 1)))
+    # An SM issues FFMA at full rate only with at least one warp per scheduler (4); with
+    # fewer, issue slots stay empty (each warp's 64 accumulators keep it from stalling).
+    warps = min(resident, per_sm) * config.num_warps
+    issue = min(1.0, warps / 4)
+    tile_flops = 2 * config.tile_m * config.tile_n * k
+    compute = per_sm * tile_flops / (FP32_FLOPS / SMS) / issue
+    nbytes = traffic_bytes(m, n, k, batch, config, itemsize)
+    return Estimate(config, tiles, waves, resident, nbytes, compute, nbytes / DRAM_BYTES_PER_S)
+
+
+def default_config(m: int, n: int, k: int, batch: int = 1, dtype: str = "float32") -> TileConfig:
+    """The candidate the model says is fastest for this problem (see the module docstring).
+
+    ``dtype`` is the input dtype; float16 runs on the float32 SIMT kernel today, so it gets the
+    same candidates (with 2-byte traffic)."""
+    itemsize = 2 if dtype == "float16" else 4
+    best = min(
+        CANDIDATES,
+        key=lambda c: estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), c, itemsize).seconds,
+    )
+    return best
+
+
+def waves_text(e: Estimate) -> str:
+    return (
+        f"{e.tiles} tiles, {e.blocks_per_sm} block(s)/SM, {e.waves} wave(s) over {SMS} SMs, "
+        f"model {math.ceil(e.seconds * 1e9)} ns"
+    )
