@@ -36,8 +36,8 @@ kernels can actually use (``ARCH_SHARED_LIMIT`` records the dynamic limits for r
 the kernel's use), shared memory and warps; the blocks the busiest of the 132 SMs of an H100
 runs; the time of its compute (its tiles' FLOP at 1/132 of 67 TFLOP/s of float32 FFMA, slowed
 when fewer than 4 warps, one per scheduler, are resident) and of the traffic (A read once per
-column of C tiles, B once per row of them, C written once, at 3.35 TB/s); the larger of the two is the candidate's time, and the fastest wins (ties to the
-larger tile, listed first).
+column of C tiles, B once per row of them, C written once, at 3.35 TB/s); the larger of the
+two is the candidate's time, and the fastest wins (ties to the larger tile, listed first).
 """
 
 from __future__ import annotations
