@@ -1,0 +1,302 @@
+"""Prebuilt matmul, linear and mlp against float64 NumPy references.
+
+Per element, a float32 result must lie within the classic bound of a K-term float32 dot
+product, ``gamma_(K+2) * (|a| @ |b| + |bias|)`` with ``gamma_n = n u / (1 - n u)`` and
+u = 2**-24 (the +2: the bias add and the activation's rounding), times the activation's largest
+slope (1.13 for gelu) plus 8 ulps of the activation (libdevice erff/tanhf/expf). A float16
+result adds its one rounding at the store (2**-11 relative). Every result must also have a
+relative Frobenius error below 1e-5 (float32) or 1e-2 (float16), the issue's figures.
+
+Simulated blocks cost about 0.5 ms per thread and K step, so most tests use a one-warp
+``TileConfig(32, 32, 8, 1, 3)`` (32 threads, 4 x 8 per thread) and small shapes that straddle
+its 32-wide tiles; each default config runs once, on a shape just past its tile.
+"""
+
+import numpy as np
+import pytest
+from helpers import SIDES, back, on
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from tessera_tile import TileConfig, ops, sim
+from tessera_tile.kernels.epilogue import reference as activation_reference
+from tessera_tile.tile_config import CANDIDATES
+
+U32 = 2.0**-24
+U16 = 2.0**-11
+FROBENIUS = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 1e-2}
+SMALL = TileConfig(32, 32, 8, 1, 3)
+SMALL2 = TileConfig(32, 32, 8, 1, 2)
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu"]
+
+
+def reference(a, b, bias=None, activation=None):
+    """float64 reference and per-element tolerance of ``activation(a @ b + bias)``."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    pre, magnitude = a64 @ b64, np.abs(a64) @ np.abs(b64)
+    if bias is not None:
+        pre = pre + np.asarray(bias, np.float64)
+        magnitude = magnitude + np.abs(np.asarray(bias, np.float64))
+    k = a64.shape[-1]
+    gamma = (k + 2) * U32 / (1 - (k + 2) * U32)
+    ref = activation_reference(activation, pre)
+    slope = 1.0 if activation in (None, "relu") else 1.13
+    return ref, slope * gamma * magnitude + 8 * U32 * np.abs(ref)
+
+
+def check(got, ref, tol, dtype) -> None:
+    dtype = np.dtype(dtype)
+    got = np.asarray(got)
+    assert got.dtype == dtype and got.shape == ref.shape, (got.dtype, got.shape, ref.shape)
+    if dtype == np.float16:
+        tol = tol + U16 * np.abs(ref) + 2.0**-25  # the store's rounding (subnormals included)
+    err = np.abs(got.astype(np.float64) - ref)
+    bad = ~(err <= tol)
+    assert not bad.any(), f"{int(bad.sum())} element(s) off, worst error {np.nanmax(err):.3g}"
+    norm = np.linalg.norm(ref)
+    if norm > 0:
+        assert np.linalg.norm(got.astype(np.float64) - ref) / norm < FROBENIUS[dtype]
+
+
+def rand(rng, shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# matmul
+
+EDGE = st.sampled_from([1, 31, 32, 33, 40])  # around the small config's 32-wide tiles
+K = st.sampled_from([0, 1, 7, 8, 9, 20])  # around its 8-deep K step
+BATCH = st.sampled_from([((), ()), ((2,), ()), ((), (3,)), ((2, 1), (3,)), ((1, 2), (2, 1))])
+
+
+@settings(max_examples=8, deadline=None)
+@given(m=EDGE, n=EDGE, k=K, batch=BATCH, side=st.sampled_from(SIDES), seed=st.integers(0, 2**16))
+@example(m=33, n=33, k=9, batch=((2, 1), (3,)), side="device", seed=0)
+def test_matmul_matches_numpy(m, n, k, batch, side, seed):
+    rng = np.random.default_rng(seed)
+    a, b = rand(rng, (*batch[0], m, k)), rand(rng, (*batch[1], k, n))
+    before = a.copy(), b.copy()
+    got = back(ops.matmul(*on(side, a, b), config=SMALL), side)
+    check(got, *reference(a, b), np.float32)
+    np.testing.assert_array_equal(a, before[0])
+    np.testing.assert_array_equal(b, before[1])
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"),
+    [((9,), (9, 5)), ((3, 9), (9,)), ((9,), (9,)), ((2, 3, 9), (9,)), ((9,), (2, 9, 4))],
+)
+def test_one_dimensional_operands_as_numpy(a_shape, b_shape):
+    rng = np.random.default_rng(1)
+    a, b = rand(rng, a_shape), rand(rng, b_shape)
+    got = ops.matmul(a, b, config=SMALL)
+    assert np.shape(got) == np.matmul(a, b).shape
+    check(np.asarray(got), *reference(a, b), np.float32)
+
+
+@pytest.mark.parametrize("view", ["a_strided", "b_transposed", "both"])
+def test_non_contiguous_inputs(side, view):
+    rng = np.random.default_rng(2)
+    a_base, b_base = rand(rng, (2, 33, 18)), rand(rng, (35, 9))
+    a_dev, b_dev = on(side, a_base, b_base)
+    strided, transposed = view in ("a_strided", "both"), view in ("b_transposed", "both")
+    a, a_np = (
+        (a_dev[:, :, ::2], a_base[:, :, ::2]) if strided else (a_dev[:, :, :9], a_base[:, :, :9])
+    )
+    b, b_np = (b_dev.T, b_base.T) if transposed else (b_dev[:9, :], b_base[:9, :])
+    got = back(ops.matmul(a, b, config=SMALL2), side)
+    check(got, *reference(a_np, b_np), np.float32)
+    assert "copies, read in place" in " ".join(ops.matmul.explain(a, b, config=SMALL2).reasons)
+
+
+def test_k_zero_gives_zeros_and_empty_results(side):
+    a, b = on(side, np.ones((2, 3, 0), np.float32), np.ones((0, 5), np.float32))
+    got = back(ops.matmul(a, b, config=SMALL), side)
+    np.testing.assert_array_equal(got, np.zeros((2, 3, 5), np.float32))
+    for sa, sb in [((0, 4), (4, 5)), ((3, 4), (4, 0)), ((0, 3, 4), (4, 5))]:
+        x, y = on(side, np.ones(sa, np.float32), np.ones(sb, np.float32))
+        assert back(ops.matmul(x, y), side).shape == np.matmul(np.ones(sa), np.ones(sb)).shape
+
+
+# --------------------------------------------------------------------------------------------
+# linear (every activation), float16, mlp
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_linear_every_activation(side, activation):
+    rng = np.random.default_rng(3)
+    x, w, bias = rand(rng, (2, 33, 20)), rand(rng, (20, 37)), rand(rng, 37)
+    got = back(ops.linear(*on(side, x, w, bias), activation, config=SMALL), side)
+    check(got, *reference(x, w, bias, activation), np.float32)
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu"])
+def test_linear_k_zero_gives_activation_of_bias(activation):
+    bias = np.array([-2.0, -0.5, 0.0, 0.5, 3.0], np.float32)
+    got = ops.linear(np.zeros((3, 0), np.float32), np.zeros((0, 5), np.float32), bias, activation)
+    want = np.broadcast_to(activation_reference(activation, bias), (3, 5))
+    np.testing.assert_allclose(got, want, rtol=8 * U32, atol=0)
+
+
+def test_linear_without_bias_and_one_dimensional_x():
+    rng = np.random.default_rng(4)
+    x, w = rand(rng, 20), rand(rng, (20, 9))
+    got = ops.linear(x, w, None, "gelu_tanh", config=SMALL)
+    check(got, *reference(x, w, None, "gelu_tanh"), np.float32)
+
+
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_float16_rounds_once_from_float32(side, activation):
+    rng = np.random.default_rng(5)
+    x, w, bias = (rand(rng, s, np.float16) for s in ((2, 33, 20), (20, 35), (35,)))
+    got = back(ops.linear(*on(side, x, w, bias), activation, config=SMALL), side)
+    check(got, *reference(x, w, bias, activation), np.float16)
+    assert "float16 runs on the float32 SIMT kernel" in " ".join(
+        ops.linear.explain(x, w, bias, activation).reasons
+    )
+
+
+@pytest.mark.parametrize("activation", ["gelu", "silu"])
+def test_mlp_matches_numpy(side, activation):
+    rng = np.random.default_rng(6)
+    x, w1, b1 = rand(rng, (2, 5, 12)), rand(rng, (12, 33)), rand(rng, 33)
+    w2, b2 = rand(rng, (33, 7)), rand(rng, 7)
+    got = back(ops.mlp(*on(side, x, w1, b1, w2, b2), activation), side)
+    hidden, _ = reference(x, w1, b1, activation)
+    ref, tol = reference(hidden, w2, b2)
+    # the hidden activation is rounded to float32 once: its error reaches the output through w2
+    h_tol = reference(x, w1, b1, activation)[1] + U32 * np.abs(hidden)
+    check(got, ref, tol + h_tol @ np.abs(w2.astype(np.float64)), np.float32)
+    assert ops.mlp.explain(x, w1, b1, w2, b2, activation).kernels == 2
+
+
+# --------------------------------------------------------------------------------------------
+# out=, streams, defaults
+
+
+def test_out_host_and_device():
+    from numba import cuda
+
+    rng = np.random.default_rng(7)
+    a, b = rand(rng, (33, 9)), rand(rng, (9, 34))
+    out = np.full((33, 34), np.nan, np.float32)
+    assert ops.matmul(a, b, out=out, config=SMALL) is out
+    check(out, *reference(a, b), np.float32)
+    d_out = cuda.device_array((33, 68), np.float32)[:, ::2]  # a strided device out
+    ops.matmul(cuda.to_device(a), cuda.to_device(b), out=d_out, config=SMALL, stream=0)
+    check(d_out.copy_to_host(), *reference(a, b), np.float32)
+
+
+@pytest.mark.parametrize("config", CANDIDATES, ids=str)
+def test_each_default_config_once(config):
+    rng = np.random.default_rng(8)
+    m, n = config.tile_m + 3, config.tile_n - 4  # past the tile's rows, short of its columns
+    x, w, bias = rand(rng, (m, 12)), rand(rng, (12, n)), rand(rng, n)
+    got = ops.linear(x, w, bias, "gelu", config=config)
+    check(got, *reference(x, w, bias, "gelu"), np.float32)
+
+
+def test_float16_default_config_once():
+    rng = np.random.default_rng(9)
+    a, b = rand(rng, (70, 12), np.float16), rand(rng, (12, 36), np.float16)
+    got = ops.matmul(a, b)
+    check(got, *reference(a, b), np.float16)
+
+
+# --------------------------------------------------------------------------------------------
+# bad input: TypeError / ValueError naming the argument, before any launch
+
+F32 = np.zeros((4, 3), np.float32)
+W = np.zeros((3, 5), np.float32)
+BAD = [
+    (lambda: ops.matmul(F32, np.zeros((4, 5), np.float32)), ValueError, "inner dimensions"),
+    (
+        lambda: ops.matmul(np.zeros((2, 4, 3), "f4"), np.zeros((3, 3, 5), "f4")),
+        ValueError,
+        "do not broadcast",
+    ),
+    (lambda: ops.matmul(F32.astype(np.int32), W), TypeError, "a has dtype int32"),
+    (lambda: ops.matmul(F32, W.astype(np.float16)), TypeError, "b has dtype float16"),
+    (lambda: ops.matmul(F32.astype(np.float64), W), TypeError, "a has dtype float64"),
+    (lambda: ops.matmul(np.float32(1), W), TypeError, "a is a float32"),
+    (lambda: ops.linear(F32, W, np.zeros(4, "f4")), ValueError, "bias has shape"),
+    (lambda: ops.linear(F32, W, np.zeros(5, "f2")), TypeError, "bias has dtype"),
+    (lambda: ops.linear(F32, W, None, "tanh"), ValueError, "activation must be one of"),
+    (lambda: ops.linear(F32, np.zeros((1, 3, 5), "f4")), ValueError, "w has shape"),
+    (lambda: ops.matmul(F32, W, config=(32, 32, 8, 1, 3)), TypeError, "config must be"),
+    (
+        lambda: ops.matmul(F32, W, config=TileConfig(64, 64, 16, 4, 2, dtype="float16")),
+        ValueError,
+        "config has float16 tiles",
+    ),
+    (lambda: ops.matmul(F32, W, out=np.zeros((4, 4), "f4")), ValueError, "out has shape"),
+    (lambda: ops.matmul(F32, W, out=np.zeros((4, 5), "f2")), ValueError, "out has shape"),
+    (lambda: ops.mlp(F32, W, None, np.zeros((4, 2), "f4"), None), ValueError, "w2 has shape"),
+    (lambda: ops.mlp(F32, W, np.zeros(3, "f4"), np.zeros((5, 2), "f4"), None), ValueError, "b1"),
+    (lambda: ops.mlp(F32, W, None, np.zeros((5, 2), "f4"), np.zeros(3, "f4")), ValueError, "b2"),
+]
+
+
+@pytest.mark.sim_only(reason="counts launches with the simulator's profiler")
+@pytest.mark.parametrize(("call", "error", "words"), BAD)
+def test_bad_input_raises_before_any_launch(call, error, words):
+    with sim.profile() as prof, pytest.raises(error, match=words):
+        call()
+    assert prof.launches == 0
+
+
+@pytest.mark.sim_only(reason="counts launches with the simulator's profiler")
+def test_out_overlapping_an_input_and_mixed_sides():
+    from numba import cuda
+
+    base = np.zeros((4, 5), np.float32)
+    with sim.profile() as prof:
+        with pytest.raises(ValueError, match="out overlaps a"):
+            ops.matmul(base[:, :3], np.zeros((3, 5), np.float32), out=base)
+        with pytest.raises(TypeError, match="host .* device"):
+            ops.matmul(F32, cuda.to_device(W))
+    assert prof.launches == 0
+
+
+# --------------------------------------------------------------------------------------------
+# the simulator profile: traffic as predicted, no bank conflicts
+
+
+@pytest.mark.sim_only(reason="the profiler measures traffic and bank conflicts in the simulator")
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "config"),
+    [
+        ((40, 24), (24, 36), SMALL),
+        ((2, 33, 17), (17, 70), SMALL2),
+        ((2, 1, 9, 8), (3, 8, 12), SMALL),
+    ],
+    ids=["16-byte copies", "4-byte copies", "broadcast batch"],
+)
+def test_traffic_equals_prediction_and_no_bank_conflicts(a_shape, b_shape, config):
+    rng = np.random.default_rng(10)
+    a, b = rand(rng, a_shape), rand(rng, b_shape)
+    n = b_shape[-1]
+    bias = rand(rng, n)
+    with sim.profile() as plain:
+        c = ops.matmul(a, b, config=config)
+    with sim.profile() as fused:
+        y = ops.linear(a, b, bias, "gelu", config=config) if len(b_shape) == 2 else c
+    check(c, *reference(a, b), np.float32)
+    for prof in (plain, fused):
+        assert prof.bank_conflicts == 0, str(prof)
+        assert not prof.races and not prof.out_of_bounds, str(prof)
+    predicted = ops.matmul.explain(a, b, config=config).bytes_fused
+    assert plain.bytes_read + plain.bytes_written == predicted, str(plain)
+    m, k = a_shape[-2:]
+    batch = int(np.prod(np.broadcast_shapes(a_shape[:-2], b_shape[:-2])))
+    tiles_m, tiles_n = -(-m // config.tile_m), -(-n // config.tile_n)
+    # A once per column of C tiles, B once per row of them, C written once
+    assert plain.bytes_written == batch * m * n * 4
+    assert plain.bytes_read == batch * 4 * (m * k * tiles_n + k * n * tiles_m)
+    if len(b_shape) == 2:
+        check(y, *reference(a, b, bias, "gelu"), np.float32)
+        bias_bytes = batch * tiles_m * n * 4  # the block's bias row, once per block
+        fused_total = fused.bytes_read + fused.bytes_written
+        assert fused_total == ops.linear.explain(a, b, bias, "gelu", config=config).bytes_fused
+        assert fused_total <= plain.bytes_read + plain.bytes_written + bias_bytes
