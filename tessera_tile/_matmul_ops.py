@@ -286,8 +286,8 @@ class Product:
         geo = geometry(self.batch, mats)
         config = self.tile_config()
         act = epilogue.activation_function(self.activation)
-        bias_type = _array_type(
-            self.dtype if self.bias is None else self.bias.dtype,
+        bias_type = _array_type(  # without a bias, a 1-element float32 dummy
+            np.dtype(np.float32) if self.bias is None else self.bias.dtype,
             1, "C" if self.bias is None or self.bias.contiguous else "A",
         )  # fmt: skip
         launches = []

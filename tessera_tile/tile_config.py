@@ -176,9 +176,11 @@ class TileConfig:
 
     @property
     def shared_bytes(self) -> int:
-        """Static shared memory of the kernel: the A and B rings, plus the bias row."""
+        """Static shared memory of the kernel: the A and B rings, plus the SIMT kernel's float32
+        bias row (the tensor-core kernel's own extras are its to count)."""
         ring = self.num_stages * (self.tile_m + self.tile_n) * self.tile_k
-        return ring * self.staged_itemsize + self.tile_n * 4
+        bias_row = self.tile_n * 4 if self.dtype == "float32" else 0
+        return ring * self.staged_itemsize + bias_row
 
     @property
     def key(self) -> tuple:

@@ -16,7 +16,13 @@ float32 constants (a bare ``1.0`` would be float64 in Numba):
 * ``gelu``: ``0.5 x (1 + erf(x / sqrt 2))``, the exact form; ``math.erf`` on float32 is
   libdevice's ``erff`` (no float64);
 * ``gelu_tanh``: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``;
-* ``silu``: ``x * sigmoid(x)`` = ``x / (1 + exp(-x))``.
+* ``silu``: ``x * sigmoid(x)`` = ``x * rcp(1 + exp(-x))``: libdevice's ``expf`` and one
+  ``rcp.approx`` (at most 1 ulp, PTX ISA) instead of an IEEE division and its slow path (the
+  composer's ``math='fast'`` reciprocal); ``exp(-x)`` overflowing to inf gives ``-0.0`` for very
+  negative x, the limit.
+
+In the simulator, ``exp`` is NumPy's (Python's ``math.exp`` raises on overflow where the GPU
+returns inf), as in the composer's kernels.
 
 ``reference(name, x)`` is the float64 NumPy reference the tests compare against.
 """
@@ -28,6 +34,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from .._fusion.device import MATH, rcp_approx
+
 __all__ = ["ACTIVATIONS", "activation_function", "identity", "reference"]
 
 ZERO = float32(0.0)
@@ -36,6 +44,7 @@ ONE = float32(1.0)
 INV_SQRT2 = float32(1.0 / math.sqrt(2.0))
 SQRT_2_OVER_PI = float32(math.sqrt(2.0 / math.pi))
 GELU_CUBIC = float32(0.044715)
+exp = MATH["exp"]  # math.exp on a GPU, numpy.exp in the simulator
 
 
 @cuda.jit(device=True)
@@ -62,7 +71,7 @@ def gelu_tanh(x):
 
 @cuda.jit(device=True)
 def silu(x):
-    return x / (ONE + math.exp(-x))
+    return x * rcp_approx(ONE + exp(-x))
 
 
 ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}

@@ -201,12 +201,11 @@ def simt_matmul(
     return cuda.jit(kernel)  # lazy: an eager signature would ask for a GPU at import time
 
 
-def signature(dtype: str = "float32", out_dtype: str | None = None, layout: str = "C") -> str:
-    """The kernel signature for contiguous (``"C"``) or strided (``"A"``) operands."""
-    ab = f"{dtype}[:, :, ::1]" if layout == "C" else f"{dtype}[:, :, :]"
-    out = out_dtype or dtype
-    cc = f"{out}[:, :, ::1]" if layout == "C" else f"{out}[:, :, :]"
-    return f"void({ab}, {ab}, float32[::1], {cc})"
+def signature(dtype: str = "float32", layout: str = "C") -> str:
+    """The kernel signature for contiguous (``"C"``) or strided (``"A"``) operands of
+    ``dtype`` with a bias of that dtype."""
+    abc = f"{dtype}[:, :, ::1]" if layout == "C" else f"{dtype}[:, :, :]"
+    return f"void({abc}, {abc}, {dtype}[::1], {abc})"
 
 
 # The default configs' kernels as module attributes: the compile tier builds each of them

@@ -25,6 +25,10 @@ class Case:
 
 F32_1D = "float32[::1]"
 MATMUL = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
+BATCHED = "void(float32[:, :, ::1], float32[:, :, ::1], float32[::1], float32[:, :, ::1])"
+BATCHED_F16 = "void(float16[:, :, ::1], float16[:, :, ::1], float16[::1], float16[:, :, ::1])"
+MM = "tessera_tile.kernels.matmul"
+SIMT = {"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 512}
 
 CASES = [
     Case(
@@ -141,5 +145,13 @@ CASES = [
         "void(float64[:, ::1], float64[:, ::1])",
         budget={"sm_80": 51, "sm_90": 43},
         opcodes={"LDS.64": 1, "BAR": 2},
+    ),
+    Case(MM, "matmul_f32_default_128x128", BATCHED, {"sm_80": 136, "sm_90": 172}, 256, SIMT),
+    Case(MM, "matmul_f32_default_128x64", BATCHED, {"sm_80": 136, "sm_90": 172}, 128, SIMT),
+    Case(MM, "matmul_f32_default_64x128", BATCHED, {"sm_80": 136, "sm_90": 172}, 128, SIMT),
+    Case(MM, "matmul_f32_default_64x64", BATCHED, {"sm_80": 136, "sm_90": 172}, 64, SIMT),
+    Case(MM, "linear_f32_gelu_bias_128x128", BATCHED, {"sm_80": 150, "sm_90": 174}, 256, SIMT),
+    Case(
+        MM, "matmul_f16_sync_128x128", BATCHED_F16, {"sm_80": 136, "sm_90": 172}, 256, {"FFMA": 512}
     ),
 ]

@@ -139,6 +139,15 @@ def test_linear_k_zero_gives_activation_of_bias(activation):
     np.testing.assert_allclose(got, want, rtol=8 * U32, atol=0)
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_activations_at_extremes_and_nan(activation):
+    """Saturation (exp(-x) overflowing to inf) gives the limit, NaN propagates (as PyTorch)."""
+    bias = np.array([-1000.0, -90.0, 90.0, 1000.0, np.nan, 0.0], np.float32)
+    got = ops.linear(np.zeros((1, 0), np.float32), np.zeros((0, 6), np.float32), bias, activation)
+    want = activation_reference(activation, bias)
+    np.testing.assert_allclose(got[0], want, rtol=8 * U32, atol=1e-37)
+
+
 def test_linear_without_bias_and_one_dimensional_x():
     rng = np.random.default_rng(4)
     x, w = rand(rng, 20), rand(rng, (20, 9))
