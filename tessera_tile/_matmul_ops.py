@@ -165,7 +165,7 @@ class KernelChoice:
     kernel: object
     config: TileConfig
     threads: int
-    signature: tuple
+    signature: str
     reasons: tuple[str, ...]
 
     def grid(self, m: int, n: int, z: int) -> tuple[int, int, int]:
@@ -198,17 +198,20 @@ def choose_kernel(
         kernel = simt.simt_matmul(
             config, activation, has_bias, copy_a, copy_b, vector_store=vector_store
         )
-    return KernelChoice(kernel, config, config.threads, types, tuple(reasons))
+    signature = f"void({', '.join(types)})"
+    return KernelChoice(kernel, config, config.threads, signature, tuple(reasons))
 
 
 # --------------------------------------------------------------------------------------------
 # one tiled product with its epilogue: the plan behind matmul and linear, and mlp's stages
 
 
-def _array_type(dtype: np.dtype, ndim: int, layout: str):
-    from numba import from_dtype, types
-
-    return types.Array(from_dtype(dtype), ndim, layout)
+def _array_type(dtype: np.dtype, ndim: int, layout: str) -> str:
+    """A Numba array type as signature text: ``float32[:, :, ::1]`` (C) or ``float32[:, :, :]``."""
+    axes = [":"] * ndim
+    if layout == "C":
+        axes[-1] = "::1"
+    return f"{np.dtype(dtype).name}[{', '.join(axes)}]"
 
 
 @dataclass

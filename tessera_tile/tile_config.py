@@ -43,7 +43,6 @@ two is the candidate's time, and the fastest wins (ties to the larger tile, list
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import astuple, dataclass, fields
 
 __all__ = [
@@ -283,5 +282,6 @@ def default_config(m: int, n: int, k: int, batch: int = 1, dtype: str = "float32
 def waves_text(e: Estimate) -> str:
     return (
         f"{e.tiles} tiles, {e.blocks_per_sm} block(s)/SM, {e.waves} wave(s) over {SMS} SMs, "
-        f"model {math.ceil(e.seconds * 1e9)} ns"
+        f"model bound {e.seconds * 1e6:.3g} us "
+        f"({'compute' if e.compute_s >= e.memory_s else 'memory'})"
     )

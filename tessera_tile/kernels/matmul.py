@@ -135,10 +135,14 @@ def simt_matmul(
             for j in range(tn):
                 acc[i, j] = ZERO
         if has_bias:  # the block's bias row, once; the first wait_tile or the sync below orders it
-            t = tid
-            while t < tile_n:
-                sbias[t] = float32(bias[n0 + t]) if n0 + t < n else ZERO
-                t += threads
+            if threads >= tile_n:  # a compile-time choice: one element per thread, no loop
+                if tid < tile_n:
+                    sbias[tid] = float32(bias[n0 + tid]) if n0 + tid < n else ZERO
+            else:
+                t = tid
+                while t < tile_n:
+                    sbias[t] = float32(bias[n0 + t]) if n0 + t < n else ZERO
+                    t += threads
         a_panel = a[z, m0 : m0 + tile_m, :]  # the rows of A this block needs
         b_panel = b[z, :, n0 : n0 + tile_n]  # the columns of B this block needs
         tiles = ring_a.num_tiles(a_panel)
