@@ -45,6 +45,12 @@ Variants (all ``void(float32[:, ::1], float32[:, ::1], float32[:, ::1])``; launc
 A is kept row-major in shared memory (the rings copy it as it is in global memory), so a
 thread reads A along k; ``docs/custom_kernels.md`` walks through this kernel.
 
+This file is the teaching copy: 2-D, no epilogue, every variant spelled out. The shipped kernel
+behind ``tessera_tile.ops.matmul`` / ``linear`` (``tessera_tile/kernels/matmul.py``) grows the
+8 x 8 variant into a factory keyed by ``tessera_tile.TileConfig``: batched operands with
+broadcast (stride-0) batches, 4- or 16-byte copies per operand, and a fused bias + activation
+epilogue; ``docs/matmul.md`` describes it.
+
 Run it with ``python examples/matmul.py`` (add ``NUMBA_ENABLE_CUDASIM=1`` without a GPU).
 """
 

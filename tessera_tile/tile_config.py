@@ -37,7 +37,8 @@ the kernel's use), shared memory and warps; the blocks the busiest of the 132 SM
 runs; the time of its compute (its tiles' FLOP at 1/132 of 67 TFLOP/s of float32 FFMA, slowed
 when fewer than 4 warps, one per scheduler, are resident) and of the traffic (A read once per
 column of C tiles, B once per row of them, C written once, at 3.35 TB/s); the larger of the
-two is the candidate's time, and the fastest wins (ties to the larger tile, listed first).
+two is the candidate's time, and the fastest wins (equal times: the fewer bytes, then the larger
+tile, listed first).
 """
 
 from __future__ import annotations
@@ -272,11 +273,11 @@ def default_config(m: int, n: int, k: int, batch: int = 1, dtype: str = "float32
     ``dtype`` is the input dtype; float16 runs on the float32 SIMT kernel today, so it gets the
     same candidates (with 2-byte traffic)."""
     itemsize = 2 if dtype == "float16" else 4
-    best = min(
-        CANDIDATES,
-        key=lambda c: estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), c, itemsize).seconds,
-    )
-    return best
+    def cost(c: TileConfig) -> tuple[float, int]:
+        e = estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), c, itemsize)
+        return e.seconds, e.bytes  # equal times: the one that moves fewer bytes
+
+    return min(CANDIDATES, key=cost)
 
 
 def waves_text(e: Estimate) -> str:
