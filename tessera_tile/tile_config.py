@@ -273,6 +273,7 @@ def default_config(m: int, n: int, k: int, batch: int = 1, dtype: str = "float32
     ``dtype`` is the input dtype; float16 runs on the float32 SIMT kernel today, so it gets the
     same candidates (with 2-byte traffic)."""
     itemsize = 2 if dtype == "float16" else 4
+
     def cost(c: TileConfig) -> tuple[float, int]:
         e = estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), c, itemsize)
         return e.seconds, e.bytes  # equal times: the one that moves fewer bytes
