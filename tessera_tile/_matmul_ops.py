@@ -246,6 +246,11 @@ class Product:
     def k(self) -> int:
         return as_matrix(self.a, self.batch, self.a_vector).cols
 
+    @property
+    def empty(self) -> bool:
+        """No C element to compute (M, N or a batch dimension is 0): nothing is launched."""
+        return not (self.m and self.n and math.prod(self.batch))
+
     def tile_config(self) -> TileConfig:
         if self.config is not None:
             return self.config
@@ -322,7 +327,7 @@ class Product:
     # running ------------------------------------------------------------------------------
     def launch(self, place: arrays.Placement, a, b, bias, c) -> None:
         """Launch on device records ``a``, ``b``, ``bias`` (or None), ``c``."""
-        if not (self.m and self.n):
+        if self.empty:
             return
         geo, (ma, mb, mc), launches = self.plan_launches(a, b, c)
         ha, hb, hc = (arrays.device_handle(r) for r in (a, b, c))
@@ -421,7 +426,7 @@ class Product:
         from .fusion import Explain
 
         launches, reasons = self.explain_parts()
-        kernels = self.distinct(launches) if self.m and self.n else []
+        kernels = [] if self.empty else self.distinct(launches)
         return Explain(
             kernels=len(kernels),
             ir=f"hand-written {self.name} (no Tile IR)",
@@ -436,7 +441,7 @@ class Product:
         from . import inspect as offline
 
         launches, _ = self.explain_parts()
-        if not (self.m and self.n):
+        if self.empty:
             return []
         return [
             offline.compile(c.kernel, c.signature, arch=arch, block=c.threads)

@@ -110,13 +110,23 @@ def test_non_contiguous_inputs(side, view):
     assert "copies, read in place" in " ".join(ops.matmul.explain(a, b, config=SMALL2).reasons)
 
 
-def test_k_zero_gives_zeros_and_empty_results(side):
+def test_k_zero_gives_zeros(side):
     a, b = on(side, np.ones((2, 3, 0), np.float32), np.ones((0, 5), np.float32))
     got = back(ops.matmul(a, b, config=SMALL), side)
     np.testing.assert_array_equal(got, np.zeros((2, 3, 5), np.float32))
-    for sa, sb in [((0, 4), (4, 5)), ((3, 4), (4, 0)), ((0, 3, 4), (4, 5))]:
-        x, y = on(side, np.ones(sa, np.float32), np.ones(sb, np.float32))
-        assert back(ops.matmul(x, y), side).shape == np.matmul(np.ones(sa), np.ones(sb)).shape
+
+
+EMPTY = [((0, 4), (4, 5)), ((3, 4), (4, 0)), ((0, 3, 4), (4, 5)), ((2, 1, 3, 4), (0, 4, 5))]
+
+
+@pytest.mark.sim_only(reason="counts launches with the simulator's profiler")
+@pytest.mark.parametrize(("a_shape", "b_shape"), EMPTY)
+def test_empty_results_launch_nothing(side, a_shape, b_shape):
+    x, y = on(side, np.ones(a_shape, np.float32), np.ones(b_shape, np.float32))
+    with sim.profile() as prof:
+        got = back(ops.matmul(x, y), side)
+    assert got.shape == np.matmul(np.ones(a_shape), np.ones(b_shape)).shape
+    assert prof.launches == 0 and ops.matmul.explain(x, y).kernels == 0
 
 
 # --------------------------------------------------------------------------------------------
