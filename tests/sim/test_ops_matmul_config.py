@@ -3,6 +3,7 @@ Pure Python: runs in every tier without launching anything."""
 
 import pickle
 
+import numpy as np
 import pytest
 
 import tessera_tile as tt
@@ -103,3 +104,31 @@ def test_default_model_choices():
         best = min(estimate(*shape, c).seconds for c in CANDIDATES)
         assert estimate(*shape, chosen).seconds == best
     assert all(blocks_per_sm(c) >= 1 for c in CANDIDATES)
+
+
+def test_kernel_factory_is_memoised_on_the_config_value():
+    from tessera_tile.kernels import matmul as km
+
+    assert km.simt_matmul(TileConfig(64, 64, 8, 2, 3)) is km.simt_matmul(
+        TileConfig(64, 64, 8, 2, 3)
+    )
+    assert km.simt_matmul(TileConfig(64, 64, 8, 2, 3)) is not km.simt_matmul(
+        TileConfig(64, 64, 8, 2, 2)
+    )
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "launches"),
+    [
+        ((2, 3, 8, 4), (2, 3, 4, 8), 1),  # contiguous batches merge onto grid z
+        ((2, 3, 8, 4), (4, 8), 1),  # b broadcast: stride 0 on every batch dimension
+        ((2, 1, 8, 4), (1, 3, 4, 8), 2),  # a varies along one dimension, b along the other
+        ((70000, 2, 2), (2, 2), 2),  # grid z holds at most 65,535
+    ],
+)
+def test_batches_merge_onto_grid_z(a_shape, b_shape, launches):
+    from tessera_tile import ops
+
+    a, b = np.zeros(a_shape, np.float32), np.zeros(b_shape, np.float32)
+    (stage,) = ops.matmul.explain(a, b).stages
+    assert f"in {launches} launch(es)" in stage, stage
