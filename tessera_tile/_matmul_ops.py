@@ -178,7 +178,16 @@ def choose_kernel(
     vector_store: bool, types: tuple, names: tuple[str, str] = ("a", "b"),
 ) -> KernelChoice:  # fmt: skip
     """The kernel and launch of one call. float16 goes to the SIMT kernel with synchronous,
-    widening staging until the tensor-core factory is wired in here."""
+    widening staging until the tensor-core factory is wired in here.
+
+    Wiring the tensor-core factory in: for float16 operands whose rows are 16-byte aligned on a
+    contiguous inner axis (``copy_a == copy_b == 16`` computed for 2-byte items), call
+    ``tensor_core_matmul(tile_m, tile_n, tile_k, num_warps, num_stages, activation, has_bias)``
+    with a ``TileConfig(..., dtype="float16")`` (let ``_check_config`` accept it and give
+    ``default_config`` tensor-core candidates for float16), take its grid/block, and hand it a
+    float32 bias (the SIMT kernel widens a bias of the operands' dtype itself); keep this SIMT
+    branch for the other float16 layouts.
+    """
     reasons = []
     if dtype == np.float16:
         reasons.append(
