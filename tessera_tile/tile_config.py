@@ -214,10 +214,10 @@ CANDIDATES = (
 
 def estimated_registers(config: TileConfig) -> int:
     """Registers per thread the SIMT kernel is expected to use: the accumulators, the A and B
-    fragments of one k step, and about 40 for addresses, indices and the pipeline (the compile
+    fragments of one k step, and about 24 for addresses, indices and the pipeline (the compile
     tier checks the estimate against ptxas, within 25%)."""
     tm, tn = config.register_tile
-    return tm * tn + tm * 4 + tn + 40
+    return tm * tn + tm * 4 + tn + 24
 
 
 def blocks_per_sm(config: TileConfig) -> int:

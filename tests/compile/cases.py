@@ -146,12 +146,12 @@ CASES = [
         budget={"sm_80": 51, "sm_90": 43},
         opcodes={"LDS.64": 1, "BAR": 2},
     ),
-    Case(MM, "matmul_f32_default_128x128", BATCHED, {"sm_80": 136, "sm_90": 172}, 256, SIMT),
-    Case(MM, "matmul_f32_default_128x64", BATCHED, {"sm_80": 136, "sm_90": 172}, 128, SIMT),
-    Case(MM, "matmul_f32_default_64x128", BATCHED, {"sm_80": 136, "sm_90": 172}, 128, SIMT),
-    Case(MM, "matmul_f32_default_64x64", BATCHED, {"sm_80": 136, "sm_90": 172}, 64, SIMT),
-    Case(MM, "linear_f32_gelu_bias_128x128", BATCHED, {"sm_80": 150, "sm_90": 174}, 256, SIMT),
+    Case(MM, "matmul_f32_default_128x128", BATCHED, {"sm_80": 136, "sm_90": 136}, 256, SIMT),
+    Case(MM, "matmul_f32_default_128x64", BATCHED, {"sm_80": 136, "sm_90": 136}, 128, SIMT),
+    Case(MM, "matmul_f32_default_64x128", BATCHED, {"sm_80": 136, "sm_90": 136}, 128, SIMT),
+    Case(MM, "matmul_f32_default_64x64", BATCHED, {"sm_80": 136, "sm_90": 136}, 64, SIMT),
+    Case(MM, "linear_f32_gelu_bias_128x128", BATCHED, {"sm_80": 148, "sm_90": 163}, 256, SIMT),
     Case(
-        MM, "matmul_f16_sync_128x128", BATCHED_F16, {"sm_80": 136, "sm_90": 172}, 256, {"FFMA": 512}
+        MM, "matmul_f16_sync_128x128", BATCHED_F16, {"sm_80": 136, "sm_90": 136}, 256, {"FFMA": 512}
     ),
 ]
