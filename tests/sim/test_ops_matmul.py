@@ -319,3 +319,23 @@ def test_traffic_equals_prediction_and_no_bank_conflicts(a_shape, b_shape, confi
         fused_total = fused.bytes_read + fused.bytes_written
         assert fused_total == ops.linear.explain(a, b, bias, "gelu", config=config).bytes_fused
         assert fused_total <= plain.bytes_read + plain.bytes_written + bias_bytes
+
+
+@pytest.mark.sim_only(reason="the profiler measures traffic in the simulator")
+def test_mlp_traffic_equals_prediction():
+    rng = np.random.default_rng(11)
+    x, w1, b1 = rand(rng, (40, 12)), rand(rng, (12, 36)), rand(rng, 36)
+    w2, b2 = rand(rng, (36, 20)), rand(rng, 20)
+    plan = ops.mlp.explain(x, w1, b1, w2, b2)
+    with sim.profile() as prof:
+        ops.mlp(x, w1, b1, w2, b2)
+    assert prof.launches == 2 and prof.bank_conflicts == 0, str(prof)
+    assert prof.bytes_read + prof.bytes_written == plan.bytes_fused, str(prof)
+    # the hidden activation: written once by the first kernel, read by the second
+    hidden = 40 * 36 * 4
+    written = sum(w for (kernel, arg), (_, w) in prof.traffic.items() if arg == "c")
+    assert written == hidden + 40 * 20 * 4
+    read_back = [
+        r for (kernel, arg), (r, _) in prof.traffic.items() if arg == "a" and "none" in kernel
+    ]
+    assert f"costs {hidden + sum(read_back)} B of traffic" in plan.reasons[0], plan.reasons
