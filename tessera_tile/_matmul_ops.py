@@ -7,21 +7,28 @@ launch); float16 runs there on the float32 SIMT kernel until the tensor-core fac
 in (computing in float32 and rounding once at the store: correct, slower than tensor cores,
 and ``explain`` says so).
 
-Batched operands broadcast as in NumPy: the batch dimensions of size 1 or missing get stride 0
-(nothing is copied), adjacent batch dimensions merge when every operand's strides allow, the
-innermost merged run becomes the grid's z axis (chunks of at most 65,535) and any dimensions
-left outside it are launched one after another.
+Batches, strides and launches: :mod:`tessera_tile._matmul_geometry`.
 """
 
 from __future__ import annotations
 
-import builtins
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import _arrays as arrays
+from ._matmul_geometry import (
+    MAX_GRID_YZ,
+    Matrix,
+    array_type,
+    as_matrix,
+    copy_bytes,
+    first_address,
+    geometry,
+    layout,
+    matrix_view,
+)
 from ._prebuilt import PrebuiltOp, array_arg, check_out, source_of
 from .kernels import epilogue
 from .kernels import matmul as simt
@@ -31,129 +38,7 @@ __all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
 
 DTYPES = tuple(np.dtype(d) for d in ("float16", "float32"))
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
-MAX_GRID_YZ = 65535
 DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
-
-
-# --------------------------------------------------------------------------------------------
-# geometry: operands as (batch, rows, cols) with byte strides
-
-
-@dataclass(frozen=True)
-class Matrix:
-    """One operand as the kernel sees it: a stack of matrices over the broadcast batch.
-
-    ``rows``/``cols`` and their byte strides; ``batch_strides``: one per broadcast batch
-    dimension (0 where the operand broadcasts), ``index_of``: for each broadcast batch
-    dimension, the operand's own dimension to index (None where it broadcasts)."""
-
-    rows: int
-    cols: int
-    row_stride: int
-    col_stride: int
-    batch_strides: tuple[int, ...]
-    index_of: tuple[int | None, ...]
-    itemsize: int
-
-
-def as_matrix(rec: arrays.Arg, batch: tuple[int, ...], vector: str | None) -> Matrix:
-    """``rec`` as a :class:`Matrix`; ``vector`` says how a 1-D operand becomes 2-D (``"row"``:
-    ``(1, K)`` as NumPy does for the left operand, ``"col"``: ``(K, 1)`` for the right one)."""
-    shape, strides = list(rec.shape), list(rec.strides)
-    if vector == "row":
-        shape, strides = [1, *shape], [0, *strides]
-    elif vector == "col":
-        shape, strides = [*shape, 1], [*strides, 0]
-    own = len(shape) - 2
-    offset = len(batch) - own
-    batch_strides, index_of = [], []
-    for d, size in enumerate(batch):
-        o = d - offset
-        if o >= 0 and shape[o] == size and size > 1:
-            batch_strides.append(strides[o])
-            index_of.append(o)
-        else:
-            batch_strides.append(0)
-            index_of.append(None)
-    return Matrix(
-        shape[-2], shape[-1], strides[-2], strides[-1],
-        tuple(batch_strides), tuple(index_of), rec.dtype.itemsize,
-    )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """How a batched call splits into launches: ``outer`` batch dimensions launched one after
-    another, a merged ``z`` run of batch dimensions on the grid's z axis."""
-
-    batch: tuple[int, ...]
-    outer: tuple[int, ...]  # the broadcast dimensions launched one by one
-    run: tuple[int, ...]  # the dimensions merged onto z, outermost first
-    z_strides: tuple[int, ...]  # per operand, the byte stride of z
-
-    @property
-    def z(self) -> int:
-        return math.prod(self.batch[d] for d in self.run)
-
-    @property
-    def launches(self) -> int:
-        chunks = -(-self.z // MAX_GRID_YZ) if self.z else 0
-        return math.prod(self.batch[d] for d in self.outer) * chunks
-
-    def indices(self):
-        """(batch index, z0, z count) of each launch: the index of the first matrix of it."""
-        z = self.z
-        for outer in np.ndindex(*(self.batch[d] for d in self.outer)):
-            for z0 in range(0, z, MAX_GRID_YZ):
-                index = [0] * len(self.batch)
-                for d, i in zip(self.outer, outer, strict=True):
-                    index[d] = i
-                run_index = np.unravel_index(z0, tuple(self.batch[d] for d in self.run) or (1,))
-                for d, i in zip(self.run, run_index, strict=False):
-                    index[d] = int(i)
-                yield tuple(index), z0, builtins.min(MAX_GRID_YZ, z - z0)
-
-
-def geometry(batch: tuple[int, ...], mats: list[Matrix]) -> Geometry:
-    dims = [d for d, size in enumerate(batch) if size > 1]
-    run: list[int] = []
-    for d in reversed(dims):  # grow the merged run outwards while every stride allows
-        if run:
-            inner = run[0]
-            if any(m.batch_strides[d] != m.batch_strides[inner] * batch[inner] for m in mats):
-                break
-        run.insert(0, d)
-    outer = tuple(d for d in dims if d not in run)
-    z_strides = tuple(m.batch_strides[run[-1]] if run else 0 for m in mats)
-    return Geometry(batch, outer, tuple(run), z_strides)
-
-
-def _matrix_view(handle, mat: Matrix, index, z_count: int, z_stride: int):
-    own = tuple(index[d] for d, o in enumerate(mat.index_of) if o is not None)
-    sub = handle[own] if own else handle
-    shape = (z_count, mat.rows, mat.cols)
-    return arrays.view(sub, shape, (z_stride, mat.row_stride, mat.col_stride))
-
-
-def _first_address(rec: arrays.Arg, mat: Matrix, index) -> int:
-    offset = sum(index[d] * s for d, s in enumerate(mat.batch_strides))
-    return rec.address + offset
-
-
-def _layout(mat: Matrix, z_count: int, z_stride: int) -> str:
-    """'C' when the (z, rows, cols) view is C-contiguous by NumPy's rule (size-1 dims free)."""
-    want = arrays.contiguous_strides((z_count, mat.rows, mat.cols), mat.itemsize)
-    have = (z_stride, mat.row_stride, mat.col_stride)
-    sizes = (z_count, mat.rows, mat.cols)
-    return "C" if all(n <= 1 or h == w for n, h, w in zip(sizes, have, want, strict=True)) else "A"
-
-
-def _copy_bytes(mat: Matrix, z_stride: int, address: int, dtype: np.dtype) -> int:
-    """16 when every row of every matrix starts 16-byte aligned on a contiguous inner axis."""
-    if dtype != np.float32 or (mat.cols > 1 and mat.col_stride != mat.itemsize):
-        return 4
-    ok = all(s % 16 == 0 for s in (mat.row_stride, z_stride, address))
-    return 16 if ok else 4
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,14 +98,6 @@ def choose_kernel(
 
 # --------------------------------------------------------------------------------------------
 # one tiled product with its epilogue: the plan behind matmul and linear, and mlp's stages
-
-
-def _array_type(dtype: np.dtype, ndim: int, layout: str) -> str:
-    """A Numba array type as signature text: ``float32[:, :, ::1]`` (C) or ``float32[:, :, :]``."""
-    axes = [":"] * ndim
-    if layout == "C":
-        axes[-1] = "::1"
-    return f"{np.dtype(dtype).name}[{', '.join(axes)}]"
 
 
 @dataclass
@@ -303,21 +180,22 @@ class Product:
         geo = geometry(self.batch, mats)
         config = self.tile_config()
         act = epilogue.activation_function(self.activation)
-        bias_type = _array_type(  # without a bias, a 1-element float32 dummy
+        bias_type = array_type(  # without a bias, a 1-element float32 dummy
             np.dtype(np.float32) if self.bias is None else self.bias.dtype,
             1, "C" if self.bias is None or self.bias.contiguous else "A",
         )  # fmt: skip
         launches = []
         for index, z0, count in geo.indices():
             (ma, mb, mc), (za, zb, zc) = mats, geo.z_strides
-            copy_a = _copy_bytes(ma, za, _first_address(a, ma, index), a.dtype)
-            copy_b = _copy_bytes(mb, zb, _first_address(b, mb, index), b.dtype)
+            one = count == 1  # a single matrix: its batch stride is never used
+            copy_a = copy_bytes(ma, 0 if one else za, first_address(a, ma, index), a.dtype)
+            copy_b = copy_bytes(mb, 0 if one else zb, first_address(b, mb, index), b.dtype)
             vector_store = self.dtype == np.float32 and (mc.cols <= 1 or mc.col_stride == 4)
             types = (
-                _array_type(a.dtype, 3, _layout(ma, count, za)),
-                _array_type(b.dtype, 3, _layout(mb, count, zb)),
+                array_type(a.dtype, 3, layout(ma, count, za)),
+                array_type(b.dtype, 3, layout(mb, count, zb)),
                 bias_type,
-                _array_type(c.dtype, 3, _layout(mc, count, zc)),
+                array_type(c.dtype, 3, layout(mc, count, zc)),
             )
             choice = choose_kernel(
                 self.dtype,
@@ -346,10 +224,10 @@ class Product:
             grid = choice.grid(self.m, self.n, count)
             with np.errstate(all="ignore"):  # the simulator computes in NumPy
                 choice.kernel[grid, choice.threads, place.stream](
-                    _matrix_view(ha, ma, index, count, za),
-                    _matrix_view(hb, mb, index, count, zb),
+                    matrix_view(ha, ma, index, count, za),
+                    matrix_view(hb, mb, index, count, zb),
                     hbias,
-                    _matrix_view(hc, mc, index, count, zc),
+                    matrix_view(hc, mc, index, count, zc),
                 )
 
     def run(self, out, stream):
@@ -403,8 +281,8 @@ class Product:
     def stage_text(self, launches) -> list[str]:
         cfg = self.tile_config()
         e = estimate(
-            builtins.max(self.m, 1), builtins.max(self.n, 1), builtins.max(self.k, 1),
-            builtins.max(math.prod(self.batch), 1), cfg, self.dtype.itemsize,
+            max(self.m, 1), max(self.n, 1), max(self.k, 1),
+            max(math.prod(self.batch), 1), cfg, self.dtype.itemsize,
         )  # fmt: skip
         names = sorted({choice.kernel.py_func.__name__ for *_, choice in launches})
         epi = ["+ bias" if self.bias is not None else "", self.activation or ""]
