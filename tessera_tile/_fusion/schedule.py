@@ -35,9 +35,10 @@ WARP_ROW_MAX = 1024  # rows up to this long get a warp each, longer rows a block
 ROW_REGISTERS = 32  # 4-byte registers per lane that may hold a row's leaves (as Triton's BLOCK)
 CACHE_BYTES = 32768  # shared memory that keeps a row on chip between passes
 VECTOR_BYTES = 16
-# Shared memory for the row-invariant leaves a row kernel's block reads once (a (C,) weight
-# against (N, C) rows): with CACHE_BYTES and the scratch, a block stays under the 48 KiB of
-# static shared memory.
+# Shared memory for the row-invariant leaves (a (C,) weight against (N, C) rows) that a
+# warp-mode block stages once for its rows: with CACHE_BYTES and the scratch, a block stays
+# under the 48 KiB of static shared memory. Rows of up to 1,024 elements (warp mode) have at
+# most 8 KiB of float32 weight and bias.
 BROADCAST_BYTES = 8192
 # Grid caps. On a GPU: enough blocks to fill the largest parts several times over. In the
 # simulator every block runs in turn, so a few blocks (grid-stride loops do the rest).
@@ -262,7 +263,9 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     chunks = register_chunks(stage, layout.n_red, vector) if mode == "warp" and red_rank == 1 else 0
     # the register row's bucket, else the row length rounded up to a power of two
     length = WARP * chunks * vector if chunks else 1 << max(layout.n_red - 1, 31).bit_length()
-    staged = broadcast_leaves(stage, layout, length)
+    # A warp-mode block holds several rows and stages their shared weights once; a block-mode
+    # block holds one row (see launch_config), so it reads them once without staging.
+    staged = broadcast_leaves(stage, layout, length) if mode == "warp" else ()
     if not staged:
         length = 0
     shared = dict(broadcast=staged, broadcast_length=length, math=math)
@@ -310,8 +313,11 @@ def launch_config(variant: Variant, n_kept: int, n_red: int):
         n = -(-n_kept // variant.vector)
         return max(1, min(-(-n // BLOCK), MAX_BLOCKS)), BLOCK
     if kind == "row":
-        rows_per_block = BLOCK // WARP if variant.mode == "warp" else 1
-        blocks = -(-n_kept // rows_per_block)
+        if variant.mode == "block":
+            # a block per row, as hand-written kernels do for long rows: every block reads
+            # the row-invariant leaves (the norms' weights) once, however many rows there are
+            return max(1, n_kept), BLOCK
+        blocks = -(-n_kept // (BLOCK // WARP))
         if variant.chunks:  # a warp per row, no loop over rows
             return max(1, blocks), BLOCK
         return max(1, min(blocks, MAX_BLOCKS)), BLOCK

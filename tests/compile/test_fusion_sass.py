@@ -85,10 +85,6 @@ STAGED = {
         (f32[:, :512].astype(np.float16), w512.astype(np.float16), w512.astype(np.float16)),
     ),
     "rms_norm_weight_512_registers": (norms.rms_norm(True), (f32[:, :512], w512)),
-    "rms_norm_weight_1536_block": (
-        norms.rms_norm(True),
-        (np.zeros((16, 1536), np.float32), np.zeros(1536, np.float32)),
-    ),
 }
 
 

@@ -124,7 +124,8 @@ def test_8192_float32_per_row_stay_on_chip(side):
 
 # (ops, rows, row length, dtype, blocks): the launch's blocks as the schedule sizes them in the
 # simulator (MAX_BLOCKS 8): a warp per row, 8 rows a block, the grid capped at 8 blocks except for
-# rows kept in registers (one warp per row, no row loop); a block per row above 1,024 elements.
+# rows kept in registers (one warp per row, no row loop); a block per row above 1,024 elements,
+# however many rows (so a block reads the weights once without staging them).
 NORM_CASES = [
     ("layer_norm rms_norm", 32, 512, np.float32, 4),  # warp rows (shared row cache), 16-byte
     ("layer_norm rms_norm", 32, 512, np.float16, 4),
@@ -133,7 +134,8 @@ NORM_CASES = [
     ("layer_norm rms_norm", 100, 64, np.float32, 13),  # rows in registers, last block part full
     ("layer_norm rms_norm", 70, 33, np.float64, 9),
     ("layer_norm rms_norm", 90, 40, np.float32, 12),
-    ("rms_norm", 12, 1536, np.float32, 8),  # a block per row, 12 rows on 8 blocks
+    ("rms_norm", 12, 1536, np.float32, 12),  # a block per row, more rows than MAX_BLOCKS
+    ("layer_norm", 10, 2048, np.float32, 10),  # 16 KiB of weights: past the staging budget
 ]
 
 
@@ -144,8 +146,8 @@ def row_scale(x, w):
 
 @pytest.mark.parametrize("names, rows, n, dtype, blocks", NORM_CASES)
 def test_norm_weights_are_read_once_per_block(names, rows, n, dtype, blocks, side):
-    """The weight and bias rows are staged in shared memory once per block: x read once, y
-    written once, each weight ``blocks`` times (not once per row)."""
+    """The weight and bias rows are read once per block (staged in shared memory for the rows
+    of a warp-mode block): x read once, y written once, each weight ``blocks`` times."""
     from tessera_tile import ops
 
     x = (rng.standard_normal((rows, n)) * 3).astype(dtype)
