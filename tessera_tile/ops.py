@@ -64,14 +64,15 @@ def _axes(axis, ndim: int):
     return axis_index(axis, ndim)
 
 
-def _check_row_param(value, name: str, x: arrays.Arg, what: str) -> None:
-    """A weight or bias must have shape ``(x.shape[-1],)`` and x's dtype, on x's side."""
+def _row_param(value, name: str, x: arrays.Arg, what: str) -> arrays.Arg:
+    """The record of a weight or bias: shape ``(x.shape[-1],)`` and x's dtype, on x's side."""
     p = arrays.read(value, name, scalars=False)
     if p.shape != x.shape[-1:]:
         raise ValueError(f"{name} has shape {p.shape}; {what} needs ({x.shape[-1]},)")
     if p.dtype != x.dtype:
         raise TypeError(f"{name} has dtype {p.dtype}; it must match x's dtype {x.dtype}")
     arrays.check_one_side([x, p], ["x", name])
+    return p
 
 
 # --------------------------------------------------------------------------------------------
@@ -83,7 +84,7 @@ def _softmax_plan(kind: str):
         a = array_arg(x, "x", FLOATS, kind)
         if not a.shape:
             raise ValueError(f"x is 0-dimensional; {kind} needs at least one axis")
-        return Fused(getattr(_softmax, kind)(axis_index(axis, len(a.shape))), (x,))
+        return Fused(getattr(_softmax, kind)(axis_index(axis, len(a.shape))), (a,))
 
     return plan
 
@@ -113,12 +114,13 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     a = array_arg(x, "x", FLOATS, "layer_norm")
     if not a.shape:
         raise ValueError("x is 0-dimensional; layer_norm normalises over the last axis")
-    params = [v for v in (weight, bias) if v is not None]
-    for v, name in ((weight, "weight"), (bias, "bias")):
-        if v is not None:
-            _check_row_param(v, name, a, "layer_norm")
+    params = [
+        _row_param(v, name, a, "layer_norm")
+        for v, name in ((weight, "weight"), (bias, "bias"))
+        if v is not None
+    ]
     fn = _norms.layer_norm(weight is not None, bias is not None)
-    return Fused(fn, (x, *params, eps_value(eps)))
+    return Fused(fn, (a, *params, eps_value(eps)))
 
 
 def rms_norm(x, weight=None, eps=1e-6):
@@ -129,10 +131,8 @@ def rms_norm(x, weight=None, eps=1e-6):
     a = array_arg(x, "x", FLOATS, "rms_norm")
     if not a.shape:
         raise ValueError("x is 0-dimensional; rms_norm normalises over the last axis")
-    params = [] if weight is None else [weight]
-    if weight is not None:
-        _check_row_param(weight, "weight", a, "rms_norm")
-    return Fused(_norms.rms_norm(weight is not None), (x, *params, eps_value(eps)))
+    params = [] if weight is None else [_row_param(weight, "weight", a, "rms_norm")]
+    return Fused(_norms.rms_norm(weight is not None), (a, *params, eps_value(eps)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def _reduction_plan(name: str):
         if one_axis and isinstance(axis, tuple):
             raise TypeError(f"{name} takes one axis or None, not a tuple")
         axes = _axes(axis, len(a.shape))
-        return Fused(_reduction.reduction(name, axes, bool(keepdims)), (x,))
+        return Fused(_reduction.reduction(name, axes, bool(keepdims)), (a,))
 
     plan.__name__ = plan.__qualname__ = name
     plan.__doc__ = (

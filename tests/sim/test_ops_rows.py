@@ -220,3 +220,20 @@ def test_explain_and_signature():
         ex = op.explain(x)
         assert ex.kernels == 1 and ex.bytes_fused == 2 * x.nbytes < ex.bytes_unfused
         assert "@cuda.jit" in ex.source or "cuda.jit" in ex.source
+
+
+def test_each_argument_is_read_once(monkeypatch, side):
+    """ops hands its records to the fused call: no argument of the user is read twice."""
+    from tessera_tile import _arrays
+
+    reads = []
+    real_read = _arrays.read
+
+    def counting_read(value, name, **kw):
+        reads.append(id(value))
+        return real_read(value, name, **kw)
+
+    monkeypatch.setattr(_arrays, "read", counting_read)
+    args = on(side, *(np.ones(s, np.float32) for s in ((4, 8), (8,), (8,))))
+    ops.layer_norm(*args)
+    assert [reads.count(id(a)) for a in args] == [1, 1, 1]
