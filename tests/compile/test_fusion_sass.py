@@ -206,6 +206,18 @@ def test_fast_math_has_no_ieee_slow_path_and_one_reciprocal_per_row(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_sigmoid_is_one_ex2_and_one_rcp_per_element_without_subnormal_fixups(arch):
+    # the .ftz forms: ptxas adds no compare-and-rescale around MUFU.EX2 and MUFU.RCP (the
+    # plain forms cost 7 more instructions per sigmoid); libdevice's tanhf brings one EX2 and
+    # one RCP of its own per element
+    (chain,) = tt.fuse(chain5).inspect(v32, v32, arch=arch)
+    assert "ex2.approx.ftz.f32" in chain.ptx and "rcp.approx.ftz.f32" in chain.ptx
+    loop = chain.loop_with("LDG.E.128")
+    elements = 4 * loop.count("LDG.E.128") // 2  # two inputs, 4 floats per load
+    assert loop.count("MUFU.EX2") == loop.count("MUFU.RCP") == 2 * elements
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_layer_norm_over_4096_has_one_rsqrt_per_row_and_16_byte_row_cache(arch):
     # a block per row: the row cache is written and read 16 bytes at a time, the warps'
     # partials are combined with shuffles, and the per-row mean and rsqrt are one MUFU.RCP
