@@ -16,6 +16,7 @@ import sys
 import time
 
 import numpy as np
+from _steady_state import marginal, row_passes, streamed
 from rich.console import Console
 from rich.table import Table
 
@@ -115,26 +116,6 @@ def traffic() -> None:
     )
 
 
-def _streamed(report, inputs: int, width: int) -> tuple[float, int]:
-    """Steady state of an elementwise kernel: its 16-byte loop's instructions per element
-    (``width`` elements per load), and the bytes each thread has in flight there."""
-    loop = report.loop_with("LDG.E.128")
-    elements = width * loop.count("LDG.E.128") // inputs
-    return report.instructions_per_element(elements, loop), report.bytes_in_flight(loop)
-
-
-def _row_passes(report) -> float:
-    """A block-per-row kernel runs one loop per pass over its row: the sum of each loop's
-    instructions per element (4 per 16-byte access of the row, from global memory or the
-    shared row cache)."""
-    total = 0.0
-    for loop in report.loops:
-        accesses = loop.count("LDG.E.128") or loop.count("LDS.128")
-        if loop.innermost and accesses:
-            total += report.instructions_per_element(4 * accesses, loop)
-    return total
-
-
 def sass() -> None:
     import tessera_tile as tt
 
@@ -161,18 +142,18 @@ def sass() -> None:
         if op == "chain":
             x = v.astype(dtype)
             report = tt.fuse(chain).inspect(x, x, x, arch="sm_90")[0]
-            per_element, in_flight = _streamed(report, 3, 16 // np.dtype(dtype).itemsize)
+            per_element, in_flight = streamed(report, 3, 16 // np.dtype(dtype).itemsize)
             title = f"elementwise tanh(a*b+c)*sigmoid(a*b+c)-a, {name}, sm_90"
         elif op == "softmax":  # the row is in registers: no loop; the marginal cost per element
             report = tt.fuse(softmax).inspect(np.zeros((4096, 1024), dtype), arch="sm_90")[0]
             half = tt.fuse(softmax).inspect(np.zeros((4096, 512), dtype), arch="sm_90")[0]
-            per_element = (report.instructions - half.instructions) / 16  # 16 more per lane
+            per_element = marginal(report, half, 16)  # 16 more per lane
             in_flight = report.bytes_in_flight()
             title = f"row softmax, 1024 {name} per row, sm_90"
         else:
             report = tt.fuse(layer_norm).inspect(np.zeros((4096, 4096), dtype), arch="sm_90")[0]
             loads = report.loop_with("LDG.E.128")  # the pass that reads the row from memory
-            per_element, in_flight = _row_passes(report), report.bytes_in_flight(loads)
+            per_element, in_flight = row_passes(report), report.bytes_in_flight(loads)
             title = f"layer norm (no weights), 4096 {name} per row, a block per row, sm_90"
         table = Table(title=title)
         cols = ("kernel", "regs", "spills", "smem (B)", "instr", "instr/element",

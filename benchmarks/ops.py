@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import numpy as np
+from _steady_state import marginal, row_passes
 from rich.console import Console
 from rich.table import Table
 
@@ -95,6 +96,7 @@ def sass() -> None:
     x4k = np.zeros((rows, 4096), np.float32)
     w4k = np.zeros(4096, np.float32)
     t = rng.integers(0, 1024, rows)
+    x512 = np.zeros((rows, 512), np.float32)
     runs = [
         ("softmax", "softmax 4096 x 1024", ops.softmax.inspect(x1k)),
         ("softmax", "log_softmax 4096 x 1024", ops.log_softmax.inspect(x1k)),
@@ -108,24 +110,40 @@ def sass() -> None:
         ("transpose", "transpose 4096 x 1024", ops.transpose.inspect(x1k)),
         ("", "sum axis=-1 4096 x 1024", ops.sum.inspect(x1k, axis=-1)),
     ]
+    # steady-state instructions per element: registers rows grow by 16 elements per lane from
+    # 512 to 1,024 columns; the norms' block-per-row kernels sum their passes' loops
+    per_element = {
+        "softmax 4096 x 1024": marginal(runs[0][2][0], ops.softmax.inspect(x512)[0], 16),
+        "log_softmax 4096 x 1024": marginal(runs[1][2][0], ops.log_softmax.inspect(x512)[0], 16),
+        "layer_norm 4096 x 4096 (w, b)": row_passes(runs[2][2][0]),
+        "rms_norm 4096 x 4096 (w)": row_passes(runs[3][2][0]),
+    }
     keys = ("LDG", "STG", "SHFL", "MUFU", "BAR", "LDS", "STS")
     table = Table(title="prebuilt ops compiled offline for sm_90 (float32; static SASS)")
-    for col in ("op", "regs", "spills", "smem B", "instr", "occupancy", "key opcodes", "peers"):
+    cols = ("op", "regs", "spills", "smem B", "instr", "instr/elem", "occupancy", "key opcodes",
+            "peers")  # fmt: skip
+    for col in cols:
         table.add_column(col)
     for anchor, label, reports in runs:
         for k, r in enumerate(reports):
+            ipe = per_element.get(label) if k == 0 else None
             table.add_row(
                 label if k == 0 else f"  + kernel {k}",
                 str(r.registers),
                 str(r.spill_stores + r.spill_loads),
                 str(r.shared_bytes),
                 str(r.instructions),
+                "-" if ipe is None else f"{ipe:.2f}",
                 f"{r.occupancy:.0%}",
                 r.key_opcodes(keys),
                 ANCHORS.get(anchor, "") if k == 0 else "",
             )
     console.print(table)
-    console.print("Static counts from ptxas/nvdisasm (no GPU): not timings.")
+    console.print(
+        "Static counts from ptxas/nvdisasm (no GPU): not timings. instr/elem: steady state "
+        "(peers: softmax 9.5-9.7 CUDA C++, 13-13.75 Triton; layer norm 6.75 CUDA C++; "
+        "rms norm 7.3 Triton fp16)."
+    )
 
 
 def main() -> None:

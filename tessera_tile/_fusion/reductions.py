@@ -131,6 +131,8 @@ class ReductionWriter(KernelWriter):
             elif key in self.sched.broadcast:
                 red_at = f"({self.index(False, True)},)"
                 s(f"{', '.join(parts)} = load16_shared(bcast_{name}, {red_at})")
+            elif key in self.sched.invariant:  # a 1-D row
+                s(f"{', '.join(parts)} = load16({name}, ({self.index(False, True)},))")
             else:
                 s(f"{', '.join(parts)} = load16({name}, {at})")
                 if key in first:
@@ -243,7 +245,8 @@ class ReductionWriter(KernelWriter):
                     leaf = next(n for n in self.leaves if n.key == key)
                     name = self.names[key]
                     parts = [self.fresh(f"{name}_") for _ in range(width)]
-                    load = f"load16({name}, ({at},))" if width > 1 else f"{name}[{at}]"
+                    where = f"jc{c}" if key in self.sched.invariant else at  # a 1-D row
+                    load = f"load16({name}, ({where},))" if width > 1 else f"{name}[{where}]"
                     if key in self.sched.broadcast:  # the block's shared copy
                         shared = f"bcast_{name}"
                         load = (

@@ -64,6 +64,8 @@ class Variant:
     broadcast: tuple = ()  # row: positions in stage.leaves of the row-invariant leaves the
     # block stages into shared memory once, before its rows, and every row reads from there
     broadcast_length: int = 0  # elements each of their shared arrays holds (>= n_red)
+    invariant: tuple = ()  # row: positions of the leaves that are the same row for every row
+    # (a norm's weight): passed as 1-D arrays of the row, indexed by the row position alone
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,10 +267,11 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     length = WARP * chunks * vector if chunks else 1 << max(layout.n_red - 1, 31).bit_length()
     # A warp-mode block holds several rows and stages their shared weights once; a block-mode
     # block holds one row (see launch_config), so it reads them once without staging.
-    staged = broadcast_leaves(stage, layout, length) if mode == "warp" else ()
+    invariant = row_invariant_leaves(stage, layout)
+    staged = broadcast_leaves(stage, invariant, length) if mode == "warp" else ()
     if not staged:
         length = 0
-    shared = dict(broadcast=staged, broadcast_length=length, math=math)
+    shared = dict(broadcast=staged, broadcast_length=length, invariant=invariant, math=math)
     if chunks:  # the row lives in registers: no shared cache, no loops over it
         exact = layout.n_red == WARP * chunks * vector
         return Variant(
@@ -277,20 +280,25 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     return Variant(kind, kept_rank, red_rank, mode, cache, vector, bits, **shared)
 
 
-def broadcast_leaves(stage: Stage, layout, length: int) -> tuple:
-    """Positions (in ``stage.leaves``) of the leaves a row kernel's block reads once: views
-    whose strides over every kept axis are 0 (the same row for every row), over one reduced
-    axis, when all of them fit ``BROADCAST_BYTES`` at ``length`` elements each."""
+def row_invariant_leaves(stage: Stage, layout) -> tuple:
+    """Positions (in ``stage.leaves``) of the leaves that are one row for every row: views
+    whose strides over every kept axis are 0, over one reduced axis. The kernel takes them as
+    1-D arrays, so their addresses need no row term and, when contiguous, no stride multiply."""
     if layout.red_rank != 1 or layout.kept_rank < 1 or layout.n_red == 0:
         return ()
     leaves = layout.views[: len(stage.leaves)]
-    picked = tuple(
+    return tuple(
         i
         for i, (_, strides, dtype, *_) in enumerate(leaves)
         if all(st == 0 for st in strides[: layout.kept_rank]) and dtype.kind in "fiu"
     )
-    size = sum(stage.leaves[i].dtype.itemsize for i in picked) * length
-    return picked if picked and size <= BROADCAST_BYTES else ()
+
+
+def broadcast_leaves(stage: Stage, invariant: tuple, length: int) -> tuple:
+    """The row-invariant leaves a warp-mode block stages in shared memory once, when all of
+    them fit ``BROADCAST_BYTES`` at ``length`` elements each."""
+    size = sum(stage.leaves[i].dtype.itemsize for i in invariant) * length
+    return invariant if invariant and size <= BROADCAST_BYTES else ()
 
 
 def register_chunks(stage: Stage, n_red: int, vector: int) -> int:
@@ -341,6 +349,7 @@ class Schedule:
     cache_length: int  # row elements each cache holds (per row of the block)
     resident: frozenset  # leaf keys a register row holds (read once)
     broadcast: frozenset  # leaf keys staged in shared memory once per block
+    invariant: frozenset  # leaf keys passed as 1-D rows (row-invariant)
     approx: frozenset  # keys of nodes written with hardware approximations
     approx_reciprocal: bool  # per-row float32 reciprocals with rcp.approx
     rows_per_block: int
@@ -375,6 +384,7 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
         cache_length(stage, rows) if cached else 0,
         frozenset(n.key for n in stage.leaves) if variant.chunks else frozenset(),
         broadcast,
+        frozenset(stage.leaves[i].key for i in variant.invariant),
         approximated(stage) if variant.math == "fast" else frozenset(),
         variant.math == "fast",
         rows,
