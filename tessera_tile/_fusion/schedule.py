@@ -262,18 +262,19 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
         vector = _vector_width(layout.views, kept_rank, True)
         if layout.n_red % vector:
             vector = 1
-    chunks = register_chunks(stage, layout.n_red, vector) if mode == "warp" and red_rank == 1 else 0
+    lanes = WARP if mode == "warp" else BLOCK  # threads sharing a row
+    chunks = register_chunks(stage, layout.n_red, vector, lanes) if red_rank == 1 else 0
     # the register row's bucket, else the row length rounded up to a power of two
-    length = WARP * chunks * vector if chunks else 1 << max(layout.n_red - 1, 31).bit_length()
+    length = lanes * chunks * vector if chunks else 1 << max(layout.n_red - 1, 31).bit_length()
     # A warp-mode block holds several rows and stages their shared weights once; a block-mode
     # block holds one row (see launch_config), so it reads them once without staging.
     invariant = row_invariant_leaves(stage, layout)
     staged = broadcast_leaves(stage, invariant, length) if mode == "warp" else ()
-    if not staged:
-        length = 0
-    shared = dict(broadcast=staged, broadcast_length=length, invariant=invariant, math=math)
+    shared = dict(
+        broadcast=staged, broadcast_length=length if staged else 0, invariant=invariant, math=math
+    )
     if chunks:  # the row lives in registers: no shared cache, no loops over it
-        exact = layout.n_red == WARP * chunks * vector
+        exact = layout.n_red == length
         return Variant(
             kind, kept_rank, red_rank, mode, False, vector, bits, chunks, exact, **shared
         )
@@ -301,16 +302,18 @@ def broadcast_leaves(stage: Stage, invariant: tuple, length: int) -> tuple:
     return invariant if invariant and size <= BROADCAST_BYTES else ()
 
 
-def register_chunks(stage: Stage, n_red: int, vector: int) -> int:
-    """Accesses per lane when a warp's row fits in registers (rows bucketed to a power of two
-    of accesses per lane, bounds-guarded below it), else 0. Only rows read by several passes
-    gain from it; a one-pass row streams."""
+def register_chunks(stage: Stage, n_red: int, vector: int, lanes: int) -> int:
+    """Accesses per thread when a row shared by ``lanes`` threads (a warp, or a block for
+    rows over 1,024) fits in their registers (rows bucketed to a power of two of accesses per
+    thread, bounds-guarded below it), else 0. Only rows read by several passes gain from it; a
+    one-pass row streams. What stays resident is the leaves several passes read; a leaf one
+    pass reads (a norm's weight) is loaded where it is used."""
     leaves = multi_pass_leaves(stage)
     if not leaves or n_red == 0:
         return 0
-    need = -(-n_red // (WARP * vector))
+    need = -(-n_red // (lanes * vector))
     chunks = 1 << (need - 1).bit_length()
-    words = sum(max(4, n.dtype.itemsize) // 4 for n in stage.leaves)
+    words = sum(max(4, n.dtype.itemsize) // 4 for n in leaves)
     return chunks if chunks * vector * words <= ROW_REGISTERS else 0
 
 
