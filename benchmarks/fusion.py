@@ -11,12 +11,12 @@
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import time
 
 import numpy as np
+from _steady_state import marginal, streamed, whole
 from rich.console import Console
 from rich.table import Table
 
@@ -30,6 +30,10 @@ ANCHORS = {
         ("CUDA C++ fast math", 31, 81, "LDG.128:3 STG.128:1 FFMA:15 MUFU.TANH:10"),
         ("Triton", 32, 276, "LDG.128:6 STG.128:2 FFMA:64 MUFU.EX2:16 MUFU.RCP:16"),
     ],
+    "layer_norm": [
+        ("CUDA C++ (256 threads/row)", 44, 175, "LDG.128:12 STG.128:4 SHFL:16 BAR:2 MUFU.RSQ:1"),
+        ("Triton", 40, 241, "LDG.128:12 STG.128:4 SHFL:16 BAR:3 FFMA:41"),
+    ],
     "softmax": [
         ("CUDA C++ (1 warp/row)", 48, 354, "LDG.128:8 STG.128:8 SHFL:10 MUFU.EX2:32 MUFU.RCP:1"),
         ("Triton (1 warp)", 60, 476, "LDG.128:8 STG.128:8 SHFL:10 MUFU.EX2:32 MUFU.RCP:1"),
@@ -41,7 +45,7 @@ ANCHORS = {
 # Steady-state instructions per element of the same peers (marginal cost between two row
 # lengths), from the same offline builds.
 PER_ELEMENT = {"CUDA C++ (1 warp/row)": "9.5-9.7", "Triton (1 warp)": "13-13.75",
-               "Triton (4 warps)": "13-13.75"}  # fmt: skip
+               "Triton (4 warps)": "13-13.75", "CUDA C++ (256 threads/row)": "6.75"}  # fmt: skip
 
 
 def chains():
@@ -124,24 +128,37 @@ def sass() -> None:
         e = tt.exp(x - m)
         return e / tt.sum(e, axis=-1, keepdims=True)
 
+    def layer_norm(x):
+        mu = tt.mean(x, axis=-1, keepdims=True)
+        var = tt.mean(tt.square(x - mu), axis=-1, keepdims=True)
+        return (x - mu) * tt.rsqrt(var + 1e-5)
+
     v = np.zeros(1 << 20, np.float32)
     keys = ("LDG", "STG", "FFMA", "MUFU", "SHFL", "BAR", "LDS", "STS")
-    for op, dtype in (("chain", np.float32), ("chain", np.float16), ("softmax", np.float32),
-                      ("softmax", np.float16)):  # fmt: skip
+    cases = (("chain", np.float32), ("chain", np.float16), ("softmax", np.float32),
+             ("softmax", np.float16), ("layer_norm", np.float32))  # fmt: skip
+    for op, dtype in cases:
+        name = np.dtype(dtype).name
         if op == "chain":
             x = v.astype(dtype)
             report = tt.fuse(chain).inspect(x, x, x, arch="sm_90")[0]
-            width = 16 // np.dtype(dtype).itemsize
-            body = max(_loop_bodies(report.sass), default=0)  # the 16-byte loop
-            per_element = body / width
-            title = f"elementwise tanh(a*b+c)*sigmoid(a*b+c)-a, {np.dtype(dtype)}, sm_90"
-        else:
+            per_element, in_flight = streamed(report, 3, 16 // np.dtype(dtype).itemsize)
+            title = f"elementwise tanh(a*b+c)*sigmoid(a*b+c)-a, {name}, sm_90"
+        elif op == "softmax":  # the row is in registers: no loop; the marginal cost per element
             report = tt.fuse(softmax).inspect(np.zeros((4096, 1024), dtype), arch="sm_90")[0]
             half = tt.fuse(softmax).inspect(np.zeros((4096, 512), dtype), arch="sm_90")[0]
-            per_element = (report.instructions - half.instructions) / 16  # 16 more per lane
-            title = f"row softmax, 1024 {np.dtype(dtype)} per row, sm_90"
+            per_element = marginal(report, half, 16)  # 16 more per lane
+            in_flight = report.bytes_in_flight()
+            title = f"row softmax, 1024 {name} per row, sm_90"
+        else:
+            # a block per row, 16 elements per thread in registers: every instruction of the
+            # kernel per element (an upper bound; no loops)
+            report = tt.fuse(layer_norm).inspect(np.zeros((4096, 4096), dtype), arch="sm_90")[0]
+            per_element, in_flight = whole(report, 16), report.bytes_in_flight()
+            title = f"layer norm (no weights), 4096 {name} per row, a block per row, sm_90"
         table = Table(title=title)
-        cols = ("kernel", "regs", "spills", "smem (B)", "instr", "instr/element", "key opcodes")
+        cols = ("kernel", "regs", "spills", "smem (B)", "instr", "instr/element",
+                "B in flight", "key opcodes")  # fmt: skip
         for col in cols:
             table.add_column(col)
         table.add_row(
@@ -150,37 +167,22 @@ def sass() -> None:
             str(report.spill_stores + report.spill_loads),
             str(report.shared_bytes),
             str(report.instructions),
-            f"{per_element:.1f}",
+            f"{per_element:.2f}",
+            str(in_flight),
             report.key_opcodes(keys),
         )
         if dtype == np.float32:
-            for name, regs, instr, opcodes in ANCHORS[op]:
-                table.add_row(name, str(regs), "0", "-", str(instr), PER_ELEMENT.get(name, "-"),
-                              opcodes)  # fmt: skip
+            for peer, regs, instr, opcodes in ANCHORS[op]:
+                table.add_row(peer, str(regs), "0", "-", str(instr), PER_ELEMENT.get(peer, "-"),
+                              "-", opcodes)  # fmt: skip
         console.print(table)
     console.print(
         "Static SASS counts from ptxas/nvdisasm 13.5 (no GPU): not timings. instr/element: the "
-        "16-byte loop's instructions per element (chain), or the kernel's growth from 512 to "
-        "1024 per row over the 16 elements a lane gains (softmax)."
+        "16-byte loop's instructions per element (chain); the kernel's growth from 512 to 1024 "
+        "per row over the 16 elements a lane gains (softmax, whose row is in registers); all "
+        "the kernel's instructions over a thread's 16 elements (layer norm). B in flight: "
+        "independent global load bytes per thread before the first use (tessera_tile.inspect)."
     )
-
-
-def _loop_bodies(sass: str) -> list[int]:
-    """Instruction counts of the loops of a SASS listing (a backward branch to a label)."""
-    labels, count, bodies = {}, 0, []
-    for line in sass.splitlines():
-        m = re.match(r"\s*(\.L_x_\d+):", line)
-        if m:
-            labels[m.group(1)] = count
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
-        if not m or m.group(1).startswith("NOP"):
-            continue
-        count += 1
-        target = re.search(r"\bBRA\b.*?(\.L_x_\d+)", m.group(1))
-        if target and target.group(1) in labels and count - labels[target.group(1)] > 1:
-            bodies.append(count - labels[target.group(1)])
-    return bodies
 
 
 def compile_time() -> None:

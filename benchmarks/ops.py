@@ -11,10 +11,12 @@
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
+from _steady_state import marginal, whole
 from rich.console import Console
 from rich.table import Table
 
@@ -58,8 +60,9 @@ def traffic() -> None:
 
     for rows, cols in ((32, 512), (4, 8192)):
         table = Table(title=f"global traffic, float32 ({rows} rows of {cols}), simulator profiler")
-        for col in ("op", "kernels", "measured B", "planned B", "minimum B", "vs min",
-                    "unfused B", "unfused / measured", "bank conflicts"):  # fmt: skip
+        headers = ("op", "kernels", "measured B", "planned B", "minimum B", "vs min",
+                   "weights read", "unfused B", "unfused / measured", "bank conflicts")  # fmt: skip
+        for col in headers:
             table.add_column(col, justify="left" if col == "op" else "right")
         for label, op, args, kwargs in cases(rows, cols):
             ex = op.explain(*args, **kwargs)
@@ -67,6 +70,14 @@ def traffic() -> None:
                 result = op(*args, **kwargs)
             measured = prof.bytes_read + prof.bytes_written
             minimum = sum(a.nbytes for a in args) + np.asarray(result).nbytes
+            # the norms' weights (arguments after x): how often each was read, against the
+            # blocks of the launch (the issue's bar: at most once per block)
+            weights = [f"in{i}" for i in range(1, len(args))] if "norm" in label else []
+            reads = "-"
+            if weights:
+                read = sum(r for (_, arg), (r, _) in prof.traffic.items() if arg in weights)
+                blocks = re.search(r"(\d+) block\(s\)", ex.stages[0]).group(1)
+                reads = f"{read // args[1].nbytes // len(weights)} / {blocks} blocks"
             table.add_row(
                 label,
                 str(ex.kernels),
@@ -74,13 +85,15 @@ def traffic() -> None:
                 str(ex.bytes_fused),
                 str(minimum),
                 f"{measured / minimum:.3f}x",
+                reads,
                 str(ex.bytes_unfused),
                 f"{ex.bytes_unfused / measured:.2f}x",
                 str(prof.bank_conflicts),
             )
         console.print(table)
     console.print(
-        "minimum: each input (weights included) read once, each output written once; "
+        "minimum: each input (weights included) read once, each output written once; weights "
+        "read: times each norm weight was read, against the launch's blocks; "
         "unfused: one kernel per op of the CuPy-style chain, each reading its operands and "
         "writing its result."
     )
@@ -95,6 +108,7 @@ def sass() -> None:
     x4k = np.zeros((rows, 4096), np.float32)
     w4k = np.zeros(4096, np.float32)
     t = rng.integers(0, 1024, rows)
+    x512 = np.zeros((rows, 512), np.float32)
     runs = [
         ("softmax", "softmax 4096 x 1024", ops.softmax.inspect(x1k)),
         ("softmax", "log_softmax 4096 x 1024", ops.log_softmax.inspect(x1k)),
@@ -108,24 +122,47 @@ def sass() -> None:
         ("transpose", "transpose 4096 x 1024", ops.transpose.inspect(x1k)),
         ("", "sum axis=-1 4096 x 1024", ops.sum.inspect(x1k, axis=-1)),
     ]
+    # steady-state instructions per element, for rows kept in registers (no loops): softmax
+    # as the peers measure it, the growth from 512 to 1,024 columns per element a lane gains;
+    # the norms (a block of 256 per row, 16 elements a thread), every instruction of the kernel
+    # per element, and in brackets the growth from 4,096 to 8,192 columns
+    x8k, w8k = np.zeros((rows, 8192), np.float32), np.zeros(8192, np.float32)
+    ln8k = ops.layer_norm.inspect(x8k, w8k, w8k)[0]
+    rms8k = ops.rms_norm.inspect(x8k, w8k)[0]
+    (sm,), (lsm,), (ln,), (rms,) = (runs[k][2] for k in range(4))
+    sm512, lsm512 = ops.softmax.inspect(x512)[0], ops.log_softmax.inspect(x512)[0]
+    per_element = {
+        "softmax 4096 x 1024": f"{marginal(sm, sm512, 16):.2f}",
+        "log_softmax 4096 x 1024": f"{marginal(lsm, lsm512, 16):.2f}",
+        "layer_norm 4096 x 4096 (w, b)": f"{whole(ln, 16):.2f} ({marginal(ln8k, ln, 16):.2f})",
+        "rms_norm 4096 x 4096 (w)": f"{whole(rms, 16):.2f} ({marginal(rms8k, rms, 16):.2f})",
+    }
     keys = ("LDG", "STG", "SHFL", "MUFU", "BAR", "LDS", "STS")
     table = Table(title="prebuilt ops compiled offline for sm_90 (float32; static SASS)")
-    for col in ("op", "regs", "spills", "smem B", "instr", "occupancy", "key opcodes", "peers"):
+    cols = ("op", "regs", "spills", "smem B", "instr", "instr/elem", "occupancy", "key opcodes",
+            "peers")  # fmt: skip
+    for col in cols:
         table.add_column(col)
     for anchor, label, reports in runs:
         for k, r in enumerate(reports):
+            ipe = per_element.get(label) if k == 0 else None
             table.add_row(
                 label if k == 0 else f"  + kernel {k}",
                 str(r.registers),
                 str(r.spill_stores + r.spill_loads),
                 str(r.shared_bytes),
                 str(r.instructions),
+                ipe or "-",
                 f"{r.occupancy:.0%}",
                 r.key_opcodes(keys),
                 ANCHORS.get(anchor, "") if k == 0 else "",
             )
     console.print(table)
-    console.print("Static counts from ptxas/nvdisasm (no GPU): not timings.")
+    console.print(
+        "Static counts from ptxas/nvdisasm (no GPU): not timings. instr/elem: steady state "
+        "(peers: softmax 9.5-9.7 CUDA C++, 13-13.75 Triton; layer norm 6.75 CUDA C++; "
+        "rms norm 7.3 Triton fp16)."
+    )
 
 
 def main() -> None:

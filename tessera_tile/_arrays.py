@@ -80,7 +80,10 @@ def _python_scalar(value) -> bool:
 
 def read(value, name: str, *, scalars: bool = True) -> Arg:
     """The record of one argument; TypeError or ValueError naming ``name`` when it is no
-    array (or, with ``scalars``, scalar) the library can take."""
+    array (or, with ``scalars``, scalar) the library can take. A record passes through as it
+    is: an op that checked its arguments hands their records on, and nothing is read twice."""
+    if isinstance(value, Arg):
+        return value
     is_scalar = _python_scalar(value) or isinstance(value, np.generic)
     if isinstance(value, np.ndarray) and value.ndim == 0:
         is_scalar, value = True, value[()]

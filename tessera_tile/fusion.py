@@ -200,9 +200,10 @@ def _describe(b: runtime.Bound) -> str:
         "full": "full reduction, two-stage in one launch",
     }[stage.kind]
     passes = len(b.generated.schedule.passes) if stage.kind != "elementwise" else 1
+    threads = int(np.prod(b.threads))
     return (
         f"{what}; {layout.n_kept} x {layout.n_red} index space, {passes} pass(es), "
-        f"{len(stage.outputs)} output(s)"
+        f"{len(stage.outputs)} output(s); {b.blocks} block(s) of {threads} threads"
     )
 
 

@@ -40,6 +40,7 @@ from ._prebuilt import (
     source_of,
 )
 from .kernels import cross_entropy as _cross_entropy
+from .kernels import layer_norm_long as _layer_norm_long
 from .kernels import norms as _norms
 from .kernels import reduction as _reduction
 from .kernels import softmax as _softmax
@@ -65,14 +66,15 @@ def _axes(axis, ndim: int):
     return axis_index(axis, ndim)
 
 
-def _check_row_param(value, name: str, x: arrays.Arg, what: str) -> None:
-    """A weight or bias must have shape ``(x.shape[-1],)`` and x's dtype, on x's side."""
+def _row_param(value, name: str, x: arrays.Arg, what: str) -> arrays.Arg:
+    """The record of a weight or bias: shape ``(x.shape[-1],)`` and x's dtype, on x's side."""
     p = arrays.read(value, name, scalars=False)
     if p.shape != x.shape[-1:]:
         raise ValueError(f"{name} has shape {p.shape}; {what} needs ({x.shape[-1]},)")
     if p.dtype != x.dtype:
         raise TypeError(f"{name} has dtype {p.dtype}; it must match x's dtype {x.dtype}")
     arrays.check_one_side([x, p], ["x", name])
+    return p
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,7 +86,7 @@ def _softmax_plan(kind: str):
         a = array_arg(x, "x", FLOATS, kind)
         if not a.shape:
             raise ValueError(f"x is 0-dimensional; {kind} needs at least one axis")
-        return Fused(getattr(_softmax, kind)(axis_index(axis, len(a.shape))), (x,))
+        return Fused(getattr(_softmax, kind)(axis_index(axis, len(a.shape))), (a,))
 
     return plan
 
@@ -109,17 +111,22 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
         (x - mean(x)) / sqrt(var(x) + eps) * weight + bias
 
     weight, bias: None or arrays of shape ``(x.shape[-1],)`` and x's dtype. One kernel, the row
-    read once when it fits on chip, one ``rsqrt`` per row.
+    read once when it fits on chip, one ``rsqrt`` per row; longer rows (over 32 KiB) go to a
+    hand-written kernel that reads them twice (Welford's one-pass statistics, then the output).
     """
     a = array_arg(x, "x", FLOATS, "layer_norm")
     if not a.shape:
         raise ValueError("x is 0-dimensional; layer_norm normalises over the last axis")
-    params = [v for v in (weight, bias) if v is not None]
-    for v, name in ((weight, "weight"), (bias, "bias")):
-        if v is not None:
-            _check_row_param(v, name, a, "layer_norm")
-    fn = _norms.layer_norm(weight is not None, bias is not None)
-    return Fused(fn, (x, *params, eps_value(eps)))
+    w, b = (
+        None if v is None else _row_param(v, name, a, "layer_norm")
+        for v, name in ((weight, "weight"), (bias, "bias"))
+    )
+    params = [p for p in (w, b) if p is not None]
+    fn = _norms.layer_norm(w is not None, b is not None)
+    rows = _layer_norm_long.rows_view(a)
+    if rows is not None and not _layer_norm_long.on_chip(a.shape[-1], a.dtype):
+        return _LayerNormLong(a, rows, w, b, eps_value(eps), Fused(fn, (a, *params, eps)))
+    return Fused(fn, (a, *params, eps_value(eps)))
 
 
 def rms_norm(x, weight=None, eps=1e-6):
@@ -130,10 +137,101 @@ def rms_norm(x, weight=None, eps=1e-6):
     a = array_arg(x, "x", FLOATS, "rms_norm")
     if not a.shape:
         raise ValueError("x is 0-dimensional; rms_norm normalises over the last axis")
-    params = [] if weight is None else [weight]
-    if weight is not None:
-        _check_row_param(weight, "weight", a, "rms_norm")
-    return Fused(_norms.rms_norm(weight is not None), (x, *params, eps_value(eps)))
+    params = [] if weight is None else [_row_param(weight, "weight", a, "rms_norm")]
+    return Fused(_norms.rms_norm(weight is not None), (a, *params, eps_value(eps)))
+
+
+@dataclass
+class _LayerNormLong:
+    """Layer norm over rows longer than the composer keeps on chip: the hand-written kernel of
+    :mod:`tessera_tile.kernels.layer_norm_long`, a block per row."""
+
+    x: arrays.Arg
+    rows: tuple  # x as (rows, n): shape and byte strides
+    weight: arrays.Arg | None
+    bias: arrays.Arg | None
+    eps: float
+    fused: Fused  # the composer's definition of the same call (its unfused chain's traffic)
+
+    @property
+    def kernel(self):
+        return _layer_norm_long.kernel(self.x.dtype, self.weight is not None, self.bias is not None)
+
+    def run(self, out, stream):
+        params = {"weight": self.weight, "bias": self.bias}
+        inputs = {"x": self.x} | {k: v for k, v in params.items() if v is not None}
+        o = check_out(out, self.x.shape, self.x.dtype, inputs)
+        place = arrays.Placement(list(inputs.values()), [o], stream)
+        result = place.result(self.x.shape, self.x.dtype, o)
+        (n_rows, n), strides = self.rows
+        if n_rows:
+            handle = arrays.device_handle(place.device(self.x))
+            x = arrays.view(handle, (n_rows, n), strides)
+            y = arrays.view(arrays.device_handle(result), (n_rows, n), _rows_strides(result))
+            weight, bias = (
+                arrays.zeros(1, self.x.dtype, place.stream)
+                if p is None
+                else arrays.device_handle(place.device(p))
+                for p in params.values()
+            )
+            self.kernel[n_rows, _layer_norm_long.THREADS, place.stream](
+                x, weight, bias, y, self.eps
+            )
+        return place.finish(result, o)
+
+    def predicted_bytes(self) -> int:
+        """x read twice, y written once, each weight read once per block (a block per row)."""
+        n_rows = self.rows[0][0]
+        weights = builtins.sum(p.size * p.dtype.itemsize for p in (self.weight, self.bias) if p)
+        return 3 * self.x.size * self.x.dtype.itemsize + n_rows * weights
+
+    def explain(self):
+        from .fusion import Explain
+
+        name = self.kernel.py_func.__name__
+        (n_rows, n), _ = self.rows
+        return Explain(
+            kernels=1,
+            ir=f"hand-written {name} (no Tile IR)",
+            source=source_of(self.kernel),
+            bytes_fused=self.predicted_bytes(),
+            bytes_unfused=self.fused.explain().bytes_unfused,
+            reasons=[
+                f"rows of {n} {self.x.dtype} are past the {_layer_norm_long.CACHE_BYTES} bytes "
+                "the composer keeps on chip: Welford's one-pass statistics read x twice, "
+                "where the composer's three passes would read it three times"
+            ],
+            stages=[
+                f"{name}: hand-written, a block of {_layer_norm_long.THREADS} per row, "
+                f"{n_rows} rows of {n}; {n_rows} block(s) of {_layer_norm_long.THREADS} threads"
+            ],
+        )
+
+    def inspect(self, arch: str) -> list:
+        from numba import from_dtype, types
+
+        from . import inspect as offline
+
+        dt = from_dtype(self.x.dtype)
+        x_layout = (
+            "C"
+            if self.rows[1] == arrays.contiguous_strides(self.rows[0], dt.bitwidth // 8)
+            else "A"
+        )
+        signature = (
+            types.Array(dt, 2, x_layout),
+            types.Array(dt, 1, "C"),
+            types.Array(dt, 1, "C"),
+            types.Array(dt, 2, "C"),
+            types.float64,
+        )
+        return [offline.compile(self.kernel, signature, arch=arch, block=_layer_norm_long.THREADS)]
+
+
+def _rows_strides(rec: arrays.Arg) -> tuple:
+    """Byte strides of a C-contiguous result seen as (rows, n)."""
+    itemsize = rec.dtype.itemsize
+    return (rec.shape[-1] * itemsize if rec.shape else itemsize, itemsize)
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,7 +248,7 @@ def _reduction_plan(name: str):
         if one_axis and isinstance(axis, tuple):
             raise TypeError(f"{name} takes one axis or None, not a tuple")
         axes = _axes(axis, len(a.shape))
-        return Fused(_reduction.reduction(name, axes, bool(keepdims)), (x,))
+        return Fused(_reduction.reduction(name, axes, bool(keepdims)), (a,))
 
     plan.__name__ = plan.__qualname__ = name
     plan.__doc__ = (

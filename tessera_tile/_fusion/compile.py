@@ -88,6 +88,7 @@ def _namespace() -> dict:
         "max_nan": device.max_nan,
         "exp_approx": device.exp_approx,
         "rcp_approx": device.rcp_approx,
+        "rcp_approx_ftz": device.rcp_approx_ftz,
         "rsqrt_approx": device.rsqrt_approx,
         "min_nan": device.min_nan,
         "floordiv_int": device.floordiv_int,

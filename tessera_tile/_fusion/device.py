@@ -105,21 +105,44 @@ def _make_approx(name: str, asm: str, scale: float, twin):
     return sim.twin(twin)(intrinsic(typer))
 
 
-# exp(x) = 2**(x log2 e), one FMUL and one MUFU.EX2: used where x <= 0 is known (softmax's
-# x - max(x)), where the rounding of x log2 e stays small (the error grows with |x|)
-# The twin rounds x log2 e to float32 as the FMUL does (the error that grows with |x|); the
-# instruction's own error of a few ulp is not modelled.
+_TINY = np.float32(2.0**-126)  # the smallest normal float32
+
+
+def _flush(v):
+    """What ``.ftz`` does to a float32 operand or result: subnormals become zero (signed)."""
+    v = np.float32(v)
+    return np.float32(np.copysign(0.0, v)) if 0 < abs(v) < _TINY else v
+
+
+# exp(x) = 2**(x log2 e), one FMUL and one MUFU.EX2, used per element where the rounding of
+# x log2 e stays small (the error grows with |x|; docs/fusion.md): softmax's exp(x - max) and
+# sigmoid's exp(-x). The .ftz form has no subnormal fix-up (ptxas adds three instructions to the
+# plain form); results below 2**-126 (x < -87.3) become 0, an absolute error under 1.2e-38.
+# The twin rounds x log2 e to float32 as the FMUL does and flushes as the instruction does;
+# the instruction's own error of a few ulp is not modelled.
 _LOG2E = np.float32(math.log2(math.e))
 exp_approx = _make_approx(
-    "exp_approx", "ex2.approx.f32", math.log2(math.e), lambda x: np.exp2(np.float32(x) * _LOG2E)
+    "exp_approx",
+    "ex2.approx.ftz.f32",
+    math.log2(math.e),
+    lambda x: _flush(np.exp2(np.float32(x) * _LOG2E)),
 )
-# 1 / sqrt(x) in one MUFU.RSQ (instead of an IEEE square root and division)
+# 1 / sqrt(x) in one MUFU.RSQ (instead of an IEEE square root and division), once per row
 rsqrt_approx = _make_approx(
     "rsqrt_approx", "rsqrt.approx.f32", 1.0, lambda x: np.float32(1) / np.sqrt(np.float32(x))
 )
-# 1 / x in one MUFU.RCP (no IEEE slow path): the reciprocal of a per-row divisor
+# 1 / x in one MUFU.RCP (no IEEE slow path): the reciprocal of a per-row divisor, which may be
+# subnormal, so the plain form (ptxas scales operands beyond 2**126: four more instructions)
 rcp_approx = _make_approx(
     "rcp_approx", "rcp.approx.f32", 1.0, lambda x: np.float32(1) / np.float32(x)
+)
+# 1 / x per element in one MUFU.RCP, for sigmoid's 1 + exp(-x) >= 1: only its results below
+# 2**-126 (1 + exp(-x) above 2**126, x < -87.3) are flushed to 0
+rcp_approx_ftz = _make_approx(
+    "rcp_approx_ftz",
+    "rcp.approx.ftz.f32",
+    1.0,
+    lambda x: _flush(np.float32(1) / _flush(x)),
 )
 
 

@@ -218,8 +218,8 @@ APPROX: dict[Op, Callable[[_Operands], str]] = {
     Op.EXP: lambda o: f"exp_approx({o(0)})",
     Op.RSQRT: lambda o: f"rsqrt_approx({o(0)})",
     Op.TRUEDIV: lambda o: f"({o(0)} * rcp_approx({o(1)}))",
-    Op.SIGMOID: lambda o: f"rcp_approx({o.const(1.0)} + exp_approx(-{o(0)}))",
-    Op.SILU: lambda o: f"({o(0)} * rcp_approx({o.const(1.0)} + exp_approx(-{o(0)})))",
+    Op.SIGMOID: lambda o: f"rcp_approx_ftz({o.const(1.0)} + exp_approx(-{o(0)}))",
+    Op.SILU: lambda o: f"({o(0)} * rcp_approx_ftz({o.const(1.0)} + exp_approx(-{o(0)})))",
 }
 
 

@@ -28,7 +28,7 @@ from .lower import (
     second_accumulator,
     store_cast,
 )
-from .schedule import COLUMN_BLOCK, WARP, Online, pass_leaves
+from .schedule import BLOCK, COLUMN_BLOCK, WARP, Online, pass_leaves
 from .templates import KernelWriter
 
 
@@ -131,6 +131,8 @@ class ReductionWriter(KernelWriter):
             elif key in self.sched.broadcast:
                 red_at = f"({self.index(False, True)},)"
                 s(f"{', '.join(parts)} = load16_shared(bcast_{name}, {red_at})")
+            elif key in self.sched.invariant:  # a 1-D row
+                s(f"{', '.join(parts)} = load16({name}, ({self.index(False, True)},))")
             else:
                 s(f"{', '.join(parts)} = load16({name}, {at})")
                 if key in first:
@@ -191,7 +193,7 @@ class ReductionWriter(KernelWriter):
         self.stage_broadcast()  # before any thread may leave: every thread takes part
         s(f"row = {ix('cuda.blockIdx.x * groups + group')}")
         if self.v.chunks:
-            # one row per warp, no loop over rows: the warp's shuffles then sit in straight
+            # one row per warp (or block), no loop over rows: the shuffles then sit in straight
             # code, and ptxas emits no divergent fallback copy of the row's code
             s("if row >= nkept:")
             s("    return")
@@ -217,15 +219,17 @@ class ReductionWriter(KernelWriter):
             s(f"row = {ix('row + cuda.gridDim.x * groups')}")
 
     def write_register_row(self) -> None:
-        """A warp's row in registers: each lane loads its ``chunks`` accesses of ``vector``
-        elements once, every pass is unrolled over them, and a value two passes need (softmax's
-        ``exp``) is computed once. Below the bucket's length, an access past the row loads
-        nothing (its elements are zeros) and is left out of folds and stores."""
+        """A row in the registers of the warp (or block) that owns it: each thread loads its
+        ``chunks`` accesses of ``vector`` elements once, every pass is unrolled over them, and
+        a value two passes need (softmax's ``exp``) is computed once. Below the bucket's length,
+        an access past the row loads nothing (its elements are zeros) and is left out of folds
+        and stores."""
         s = self.src
         width, chunks, exact = self.v.vector, self.v.chunks, self.v.exact
+        lanes = WARP if self.v.mode == "warp" else BLOCK
         kept = [f"k{i}" for i in range(self.v.kept_rank)]
         for c in range(chunks):
-            s(f"jc{c} = {self.ix(f'({c * WARP} + lane) * {width}')}")
+            s(f"jc{c} = {self.ix(f'({c * lanes} + lane) * {width}')}")
             if not exact:
                 s(f"ok{c} = jc{c} < nred")
         envs = [dict() for _ in range(chunks * width)]
@@ -243,7 +247,8 @@ class ReductionWriter(KernelWriter):
                     leaf = next(n for n in self.leaves if n.key == key)
                     name = self.names[key]
                     parts = [self.fresh(f"{name}_") for _ in range(width)]
-                    load = f"load16({name}, ({at},))" if width > 1 else f"{name}[{at}]"
+                    where = f"jc{c}" if key in self.sched.invariant else at  # a 1-D row
+                    load = f"load16({name}, ({where},))" if width > 1 else f"{name}[{where}]"
                     if key in self.sched.broadcast:  # the block's shared copy
                         shared = f"bcast_{name}"
                         load = (
@@ -279,7 +284,10 @@ class ReductionWriter(KernelWriter):
                     s(line)
             loaded |= pass_leaves(p.targets)
             for r, a, ai in accs:
-                for line in self.warp_allreduce(r, a, ai):
+                lines = self.warp_allreduce(r, a, ai)
+                if self.v.mode == "block":
+                    lines += self.block_combine(r, a, ai)
+                for line in lines:
                     s(line)
                 row_env[r.key] = self.fresh("r")
                 s(f"{row_env[r.key]} = {final_value(r, a, ai)}")

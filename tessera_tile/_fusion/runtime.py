@@ -184,6 +184,13 @@ class Layout:
     def sizes(self) -> list[int]:
         return [*self.kept_sizes, *self.red_sizes]
 
+    def as_rows(self, positions: tuple) -> None:
+        """The leaves at ``positions`` (row-invariant: stride 0 over the kept axes, one reduced
+        axis) become 1-D views of their one row."""
+        for i in positions:
+            shape, strides, *rest = self.views[i]
+            self.views[i] = (shape[-1:], strides[-1:], *rest)
+
 
 # --------------------------------------------------------------------------------------------
 # binding stages to one call's arrays
@@ -229,6 +236,7 @@ def bind(
     outs = [records[dest] for _, dest in stage.outputs]
     layout = Layout(stage, stage_index_shape(stage, shapes), leaves, outs)
     variant = schedule.choose_variant(stage, layout, math)
+    layout.as_rows(variant.invariant)
     generated = cache.kernel(stage, variant)
     blocks, threads = schedule.launch_config(variant, layout.n_kept, layout.n_red)
     return Bound(stage, layout, variant, generated, blocks, threads)

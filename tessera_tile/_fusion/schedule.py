@@ -35,9 +35,10 @@ WARP_ROW_MAX = 1024  # rows up to this long get a warp each, longer rows a block
 ROW_REGISTERS = 32  # 4-byte registers per lane that may hold a row's leaves (as Triton's BLOCK)
 CACHE_BYTES = 32768  # shared memory that keeps a row on chip between passes
 VECTOR_BYTES = 16
-# Shared memory for the row-invariant leaves a row kernel's block reads once (a (C,) weight
-# against (N, C) rows): with CACHE_BYTES and the scratch, a block stays under the 48 KiB of
-# static shared memory.
+# Shared memory for the row-invariant leaves (a (C,) weight against (N, C) rows) that a
+# warp-mode block stages once for its rows: with CACHE_BYTES and the scratch, a block stays
+# under the 48 KiB of static shared memory. Rows of up to 1,024 elements (warp mode) have at
+# most 8 KiB of float32 weight and bias.
 BROADCAST_BYTES = 8192
 # Grid caps. On a GPU: enough blocks to fill the largest parts several times over. In the
 # simulator every block runs in turn, so a few blocks (grid-stride loops do the rest).
@@ -63,6 +64,8 @@ class Variant:
     broadcast: tuple = ()  # row: positions in stage.leaves of the row-invariant leaves the
     # block stages into shared memory once, before its rows, and every row reads from there
     broadcast_length: int = 0  # elements each of their shared arrays holds (>= n_red)
+    invariant: tuple = ()  # row: positions of the leaves that are the same row for every row
+    # (a norm's weight): passed as 1-D arrays of the row, indexed by the row position alone
 
 
 # --------------------------------------------------------------------------------------------
@@ -259,47 +262,58 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
         vector = _vector_width(layout.views, kept_rank, True)
         if layout.n_red % vector:
             vector = 1
-    chunks = register_chunks(stage, layout.n_red, vector) if mode == "warp" and red_rank == 1 else 0
+    lanes = WARP if mode == "warp" else BLOCK  # threads sharing a row
+    chunks = register_chunks(stage, layout.n_red, vector, lanes) if red_rank == 1 else 0
     # the register row's bucket, else the row length rounded up to a power of two
-    length = WARP * chunks * vector if chunks else 1 << max(layout.n_red - 1, 31).bit_length()
-    staged = broadcast_leaves(stage, layout, length)
-    if not staged:
-        length = 0
-    shared = dict(broadcast=staged, broadcast_length=length, math=math)
+    length = lanes * chunks * vector if chunks else 1 << max(layout.n_red - 1, 31).bit_length()
+    # A warp-mode block holds several rows and stages their shared weights once; a block-mode
+    # block holds one row (see launch_config), so it reads them once without staging.
+    invariant = row_invariant_leaves(stage, layout)
+    staged = broadcast_leaves(stage, invariant, length) if mode == "warp" else ()
+    shared = dict(
+        broadcast=staged, broadcast_length=length if staged else 0, invariant=invariant, math=math
+    )
     if chunks:  # the row lives in registers: no shared cache, no loops over it
-        exact = layout.n_red == WARP * chunks * vector
+        exact = layout.n_red == length
         return Variant(
             kind, kept_rank, red_rank, mode, False, vector, bits, chunks, exact, **shared
         )
     return Variant(kind, kept_rank, red_rank, mode, cache, vector, bits, **shared)
 
 
-def broadcast_leaves(stage: Stage, layout, length: int) -> tuple:
-    """Positions (in ``stage.leaves``) of the leaves a row kernel's block reads once: views
-    whose strides over every kept axis are 0 (the same row for every row), over one reduced
-    axis, when all of them fit ``BROADCAST_BYTES`` at ``length`` elements each."""
+def row_invariant_leaves(stage: Stage, layout) -> tuple:
+    """Positions (in ``stage.leaves``) of the leaves that are one row for every row: views
+    whose strides over every kept axis are 0, over one reduced axis. The kernel takes them as
+    1-D arrays, so their addresses need no row term and, when contiguous, no stride multiply."""
     if layout.red_rank != 1 or layout.kept_rank < 1 or layout.n_red == 0:
         return ()
     leaves = layout.views[: len(stage.leaves)]
-    picked = tuple(
+    return tuple(
         i
         for i, (_, strides, dtype, *_) in enumerate(leaves)
         if all(st == 0 for st in strides[: layout.kept_rank]) and dtype.kind in "fiu"
     )
-    size = sum(stage.leaves[i].dtype.itemsize for i in picked) * length
-    return picked if picked and size <= BROADCAST_BYTES else ()
 
 
-def register_chunks(stage: Stage, n_red: int, vector: int) -> int:
-    """Accesses per lane when a warp's row fits in registers (rows bucketed to a power of two
-    of accesses per lane, bounds-guarded below it), else 0. Only rows read by several passes
-    gain from it; a one-pass row streams."""
+def broadcast_leaves(stage: Stage, invariant: tuple, length: int) -> tuple:
+    """The row-invariant leaves a warp-mode block stages in shared memory once, when all of
+    them fit ``BROADCAST_BYTES`` at ``length`` elements each."""
+    size = sum(stage.leaves[i].dtype.itemsize for i in invariant) * length
+    return invariant if invariant and size <= BROADCAST_BYTES else ()
+
+
+def register_chunks(stage: Stage, n_red: int, vector: int, lanes: int) -> int:
+    """Accesses per thread when a row shared by ``lanes`` threads (a warp, or a block for
+    rows over 1,024) fits in their registers (rows bucketed to a power of two of accesses per
+    thread, bounds-guarded below it), else 0. Only rows read by several passes gain from it; a
+    one-pass row streams. What stays resident is the leaves several passes read; a leaf one
+    pass reads (a norm's weight) is loaded where it is used."""
     leaves = multi_pass_leaves(stage)
     if not leaves or n_red == 0:
         return 0
-    need = -(-n_red // (WARP * vector))
+    need = -(-n_red // (lanes * vector))
     chunks = 1 << (need - 1).bit_length()
-    words = sum(max(4, n.dtype.itemsize) // 4 for n in stage.leaves)
+    words = sum(max(4, n.dtype.itemsize) // 4 for n in leaves)
     return chunks if chunks * vector * words <= ROW_REGISTERS else 0
 
 
@@ -310,8 +324,11 @@ def launch_config(variant: Variant, n_kept: int, n_red: int):
         n = -(-n_kept // variant.vector)
         return max(1, min(-(-n // BLOCK), MAX_BLOCKS)), BLOCK
     if kind == "row":
-        rows_per_block = BLOCK // WARP if variant.mode == "warp" else 1
-        blocks = -(-n_kept // rows_per_block)
+        if variant.mode == "block":
+            # a block per row, as hand-written kernels do for long rows: every block reads
+            # the row-invariant leaves (the norms' weights) once, however many rows there are
+            return max(1, n_kept), BLOCK
+        blocks = -(-n_kept // (BLOCK // WARP))
         if variant.chunks:  # a warp per row, no loop over rows
             return max(1, blocks), BLOCK
         return max(1, min(blocks, MAX_BLOCKS)), BLOCK
@@ -335,6 +352,7 @@ class Schedule:
     cache_length: int  # row elements each cache holds (per row of the block)
     resident: frozenset  # leaf keys a register row holds (read once)
     broadcast: frozenset  # leaf keys staged in shared memory once per block
+    invariant: frozenset  # leaf keys passed as 1-D rows (row-invariant)
     approx: frozenset  # keys of nodes written with hardware approximations
     approx_reciprocal: bool  # per-row float32 reciprocals with rcp.approx
     rows_per_block: int
@@ -369,6 +387,7 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
         cache_length(stage, rows) if cached else 0,
         frozenset(n.key for n in stage.leaves) if variant.chunks else frozenset(),
         broadcast,
+        frozenset(stage.leaves[i].key for i in variant.invariant),
         approximated(stage) if variant.math == "fast" else frozenset(),
         variant.math == "fast",
         rows,

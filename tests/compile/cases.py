@@ -126,6 +126,27 @@ CASES = [
         opcodes={"SHFL": 10, "LDG.E.128": 1},
     ),
     Case(
+        "tessera_tile.kernels.layer_norm_long",
+        "layer_norm_long_f16",
+        "void(float16[:, :], float16[::1], float16[::1], float16[:, ::1], float64)",
+        budget={"sm_80": 44, "sm_90": 36},
+        opcodes={"SHFL": 10, "MUFU.RSQ": 1, "LDG.E.128": 3, "STG.E.128": 1},
+    ),
+    Case(
+        "tessera_tile.kernels.layer_norm_long",
+        "layer_norm_long_f32",
+        "void(float32[:, :], float32[::1], float32[::1], float32[:, ::1], float64)",
+        budget={"sm_80": 52, "sm_90": 52},
+        opcodes={"SHFL": 10, "MUFU.RSQ": 1, "LDG.E.128": 3, "STG.E.128": 1},
+    ),
+    Case(
+        "tessera_tile.kernels.layer_norm_long",
+        "layer_norm_long_f64",
+        "void(float64[:, :], float64[::1], float64[::1], float64[:, ::1], float64)",
+        budget={"sm_80": 50, "sm_90": 48},
+        opcodes={"SHFL": 10, "LDG.E.128": 3, "STG.E.128": 1},
+    ),
+    Case(
         "tessera_tile.kernels.transpose",
         "transpose_f32",
         "void(float32[:, ::1], float32[:, ::1])",

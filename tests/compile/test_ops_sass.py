@@ -16,11 +16,14 @@ def calls(dtype):
     x1k = np.zeros((ROWS, 1024), dtype)
     x4k = np.zeros((ROWS, 4096), dtype)
     w = np.zeros(4096, dtype)
+    long = np.zeros((ROWS, 16448), dtype)  # past the on-chip row of float32 and float16
+    w_long = np.zeros(16448, dtype)
     t = np.zeros(ROWS, np.int64)
     return {
         "softmax": (ops.softmax, (x1k,), {}),
         "log_softmax": (ops.log_softmax, (x1k,), {}),
         "layer_norm": (ops.layer_norm, (x4k, w, w), {}),
+        "layer_norm_long": (ops.layer_norm, (long, w_long, w_long), {}),
         "rms_norm": (ops.rms_norm, (x4k, w), {}),
         "cross_entropy": (ops.cross_entropy, (x1k, t), {"reduction": "none"}),
         "sum": (ops.sum, (x1k,), {"axis": -1}),
@@ -29,7 +32,7 @@ def calls(dtype):
     }
 
 
-ROW_OPS = ("softmax", "log_softmax", "layer_norm", "rms_norm", "sum")
+ROW_OPS = ("softmax", "log_softmax", "layer_norm", "layer_norm_long", "rms_norm", "sum")
 
 
 def register_budget(name: str, dtype) -> int:
@@ -60,12 +63,15 @@ def test_op_kernels_compile_clean(name, dtype, arch, record_property):
     first = reports[0]
     if name in ROW_OPS or name.startswith("cross_entropy"):
         assert first.count("SHFL") >= 5, first  # warp reductions by shuffles
-    if name in ("layer_norm", "rms_norm") and dtype != np.float64:
+    if name in ("layer_norm", "layer_norm_long", "rms_norm") and dtype != np.float64:
         assert first.count("MUFU.RSQ") >= 1, first  # rsqrt, not sqrt and a divide
     if dtype == np.float32 and name in ROW_OPS + ("transpose",):
         assert first.count("LDG.E.128") >= 1, first
     if name == "cross_entropy":  # float16 too: 8 halves per load
         assert first.count("LDG.E.128") >= 1, first
+    if name == "layer_norm_long":  # Welford: one reciprocal per chunk, no IEEE divide
+        assert first.count("LDG.E.128") >= 1 and first.count("STG.E.128") >= 1, first
+        assert first.count("CALL") == 0, first
     if dtype == np.float32 and name in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
         assert first.count("STG.E.128") >= 1, first
 

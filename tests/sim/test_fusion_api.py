@@ -245,6 +245,18 @@ def test_tt_functions_take_scalars_as_numpy_functions_do():
     np.testing.assert_allclose(got32, ref32, rtol=1e-6)
 
 
+def test_fast_sigmoid_flushes_subnormal_results_as_the_hardware_does():
+    # ex2.approx.ftz and rcp.approx.ftz flush results below 2**-126 to 0 on the GPU; the
+    # simulator's twins do the same, and math="ieee" keeps NumPy's subnormal result
+    x = np.array([-88.0, -87.0, 0.0, 88.0], np.float32)
+    fast, ieee = tt.fuse(tt.sigmoid), tt.fuse(math="ieee")(tt.sigmoid)
+    got, exact = fast(x), ieee(x)
+    ref = 1 / (1 + np.exp(-x.astype(np.float64)))
+    assert got[0] == 0 and 0 < exact[0] < 2.0**-126  # 6.05e-39, subnormal
+    np.testing.assert_allclose(got[1:], ref[1:], rtol=2e-5)
+    np.testing.assert_allclose(exact, ref, rtol=2e-5)
+
+
 def test_math_option_selects_ieee_or_fast_kernels():
     def softmax(x):
         e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))

@@ -122,18 +122,20 @@ def test_8192_float32_per_row_stay_on_chip(side):
     assert "kept on chip" in ex.stages[0] and traffic == 2 * x.nbytes
 
 
-# (ops, rows, row length, dtype, blocks): the launch's blocks as the schedule sizes them in the
-# simulator (MAX_BLOCKS 8): a warp per row, 8 rows a block, the grid capped at 8 blocks except for
-# rows kept in registers (one warp per row, no row loop); a block per row above 1,024 elements.
+# (ops, rows, row length, dtype, blocks): the launch's blocks as the schedule sizes them: a warp
+# per row, 8 rows a block, up to 1,024 elements (the norms' rows are then in registers: no row
+# loop, no grid cap; the weights staged once per block); a block per row above, however many
+# rows (so a block reads the weights once without staging them).
 NORM_CASES = [
-    ("layer_norm rms_norm", 32, 512, np.float32, 4),  # warp rows (shared row cache), 16-byte
+    ("layer_norm rms_norm", 32, 512, np.float32, 4),  # 16-byte accesses
     ("layer_norm rms_norm", 32, 512, np.float16, 4),
     ("layer_norm rms_norm", 40, 513, np.float32, 5),  # one element per access
-    ("layer_norm rms_norm", 100, 513, np.float32, 8),  # warps loop over 2 rows (grid stride)
+    ("layer_norm rms_norm", 50, 513, np.float32, 7),  # accesses past the row guarded
     ("layer_norm rms_norm", 100, 64, np.float32, 13),  # rows in registers, last block part full
     ("layer_norm rms_norm", 70, 33, np.float64, 9),
     ("layer_norm rms_norm", 90, 40, np.float32, 12),
-    ("rms_norm", 12, 1536, np.float32, 8),  # a block per row, 12 rows on 8 blocks
+    ("rms_norm", 12, 1536, np.float32, 12),  # a block per row, more rows than MAX_BLOCKS
+    ("layer_norm", 10, 2048, np.float32, 10),  # 16 KiB of weights: past the staging budget
 ]
 
 
@@ -144,8 +146,8 @@ def row_scale(x, w):
 
 @pytest.mark.parametrize("names, rows, n, dtype, blocks", NORM_CASES)
 def test_norm_weights_are_read_once_per_block(names, rows, n, dtype, blocks, side):
-    """The weight and bias rows are staged in shared memory once per block: x read once, y
-    written once, each weight ``blocks`` times (not once per row)."""
+    """The weight and bias rows are read once per block (staged in shared memory for the rows
+    of a warp-mode block): x read once, y written once, each weight ``blocks`` times."""
     from tessera_tile import ops
 
     x = (rng.standard_normal((rows, n)) * 3).astype(dtype)
@@ -373,10 +375,12 @@ def test_float16_is_rounded_only_where_stored():
 
 
 def test_layer_norm_row_cache_has_no_bank_conflicts():
-    x = rng.standard_normal((2, 4096)).astype(np.float32)
+    # float16 rows past the register bucket (8,192) go through the shared row cache
+    x = rng.standard_normal((2, 12288)).astype(np.float16)
     with sim.profile() as prof:
         got = layer_norm_var(x)
-    ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(got, ref, rtol=2e-3, atol=4e-3)
     assert "cache=True" in layer_norm_var.explain(x).source
     assert prof.bank_conflicts == 0

@@ -220,3 +220,69 @@ def test_explain_and_signature():
         ex = op.explain(x)
         assert ex.kernels == 1 and ex.bytes_fused == 2 * x.nbytes < ex.bytes_unfused
         assert "@cuda.jit" in ex.source or "cuda.jit" in ex.source
+
+
+def test_each_argument_is_read_once(monkeypatch, side):
+    """ops hands its records to the fused call: no argument of the user is read twice."""
+    from tessera_tile import _arrays
+
+    reads = []
+    real_read = _arrays.read
+
+    def counting_read(value, name, **kw):
+        reads.append(id(value))
+        return real_read(value, name, **kw)
+
+    monkeypatch.setattr(_arrays, "read", counting_read)
+    args = on(side, *(np.ones(s, np.float32) for s in ((4, 8), (8,), (8,))))
+    ops.layer_norm(*args)
+    assert [reads.count(id(a)) for a in args] == [1, 1, 1]
+
+
+# Rows past 32 KiB (8,192 float32, 16,384 float16, 4,096 float64): the hand-written Welford
+# kernel, x read twice. (shape, dtype, weight, bias)
+LONG_ROWS = [
+    ((3, 8193), np.float32, True, True),  # rows after the first not 16-byte aligned
+    ((2, 8200), np.float32, True, False),
+    ((2, 2, 4097), np.float64, False, True),  # leading axes merged into rows
+    ((1, 16392), np.float16, True, True),
+]
+
+
+@pytest.mark.parametrize("shape, dtype, with_w, with_b", LONG_ROWS)
+def test_layer_norm_of_long_rows_reads_x_twice(shape, dtype, with_w, with_b, side):
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(shape) * 3 + 2).astype(dtype)
+    w = rng.standard_normal(shape[-1]).astype(dtype) if with_w else None
+    b = rng.standard_normal(shape[-1]).astype(dtype) if with_b else None
+    named = {n: p for n, p in (("weight", w), ("bias", b)) if p is not None}
+    params = list(named.values())
+    xs, *ps = on(side, x, *params)
+    kwargs = dict(zip(named, ps, strict=True))
+    ex = ops.layer_norm.explain(xs, **kwargs)
+    with sim.profile() as prof:
+        got = back(ops.layer_norm(xs, **kwargs), side)
+    np.testing.assert_allclose(got, layer_norm_ref(x, w, b), **NORM_TOL[dtype])
+    rows = x.size // shape[-1]
+    minimum = 3 * x.nbytes + rows * sum(p.nbytes for p in params)  # x twice, y once
+    assert ex.kernels == 1 and "hand-written" in ex.stages[0]
+    assert prof.bytes_read + prof.bytes_written == ex.bytes_fused == minimum
+    assert prof.bank_conflicts == 0
+
+
+def test_layer_norm_picks_the_hand_written_kernel_only_past_the_on_chip_row():
+    cases = [(8192, np.float32, "fused_row"), (8193, np.float32, "layer_norm_long"),
+             (16384, np.float16, "fused_row"), (4097, np.float64, "layer_norm_long")]  # fmt: skip
+    for n, dtype, kernel in cases:
+        x = np.zeros((2, n), dtype)
+        assert ex_kernel(ops.layer_norm.explain(x)).startswith(kernel), (n, dtype)
+    # leading axes that cannot be merged into rows: the composer's kernel, which takes any
+    # strides (it reads such rows three times), still right
+    x = np.random.default_rng(6).standard_normal((2, 3, 8200)).astype(np.float32)
+    view = x.transpose(1, 0, 2)
+    assert ex_kernel(ops.layer_norm.explain(view)).startswith("fused_row")
+    np.testing.assert_allclose(ops.layer_norm(view), layer_norm_ref(view), **NORM_TOL[np.float32])
+
+
+def ex_kernel(ex) -> str:
+    return ex.stages[0].split(":")[0]
