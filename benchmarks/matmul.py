@@ -118,15 +118,6 @@ def model() -> None:
     )
 
 
-def _executed_lds(report, loop) -> int:
-    fn = next(f for f in report.functions if f.name == loop.function)
-    return sum(
-        1
-        for i in fn.instructions
-        if i.offset in loop and i.opcode.startswith("LDS") and i.predicate != "@!PT"
-    )
-
-
 def sass() -> None:
     from tessera_tile import inspect
     from tessera_tile.kernels import epilogue
@@ -142,7 +133,7 @@ def sass() -> None:
         for cfg in CANDIDATES:
             r = inspect.compile(km.simt_matmul(cfg), sig, arch=arch, block=cfg.threads)
             loop = r.loop_with("FFMA")
-            ratio = loop.count("FFMA") / _executed_lds(r, loop)
+            ratio = loop.count("FFMA") / loop.count("LDS")
             table.add_row(
                 f"matmul {cfg.tile_m}x{cfg.tile_n}x{cfg.tile_k} w{cfg.num_warps}", arch,
                 str(r.registers), str(r.spill_stores + r.spill_loads), str(r.shared_bytes),

@@ -169,9 +169,13 @@ def parse(text: str, kernel: str, arch: str) -> tuple[Function, ...]:
     return tuple(functions)
 
 
+NEVER = "@!PT"  # the never-true guard: ptxas pads with such instructions (@!PT LDS RZ, [RZ])
+
+
 def histogram(instructions: Iterable[Instruction]) -> dict[str, int]:
-    """Opcode counts, NOPs included (``CompileReport.instructions`` leaves them out)."""
-    return dict(Counter(ins.opcode for ins in instructions))
+    """Opcode counts, NOPs included (``CompileReport.instructions`` leaves them out);
+    instructions under the never-true guard ``@!PT`` are left out: they never run."""
+    return dict(Counter(ins.opcode for ins in instructions if ins.predicate != NEVER))
 
 
 def _branch_target(ins: Instruction) -> int | None:

@@ -233,6 +233,18 @@ def test_loops_of_a_listing():
     assert sass.hottest(loops) == inner
 
 
+def test_never_true_guard_is_not_counted():
+    # ptxas pads around barriers with "@!PT LDS RZ, [RZ]": it never runs, so it is no load
+    (loop,) = loops_of(
+        "LDS.128 R4, [R2]",  # 0x00  header
+        "@!PT LDS RZ, [RZ]",  # 0x10
+        "FFMA R0, R4, R5, R0",  # 0x20
+        "@P0 BRA 0x0",  # 0x30
+        "EXIT",  # 0x40
+    )
+    assert loop.count("LDS") == 1 and loop.instructions == 3
+
+
 def test_loop_with_counts_own_bodies():
     # A GEMM-like main loop with a small copy loop nested in it: the copy loop is innermost,
     # so it is the hottest guess, but the FFMAs are in the outer loop's own body.
