@@ -61,7 +61,7 @@ class Explain:
     source: str
     bytes_fused: int
     bytes_unfused: int
-    reasons: list[str]
+    reasons: list[str]  # why the plan is what it is: a split into kernels, a fallback
     stages: list[str]
 
     def __str__(self) -> str:
@@ -72,7 +72,7 @@ class Explain:
             *(f"  kernel {i}: {s}" for i, s in enumerate(self.stages)),
         ]
         if self.reasons:
-            lines.append("why more than one kernel:")
+            lines.append("why:")
             lines += [f"  - {r}" for r in self.reasons]
         lines += ["Tile IR:", *("  " + line for line in self.ir.splitlines())]
         return "\n".join(lines)
