@@ -1,0 +1,473 @@
+"""float16 tensor-core matmul ``C = act(A @ B + bias)``: ``mma.sync.m16n8k16``, ``ldmatrix`` from
+swizzled shared tiles, a multi-stage ``cp.async`` pipeline.
+
+:func:`tensor_core_matmul` makes the kernel ``kernel(a, b, bias, c)`` of one configuration:
+
+* ``a``: float16 ``(batch, M, K)``, ``b``: float16 ``(batch, K, N)``, ``c``: float16
+  ``(batch, M, N)``, the inner dimension contiguous (``[:, :, ::1]``), any batch strides
+  (0 broadcasts one matrix over the batch);
+* ``bias``: float32 ``(N,)``, added to every row (ignored unless ``has_bias``: pass any
+  1-element float32 array);
+* launch ``grid = (ceil(N / tile_n), ceil(M / tile_m), batch)`` blocks of ``32 * num_warps``
+  threads (:func:`plan` gives both and the global bytes the launch moves).
+
+Each block computes a ``tile_m x tile_n`` tile of one batch's ``C``; its warps split it in a
+``warps_m x warps_n`` grid of warp tiles (128 x 128 with 4 warps: 2 x 2 warps of 64 x 64)::
+
+    per k-tile (tile_k = 32, 4 warps of 64 x 64):
+      cp.async.wait_group(stages - 2); __syncthreads()     1 barrier: tile k landed, and every
+      cp.async tile k + stages - 1 into the freed stage     warp is done with tile k - 1
+      for each k16 step (2):
+        A: 4 ldmatrix.x4         (a 16 x 16 fragment each)
+        B: 4 ldmatrix.x4.trans   (the fragments of two n8 tiles each)
+        32 mma.sync.m16n8k16     (4 x 8 tiles of 16 x 8, float32 accumulators in registers)
+
+    -> 64 HMMA per 16 LDSM (4.0 per shared load), no scalar shared loads.
+
+Shared tiles are row-major ``[stage, row, col]`` with 16-byte chunks XOR-swizzled within each
+128-byte line (no padding: three stages of the 128 x 128 x 32 tiles fill exactly 48 KiB, the
+static shared-memory limit). With ``chunks`` 16-byte chunks per row, chunk ``c`` of row ``r``
+lives at chunk ``c ^ ((r // max(1, 8 // chunks)) % min(chunks, 8))``: the 8 rows an ldmatrix
+phase reads (8 consecutive rows, one logical chunk) and the 8 chunks a quarter-warp of cp.async
+writes land in the 8 distinct 16-byte bank groups of a 128-byte line, so both are conflict free
+(the simulator's profiler counts 0 bank conflicts; see ``docs/tensor_cores.md``).
+
+Epilogue: ``x = acc (+ bias[col])``, ``x = activation(x)`` (a ``float32 -> float32`` device
+function), rounded to float16 once and stored two columns at a time (``store_f16x2``), masked
+at the edges. ``K = 0`` gives ``activation(0 + bias)``, NumPy's ``act(a @ b + bias)`` for an
+empty inner dimension.
+
+Edges: any M, N, K. Rows and k-columns outside A and B are zero-filled (``cp.async`` with 0
+source bytes) and C is stored only inside its bounds. The ``cp.async`` path needs 16-byte
+aligned rows (:func:`aligned_rows`: K and N multiples of 8, 16-byte aligned bases and batch
+strides); ``async_copy=False`` makes the fallback for any layout: synchronous, guarded loads of
+single elements (any alignment, any K and N), one 16-byte shared store per chunk, scalar C
+stores.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+from numba import boolean, cuda, float32, int32, uint32
+from numba.cuda.dispatcher import CUDADispatcher
+from numba.types import float16
+
+from .. import _arrays
+from ..memory import store16_shared
+from ..mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, store_f16x2
+from ..pipeline import (
+    SHARED_ALIGN,
+    cp_async_cg_16_zfill,
+    cp_async_commit_group,
+    cp_async_wait_group,
+)
+
+__all__ = [
+    "ANCHOR",
+    "Plan",
+    "TensorCoreConfig",
+    "aligned_rows",
+    "plan",
+    "tensor_core_matmul",
+]
+
+WARP_SIZE = 32
+CHUNK = 8  # float16 per 16-byte chunk (one cp.async, one ldmatrix row)
+MAX_STATIC_SHARED = 48 * 1024
+ZERO = float32(0.0)
+
+
+class TensorCoreConfig(NamedTuple):
+    """One kernel configuration (block tile, warps, stages, epilogue, load path)."""
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+    has_bias: bool = False
+    async_copy: bool = True
+
+    @property
+    def warps_m(self) -> int:
+        return 2 if self.num_warps >= 2 and self.tile_m // 2 >= 16 else 1
+
+    @property
+    def warps_n(self) -> int:
+        return self.num_warps // self.warps_m
+
+    @property
+    def threads(self) -> int:
+        return WARP_SIZE * self.num_warps
+
+    @property
+    def shared_bytes(self) -> int:
+        return 2 * self.num_stages * (self.tile_m * self.tile_k + self.tile_k * self.tile_n)
+
+
+ANCHOR = TensorCoreConfig()  # 128 x 128 x 32, 4 warps of 64 x 64, 3 stages
+
+
+def _check(cfg: TensorCoreConfig, activation) -> None:
+    for name in ("tile_m", "tile_n", "tile_k", "num_warps", "num_stages"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if cfg.num_warps not in (1, 2, 4, 8):
+        raise ValueError(f"num_warps must be 1, 2, 4 or 8, got {cfg.num_warps}")
+    if cfg.num_stages not in (2, 3, 4):
+        raise ValueError(f"num_stages must be 2, 3 or 4, got {cfg.num_stages}")
+    if cfg.tile_k not in (16, 32, 64):
+        raise ValueError(f"tile_k must be 16, 32 or 64, got {cfg.tile_k}")
+    wm, wn = cfg.tile_m // cfg.warps_m, cfg.tile_n // cfg.warps_n
+    if cfg.tile_m % cfg.warps_m or wm % 16:
+        raise ValueError(
+            f"tile_m {cfg.tile_m} must split into {cfg.warps_m} warp rows of a multiple of 16"
+        )
+    if cfg.tile_n % cfg.warps_n or wn % 16:
+        raise ValueError(
+            f"tile_n {cfg.tile_n} must split into {cfg.warps_n} warp columns of a multiple of 16"
+        )
+    chunks_n = cfg.tile_n // CHUNK
+    if chunks_n & (chunks_n - 1):
+        raise ValueError(f"tile_n must be 8 times a power of two (swizzle), got {cfg.tile_n}")
+    if cfg.shared_bytes > MAX_STATIC_SHARED:
+        raise ValueError(
+            f"{cfg.num_stages} stages of {cfg.tile_m}x{cfg.tile_k} + {cfg.tile_k}x{cfg.tile_n} "
+            f"float16 tiles need {cfg.shared_bytes} B of shared memory, over the "
+            f"{MAX_STATIC_SHARED} B static limit"
+        )
+    if activation is not None and not (
+        isinstance(activation, CUDADispatcher) and activation.targetoptions.get("device")
+    ):
+        raise TypeError(
+            "activation must be a numba CUDA device function (cuda.jit(device=True)) taking "
+            f"and returning float32, or None; got {activation!r}"
+        )
+
+
+def tensor_core_matmul(
+    tile_m: int = 128,
+    tile_n: int = 128,
+    tile_k: int = 32,
+    num_warps: int = 4,
+    num_stages: int = 3,
+    activation=None,
+    has_bias: bool = False,
+    *,
+    async_copy: bool = True,
+):
+    """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` in
+    float16 with float32 accumulation on the tensor cores (memoised per configuration).
+
+    ``async_copy=True`` (default): ``cp.async`` pipeline of ``num_stages`` stages, which needs
+    :func:`aligned_rows`; ``False``: synchronous guarded loads, any layout. See the module doc
+    for the launch and the layouts; :func:`plan` gives grid, block and global bytes.
+    """
+    cfg = TensorCoreConfig(
+        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(async_copy)
+    )
+    _check(cfg, activation)
+    return _build(cfg, activation)
+
+
+class Plan(NamedTuple):
+    """Launch configuration and global bytes of one launch (what the profiler measures)."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    bytes_a: int  # A is read once per column of output tiles
+    bytes_b: int  # B once per row of output tiles
+    bytes_bias: int  # each thread reads its columns' bias once (8 x warps_m per block column)
+    bytes_c: int  # C written once
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_a + self.bytes_b + self.bytes_bias + self.bytes_c
+
+
+def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = ANCHOR) -> Plan:
+    """Grid, block and the global bytes a launch reads and writes for ``(batch, m, n, k)``.
+
+    A grid with a zero extent means nothing to launch (batch, M or N is 0).
+    """
+    for name, v in (("batch", batch), ("m", m), ("n", n), ("k", k)):
+        if v < 0:
+            raise ValueError(f"{name} must be >= 0, got {v}")
+    tiles_m = -(-m // config.tile_m)
+    tiles_n = -(-n // config.tile_n)
+    bias = 4 * batch * tiles_m * n * 8 * config.warps_m if config.has_bias else 0
+    return Plan(
+        grid=(tiles_n, tiles_m, batch),
+        block=(config.threads, 1, 1),
+        bytes_a=2 * batch * m * k * tiles_n,
+        bytes_b=2 * batch * k * n * tiles_m,
+        bytes_bias=bias,
+        bytes_c=2 * batch * m * n,
+    )
+
+
+def aligned_rows(a, b, c) -> bool:
+    """Whether the ``cp.async`` kernel (``async_copy=True``) can take these arrays: every row
+    of A, B and C starts on 16 bytes (K and N multiples of 8, 16-byte aligned base addresses,
+    row and batch strides multiples of 16 bytes). Otherwise use ``async_copy=False``."""
+    for name, x in (("a", a), ("b", b), ("c", c)):
+        arg = x if isinstance(x, _arrays.Arg) else _arrays.read(x, name, scalars=False)
+        if len(arg.shape) != 3:
+            raise ValueError(f"{name} must be 3-d (batch, rows, cols), got shape {arg.shape}")
+        if arg.shape[2] % CHUNK or arg.address % 16 or any(s % 16 for s in arg.strides[:2]):
+            return False
+    return True
+
+
+def _swizzle(chunks: int):
+    """(rows per 128-byte line, XOR period) of a row of ``chunks`` 16-byte chunks."""
+    return max(1, 8 // chunks), min(chunks, 8)
+
+
+@cuda.jit(device=True)
+def _identity(x):
+    return x
+
+
+@functools.cache
+def _build(cfg: TensorCoreConfig, activation):
+    tile_m, tile_n, tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
+    stages, threads = cfg.num_stages, cfg.threads
+    warps_n = cfg.warps_n
+    wm_tile, wn_tile = tile_m // cfg.warps_m, tile_n // warps_n
+    mt, nt = wm_tile // 16, wn_tile // 8  # mma tiles per warp
+    nt2 = nt // 2  # ldmatrix.x4.trans per k16 step: the B fragments of two n8 tiles each
+    ksteps = tile_k // 16
+    ahead = stages - 1
+    lag = stages - 2
+    has_bias, async_copy = cfg.has_bias, cfg.async_copy
+    act = _identity if activation is None else activation
+    # Flat shared rings: stage s of A is sa[s * a_stage:], row-major tile_m x tile_k (swizzled).
+    a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
+    a_ring, b_ring = stages * a_stage, stages * b_stage  # shared shapes must be constants
+    ck_a, ck_b = tile_k // CHUNK, tile_n // CHUNK  # chunks per shared row
+    rpl_a, per_a = _swizzle(ck_a)
+    rpl_b, per_b = _swizzle(ck_b)
+    # Copies: thread tid takes chunk column tid % ck of rows tid // ck + pass * rows_per_pass.
+    rpp_a, rpp_b = threads // ck_a, threads // ck_b
+    passes_a, passes_b = -(-tile_m // rpp_a), -(-tile_k // rpp_b)
+    exact_a, exact_b = tile_m % rpp_a == 0, tile_k % rpp_b == 0
+
+    @cuda.jit(device=True)
+    def chunk_a(r, c):
+        """Physical chunk of logical chunk ``c`` of A-tile row ``r``."""
+        return c ^ ((r // rpl_a) % per_a)
+
+    @cuda.jit(device=True)
+    def chunk_b(r, c):
+        return c ^ ((r // rpl_b) % per_b)
+
+    @cuda.jit(device=True)
+    def copy_chunk(dst, offset, src, bz, gr, gk, ok):
+        """Chunk ``src[bz, gr, gk:gk + 8]`` -> ``dst[offset:offset + 8]``; zeros unless ``ok``
+        (async) / outside ``src`` (sync)."""
+        if async_copy:
+            # Rows are 16-byte aligned here (aligned_rows): a chunk is all in or all out, and
+            # a copy of 0 source bytes reads nothing, so its address may lie outside src.
+            cp_async_cg_16_zfill(dst, offset, src, (bz, gr, gk), 16 if ok else 0)
+        else:
+            rows = src.shape[1]
+            cols = src.shape[2]
+            ok = gr < rows
+            x0 = src[bz, gr, gk] if ok and gk < cols else float16(0)
+            x1 = src[bz, gr, gk + 1] if ok and gk + 1 < cols else float16(0)
+            x2 = src[bz, gr, gk + 2] if ok and gk + 2 < cols else float16(0)
+            x3 = src[bz, gr, gk + 3] if ok and gk + 3 < cols else float16(0)
+            x4 = src[bz, gr, gk + 4] if ok and gk + 4 < cols else float16(0)
+            x5 = src[bz, gr, gk + 5] if ok and gk + 5 < cols else float16(0)
+            x6 = src[bz, gr, gk + 6] if ok and gk + 6 < cols else float16(0)
+            x7 = src[bz, gr, gk + 7] if ok and gk + 7 < cols else float16(0)
+            store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
+
+    @cuda.jit(device=True, inline="always")
+    def load_tile(sa, sb, a, b, bz, m0, n0, kt, stage, a_dst, a_ok, b_dst, a_r, a_c, b_r, b_c):
+        """This thread's chunks of k-tile ``kt`` of the A and B panels into ``stage``."""
+        k0 = kt * tile_k
+        k = a.shape[2]
+        ka = k0 + a_c * CHUNK
+        a_in = ka < k
+        for i in range(passes_a):
+            if exact_a or a_r + i * rpp_a < tile_m:
+                copy_chunk(
+                    sa, stage * a_stage + a_dst[i], a, bz, m0 + a_r + i * rpp_a, ka,
+                    a_ok[i] and a_in,
+                )  # fmt: skip
+        n_in = n0 + b_c * CHUNK < b.shape[2]
+        for i in range(passes_b):
+            if exact_b or b_r + i * rpp_b < tile_k:
+                kb = k0 + b_r + i * rpp_b
+                copy_chunk(
+                    sb, stage * b_stage + b_dst[i], b, bz, kb, n0 + b_c * CHUNK,
+                    n_in and kb < k,
+                )  # fmt: skip
+
+    @cuda.jit(device=True)
+    def commit():
+        if async_copy:
+            cp_async_commit_group()
+
+    @cuda.jit(device=True)
+    def wait_tile():
+        if async_copy:
+            cp_async_wait_group(lag)
+        cuda.syncthreads()
+
+    @cuda.jit(device=True, inline="always")
+    def k_step(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
+        """One k16 step of the warp tile: A and B fragments by ldmatrix, then mt x nt mma."""
+        for i in range(mt):
+            f = ldmatrix_x4(sa, a_base + a_off[ks] + 16 * tile_k * i)
+            for q in range(4):
+                fa[i, q] = f[q]
+        for j in range(nt2):
+            f = ldmatrix_x4_trans(sb, b_base + b_off[j] + 16 * tile_n * ks)
+            fb[2 * j, 0] = f[0]
+            fb[2 * j, 1] = f[1]
+            fb[2 * j + 1, 0] = f[2]
+            fb[2 * j + 1, 1] = f[3]
+        for i in range(mt):
+            for j in range(nt):
+                d = mma_m16n8k16(
+                    (fa[i, 0], fa[i, 1], fa[i, 2], fa[i, 3]),
+                    (fb[j, 0], fb[j, 1]),
+                    (acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3]),
+                )
+                for q in range(4):
+                    acc[i, j, q] = d[q]
+
+    def kernel(a, b, bias, c):
+        sa = cuda.shared.array(a_ring, float16, alignment=SHARED_ALIGN)
+        sb = cuda.shared.array(b_ring, float16, alignment=SHARED_ALIGN)
+        # Local arrays indexed only by constants (loops over constants, unrolled): registers.
+        acc = cuda.local.array((mt, nt, 4), float32)
+        fa = cuda.local.array((mt, 4), uint32)
+        fb = cuda.local.array((nt, 2), uint32)
+        a_off = cuda.local.array(ksteps, int32)
+        b_off = cuda.local.array(nt2, int32)
+        a_dst = cuda.local.array(passes_a, int32)
+        b_dst = cuda.local.array(passes_b, int32)
+        a_ok = cuda.local.array(passes_a, boolean)
+        tid = cuda.threadIdx.x
+        lane = tid % WARP_SIZE
+        warp = tid // WARP_SIZE
+        wm0 = (warp // warps_n) * wm_tile
+        wn0 = (warp % warps_n) * wn_tile
+        bz = cuda.blockIdx.z
+        m0 = cuda.blockIdx.y * tile_m
+        n0 = cuda.blockIdx.x * tile_n
+        m = c.shape[1]
+        tiles = (a.shape[2] + tile_k - 1) // tile_k
+        for i in range(mt):
+            for j in range(nt):
+                for q in range(4):
+                    acc[i, j, q] = ZERO
+
+        # This thread's copy targets (swizzled offsets inside a stage) and row guards.
+        a_r = tid // ck_a
+        a_c = tid % ck_a
+        b_r = tid // ck_b
+        b_c = tid % ck_b
+        for i in range(passes_a):
+            r = a_r + i * rpp_a
+            a_dst[i] = r * tile_k + chunk_a(r, a_c) * CHUNK
+            a_ok[i] = m0 + r < m
+        for i in range(passes_b):
+            r = b_r + i * rpp_b
+            b_dst[i] = r * tile_n + chunk_b(r, b_c) * CHUNK
+        # This lane's ldmatrix rows: A rows wm0 + lane % 16 (+ 16 i), logical chunk
+        # 2 ks + lane // 16; B k-rows lane % 8 + 8 (lane // 8 % 2) (+ 16 ks), chunk
+        # (wn0 + 16 j) / 8 + lane // 16. The swizzle repeats every 8 rows, so the i and ks
+        # terms are constants added to these offsets.
+        r = wm0 + lane % 16
+        for ks in range(ksteps):
+            a_off[ks] = r * tile_k + chunk_a(r, 2 * ks + lane // 16) * CHUNK
+        r = lane % 8 + 8 * (lane // 8 % 2)
+        for j in range(nt2):
+            b_off[j] = r * tile_n + chunk_b(r, wn0 // CHUNK + 2 * j + lane // 16) * CHUNK
+
+        for kt in range(ahead):  # prologue: tiles 0 .. stages-2 in flight, a group each
+            if kt < tiles:
+                load_tile(sa, sb, a, b, bz, m0, n0, kt, kt, a_dst, a_ok, b_dst, a_r, a_c, b_r, b_c)
+            commit()
+
+        kt = 0
+        s = 0  # stage of tile kt
+        while kt < tiles:  # a run-time bound: `while`, not range()
+            wait_tile()  # tile kt landed; every warp is done with kt - 1
+            refill = s + ahead  # the stage tile kt - 1 used
+            if refill >= stages:
+                refill -= stages
+            if kt + ahead < tiles:
+                load_tile(
+                    sa, sb, a, b, bz, m0, n0, kt + ahead, refill,
+                    a_dst, a_ok, b_dst, a_r, a_c, b_r, b_c,
+                )  # fmt: skip
+            commit()
+            # The k16 steps written out (LLVM does not unroll a loop this large): inlined at
+            # Numba IR level, so the fragments and accumulators stay constant-indexed registers.
+            a_base = s * a_stage
+            b_base = s * b_stage
+            k_step(sa, sb, a_base, b_base, 0, fa, fb, acc, a_off, b_off)
+            if ksteps > 1:
+                k_step(sa, sb, a_base, b_base, 1, fa, fb, acc, a_off, b_off)
+            if ksteps > 2:
+                k_step(sa, sb, a_base, b_base, 2, fa, fb, acc, a_off, b_off)
+            if ksteps > 3:
+                k_step(sa, sb, a_base, b_base, 3, fa, fb, acc, a_off, b_off)
+            s += 1
+            if s == stages:
+                s = 0
+            kt += 1
+
+        # Epilogue: lane (g, t) holds rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile.
+        n = c.shape[2]
+        col_base = n0 + wn0 + 2 * (lane & 3)
+        row_base = m0 + wm0 + (lane >> 2)
+        for j in range(nt):
+            col = col_base + 8 * j
+            b0 = ZERO
+            b1 = ZERO
+            if has_bias:
+                if col < n:
+                    b0 = bias[col]
+                if col + 1 < n:
+                    b1 = bias[col + 1]
+            for i in range(mt):
+                for h in range(2):
+                    row = row_base + 16 * i + 8 * h
+                    v0 = acc[i, j, 2 * h]
+                    v1 = acc[i, j, 2 * h + 1]
+                    if has_bias:
+                        v0 += b0
+                        v1 += b1
+                    v0 = act(v0)
+                    v1 = act(v1)
+                    if row < m and col < n:
+                        if async_copy:  # N % 8 == 0: the pair is inside and 4-byte aligned
+                            store_f16x2(c, (bz, row, col), v0, v1)
+                        else:
+                            c[bz, row, col] = v0
+                            if col + 1 < n:
+                                c[bz, row, col + 1] = v1
+
+    kernel.__name__ = kernel.__qualname__ = (
+        f"matmul_tc_{tile_m}x{tile_n}x{tile_k}_w{cfg.num_warps}_s{stages}"
+        f"{'_bias' if has_bias else ''}{'' if async_copy else '_sync'}"
+    )
+    return cuda.jit(kernel)
+
+
+# The configurations the compile tier builds (module-level kernels: one compile case each).
+matmul_tc_anchor = tensor_core_matmul()  # 128 x 128 x 32, 4 warps, 3 stages
+matmul_tc_8warps = tensor_core_matmul(128, 128, 32, 8, 3)
+matmul_tc_sync = tensor_core_matmul(128, 128, 32, 4, 3, async_copy=False)
+matmul_tc_small_bias = tensor_core_matmul(32, 32, 16, 1, 2, has_bias=True)
