@@ -223,9 +223,36 @@ def aligned_rows(a, b, c) -> bool:
     return True
 
 
-def _swizzle(chunks: int):
-    """(rows per 128-byte line, XOR period) of a row of ``chunks`` 16-byte chunks."""
-    return max(1, 8 // chunks), min(chunks, 8)
+class _Copies(NamedTuple):
+    """How a block's threads copy one operand's tile: thread ``t`` takes rows
+    ``t // per_row + p * row_step`` (``p < passes``) and, in each, chunks
+    ``t % per_row + per_row * i`` (``i < chunks // per_row``): one global row pointer per pass,
+    its chunks at constant offsets."""
+
+    rows: int
+    chunks: int  # 16-byte chunks per row
+    per_row: int  # threads per row
+    row_step: int
+    passes: int
+    exact: bool  # every pass is full
+    lines: int  # rows per 128-byte line (swizzle)
+    period: int  # XOR period in chunks (swizzle)
+    bits: int  # log2(period)
+
+
+def _copies(rows: int, chunks: int, threads: int) -> _Copies:
+    per_row = max(1, threads // rows)
+    if chunks % per_row:
+        raise ValueError(
+            f"a {rows}-row tile of {chunks} 16-byte chunks per row cannot be split over "
+            f"{threads} threads ({per_row} per row); use a wider tile or fewer warps"
+        )
+    step = threads // per_row
+    period = min(chunks, 8)
+    return _Copies(
+        rows, chunks, per_row, step, -(-rows // step), rows % step == 0,
+        max(1, 8 // chunks), period, period.bit_length() - 1,
+    )  # fmt: skip
 
 
 @cuda.jit(device=True)
@@ -250,21 +277,36 @@ def _build(cfg: TensorCoreConfig, activation):
     a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
     a_ring, b_ring = stages * a_stage, stages * b_stage  # shared shapes must be constants
     ck_a, ck_b = tile_k // CHUNK, tile_n // CHUNK  # chunks per shared row
-    rpl_a, per_a = _swizzle(ck_a)
-    rpl_b, per_b = _swizzle(ck_b)
-    # Copies: thread tid takes chunk column tid % ck of rows tid // ck + pass * rows_per_pass.
-    rpp_a, rpp_b = threads // ck_a, threads // ck_b
-    passes_a, passes_b = -(-tile_m // rpp_a), -(-tile_k // rpp_b)
-    exact_a, exact_b = tile_m % rpp_a == 0, tile_k % rpp_b == 0
+    cp_a, cp_b = _copies(tile_m, ck_a, threads), _copies(tile_k, ck_b, threads)
+    lines_a, period_a, shift_a = cp_a.lines, cp_a.period, 3 - cp_a.bits
+    lines_b, period_b, shift_b = cp_b.lines, cp_b.period, 3 - cp_b.bits
+    q_a, step_a, passes_a, exact_a, per_a = (
+        cp_a.per_row,
+        cp_a.row_step,
+        cp_a.passes,
+        cp_a.exact,
+        ck_a // cp_a.per_row,
+    )
+    q_b, step_b, passes_b, exact_b, per_b = (
+        cp_b.per_row,
+        cp_b.row_step,
+        cp_b.passes,
+        cp_b.exact,
+        ck_b // cp_b.per_row,
+    )
+
+    @cuda.jit(device=True)
+    def reverse3(v):
+        return ((v & 1) << 2) | (v & 2) | ((v >> 2) & 1)
 
     @cuda.jit(device=True)
     def chunk_a(r, c):
-        """Physical chunk of logical chunk ``c`` of A-tile row ``r``."""
-        return c ^ ((r // rpl_a) % per_a)
+        """Physical chunk of logical chunk ``c`` of A-tile row ``r`` (the module doc's swizzle)."""
+        return c ^ (reverse3((r // lines_a) % period_a) >> shift_a)
 
     @cuda.jit(device=True)
     def chunk_b(r, c):
-        return c ^ ((r // rpl_b) % per_b)
+        return c ^ (reverse3((r // lines_b) % period_b) >> shift_b)
 
     @cuda.jit(device=True)
     def copy_chunk(dst, offset, src, bz, gr, gk, ok):
@@ -289,26 +331,28 @@ def _build(cfg: TensorCoreConfig, activation):
             store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
 
     @cuda.jit(device=True, inline="always")
-    def load_tile(sa, sb, a, b, bz, m0, n0, kt, stage, a_dst, a_ok, b_dst, a_r, a_c, b_r, b_c):
+    def load_tile(
+        sa, sb, a, b, bz, m0, n0, kt, stage, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c
+    ):
         """This thread's chunks of k-tile ``kt`` of the A and B panels into ``stage``."""
         k0 = kt * tile_k
         k = a.shape[2]
-        ka = k0 + a_c * CHUNK
-        a_in = ka < k
-        for i in range(passes_a):
-            if exact_a or a_r + i * rpp_a < tile_m:
-                copy_chunk(
-                    sa, stage * a_stage + a_dst[i], a, bz, m0 + a_r + i * rpp_a, ka,
-                    a_ok[i] and a_in,
-                )  # fmt: skip
-        n_in = n0 + b_c * CHUNK < b.shape[2]
-        for i in range(passes_b):
-            if exact_b or b_r + i * rpp_b < tile_k:
-                kb = k0 + b_r + i * rpp_b
-                copy_chunk(
-                    sb, stage * b_stage + b_dst[i], b, bz, kb, n0 + b_c * CHUNK,
-                    n_in and kb < k,
-                )  # fmt: skip
+        for p in range(passes_a):
+            if exact_a or a_r + p * step_a < tile_m:
+                for i in range(per_a):
+                    ka = k0 + (a_c + q_a * i) * CHUNK
+                    copy_chunk(
+                        sa, stage * a_stage + a_dst[p, i], a, bz, m0 + a_r + p * step_a, ka,
+                        a_ok[p] and ka < k,
+                    )  # fmt: skip
+        for p in range(passes_b):
+            if exact_b or b_r + p * step_b < tile_k:
+                kb = k0 + b_r + p * step_b
+                for i in range(per_b):
+                    copy_chunk(
+                        sb, stage * b_stage + b_dst[p, i], b, bz, kb,
+                        n0 + (b_c + q_b * i) * CHUNK, b_ok[i] and kb < k,
+                    )  # fmt: skip
 
     @cuda.jit(device=True)
     def commit():
@@ -344,6 +388,28 @@ def _build(cfg: TensorCoreConfig, activation):
                 for q in range(4):
                     acc[i, j, q] = d[q]
 
+    @cuda.jit(device=True, inline="always")
+    def tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, s, fa, fb, acc, a_off, b_off, a_dst,
+                  a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c):  # fmt: skip
+        """k-tile ``kt`` (in stage ``s``, a constant): wait for it, refill the stage tile
+        ``kt - 1`` used with tile ``kt + stages - 1``, multiply tile ``kt``."""
+        wait_tile()  # tile kt landed; every warp is done with kt - 1
+        if kt + ahead < tiles:
+            load_tile(sa, sb, a, b, bz, m0, n0, kt + ahead, (s + ahead) % stages,
+                      a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+        commit()
+        # The k16 steps written out (LLVM does not unroll a loop this large): inlined at
+        # Numba IR level, so the fragments and accumulators stay constant-indexed registers.
+        a_base = s * a_stage
+        b_base = s * b_stage
+        k_step(sa, sb, a_base, b_base, 0, fa, fb, acc, a_off, b_off)
+        if ksteps > 1:
+            k_step(sa, sb, a_base, b_base, 1, fa, fb, acc, a_off, b_off)
+        if ksteps > 2:
+            k_step(sa, sb, a_base, b_base, 2, fa, fb, acc, a_off, b_off)
+        if ksteps > 3:
+            k_step(sa, sb, a_base, b_base, 3, fa, fb, acc, a_off, b_off)
+
     def kernel(a, b, bias, c):
         sa = cuda.shared.array(a_ring, float16, alignment=SHARED_ALIGN)
         sb = cuda.shared.array(b_ring, float16, alignment=SHARED_ALIGN)
@@ -353,9 +419,10 @@ def _build(cfg: TensorCoreConfig, activation):
         fb = cuda.local.array((nt, 2), uint32)
         a_off = cuda.local.array(ksteps, int32)
         b_off = cuda.local.array(nt2, int32)
-        a_dst = cuda.local.array(passes_a, int32)
-        b_dst = cuda.local.array(passes_b, int32)
+        a_dst = cuda.local.array((passes_a, per_a), int32)
+        b_dst = cuda.local.array((passes_b, per_b), int32)
         a_ok = cuda.local.array(passes_a, boolean)
+        b_ok = cuda.local.array(per_b, boolean)
         tid = cuda.threadIdx.x
         lane = tid % WARP_SIZE
         warp = tid // WARP_SIZE
@@ -372,17 +439,21 @@ def _build(cfg: TensorCoreConfig, activation):
                     acc[i, j, q] = ZERO
 
         # This thread's copy targets (swizzled offsets inside a stage) and row guards.
-        a_r = tid // ck_a
-        a_c = tid % ck_a
-        b_r = tid // ck_b
-        b_c = tid % ck_b
-        for i in range(passes_a):
-            r = a_r + i * rpp_a
-            a_dst[i] = r * tile_k + chunk_a(r, a_c) * CHUNK
-            a_ok[i] = m0 + r < m
-        for i in range(passes_b):
-            r = b_r + i * rpp_b
-            b_dst[i] = r * tile_n + chunk_b(r, b_c) * CHUNK
+        a_r = tid // q_a
+        a_c = tid % q_a
+        b_r = tid // q_b
+        b_c = tid % q_b
+        for p in range(passes_a):
+            r = a_r + p * step_a
+            a_ok[p] = m0 + r < m
+            for i in range(per_a):
+                a_dst[p, i] = r * tile_k + chunk_a(r, a_c + q_a * i) * CHUNK
+        for p in range(passes_b):
+            r = b_r + p * step_b
+            for i in range(per_b):
+                b_dst[p, i] = r * tile_n + chunk_b(r, b_c + q_b * i) * CHUNK
+        for i in range(per_b):
+            b_ok[i] = n0 + (b_c + q_b * i) * CHUNK < c.shape[2]
         # This lane's ldmatrix rows: A rows wm0 + lane % 16 (+ 16 i), logical chunk
         # 2 ks + lane // 16; B k-rows lane % 8 + 8 (lane // 8 % 2) (+ 16 ks), chunk
         # (wn0 + 16 j) / 8 + lane // 16. The swizzle repeats every 8 rows, so the i and ks
@@ -396,37 +467,30 @@ def _build(cfg: TensorCoreConfig, activation):
 
         for kt in range(ahead):  # prologue: tiles 0 .. stages-2 in flight, a group each
             if kt < tiles:
-                load_tile(sa, sb, a, b, bz, m0, n0, kt, kt, a_dst, a_ok, b_dst, a_r, a_c, b_r, b_c)
+                load_tile(
+                    sa, sb, a, b, bz, m0, n0, kt, kt, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c
+                )
             commit()
 
+        # Steady state, unrolled over the stages so that every stage offset is a constant
+        # (ldmatrix and cp.async addresses become register + immediate).
         kt = 0
-        s = 0  # stage of tile kt
         while kt < tiles:  # a run-time bound: `while`, not range()
-            wait_tile()  # tile kt landed; every warp is done with kt - 1
-            refill = s + ahead  # the stage tile kt - 1 used
-            if refill >= stages:
-                refill -= stages
-            if kt + ahead < tiles:
-                load_tile(
-                    sa, sb, a, b, bz, m0, n0, kt + ahead, refill,
-                    a_dst, a_ok, b_dst, a_r, a_c, b_r, b_c,
-                )  # fmt: skip
-            commit()
-            # The k16 steps written out (LLVM does not unroll a loop this large): inlined at
-            # Numba IR level, so the fragments and accumulators stay constant-indexed registers.
-            a_base = s * a_stage
-            b_base = s * b_stage
-            k_step(sa, sb, a_base, b_base, 0, fa, fb, acc, a_off, b_off)
-            if ksteps > 1:
-                k_step(sa, sb, a_base, b_base, 1, fa, fb, acc, a_off, b_off)
-            if ksteps > 2:
-                k_step(sa, sb, a_base, b_base, 2, fa, fb, acc, a_off, b_off)
-            if ksteps > 3:
-                k_step(sa, sb, a_base, b_base, 3, fa, fb, acc, a_off, b_off)
-            s += 1
-            if s == stages:
-                s = 0
+            tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 0, fa, fb, acc, a_off, b_off, a_dst,
+                      a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
             kt += 1
+            if kt < tiles:
+                tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 1, fa, fb, acc, a_off, b_off,
+                          a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+                kt += 1
+                if stages > 2 and kt < tiles:
+                    tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 2, fa, fb, acc, a_off,
+                              b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+                    kt += 1
+                    if stages > 3 and kt < tiles:
+                        tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 3, fa, fb, acc, a_off,
+                                  b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+                        kt += 1
 
         # Epilogue: lane (g, t) holds rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile.
         n = c.shape[2]
