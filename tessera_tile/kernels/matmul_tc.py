@@ -337,13 +337,16 @@ def _build(cfg: TensorCoreConfig, activation):
         """This thread's chunks of k-tile ``kt`` of the A and B panels into ``stage``."""
         k0 = kt * tile_k
         k = a.shape[2]
+        # k-columns of this thread's first A chunk left in the tile: a 32-bit count, so the
+        # chunk guards below are one compare with a constant each.
+        left = int32(min(k - k0 - a_c * CHUNK, tile_k))
         for p in range(passes_a):
             if exact_a or a_r + p * step_a < tile_m:
                 for i in range(per_a):
                     ka = k0 + (a_c + q_a * i) * CHUNK
                     copy_chunk(
                         sa, stage * a_stage + a_dst[p, i], a, bz, m0 + a_r + p * step_a, ka,
-                        a_ok[p] and ka < k,
+                        a_ok[p] and left > q_a * CHUNK * i,
                     )  # fmt: skip
         for p in range(passes_b):
             if exact_b or b_r + p * step_b < tile_k:
@@ -394,7 +397,7 @@ def _build(cfg: TensorCoreConfig, activation):
         """k-tile ``kt`` (in stage ``s``, a constant): wait for it, refill the stage tile
         ``kt - 1`` used with tile ``kt + stages - 1``, multiply tile ``kt``."""
         wait_tile()  # tile kt landed; every warp is done with kt - 1
-        if kt + ahead < tiles:
+        if int32(kt + ahead) < tiles:
             load_tile(sa, sb, a, b, bz, m0, n0, kt + ahead, (s + ahead) % stages,
                       a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
         commit()
@@ -432,7 +435,7 @@ def _build(cfg: TensorCoreConfig, activation):
         m0 = cuda.blockIdx.y * tile_m
         n0 = cuda.blockIdx.x * tile_n
         m = c.shape[1]
-        tiles = (a.shape[2] + tile_k - 1) // tile_k
+        tiles = int32((a.shape[2] + tile_k - 1) // tile_k)  # 32-bit loop control
         for i in range(mt):
             for j in range(nt):
                 for q in range(4):
@@ -474,23 +477,23 @@ def _build(cfg: TensorCoreConfig, activation):
 
         # Steady state, unrolled over the stages so that every stage offset is a constant
         # (ldmatrix and cp.async addresses become register + immediate).
-        kt = 0
+        kt = int32(0)
         while kt < tiles:  # a run-time bound: `while`, not range()
             tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 0, fa, fb, acc, a_off, b_off, a_dst,
                       a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
-            kt += 1
+            kt = int32(kt + 1)
             if kt < tiles:
                 tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 1, fa, fb, acc, a_off, b_off,
                           a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
-                kt += 1
+                kt = int32(kt + 1)
                 if stages > 2 and kt < tiles:
                     tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 2, fa, fb, acc, a_off,
                               b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
-                    kt += 1
+                    kt = int32(kt + 1)
                     if stages > 3 and kt < tiles:
                         tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 3, fa, fb, acc, a_off,
                                   b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
-                        kt += 1
+                        kt = int32(kt + 1)
 
         # Epilogue: lane (g, t) holds rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile.
         n = c.shape[2]
