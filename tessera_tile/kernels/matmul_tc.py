@@ -64,6 +64,7 @@ from ..pipeline import (
     cp_async_commit_group,
     cp_async_wait_group,
 )
+from ..sim import compat
 
 __all__ = [
     "ANCHOR",
@@ -111,6 +112,12 @@ class TensorCoreConfig(NamedTuple):
 ANCHOR = TensorCoreConfig()  # 128 x 128 x 32, 4 warps of 64 x 64, 3 stages
 
 
+def _is_device_function(fn) -> bool:
+    if isinstance(fn, CUDADispatcher):
+        return bool(fn.targetoptions.get("device"))
+    return isinstance(fn, compat.FakeCUDAKernel) and bool(fn._device)  # the simulator's
+
+
 def _check(cfg: TensorCoreConfig, activation) -> None:
     for name in ("tile_m", "tile_n", "tile_k", "num_warps", "num_stages"):
         value = getattr(cfg, name)
@@ -140,9 +147,7 @@ def _check(cfg: TensorCoreConfig, activation) -> None:
             f"float16 tiles need {cfg.shared_bytes} B of shared memory, over the "
             f"{MAX_STATIC_SHARED} B static limit"
         )
-    if activation is not None and not (
-        isinstance(activation, CUDADispatcher) and activation.targetoptions.get("device")
-    ):
+    if activation is not None and not _is_device_function(activation):
         raise TypeError(
             "activation must be a numba CUDA device function (cuda.jit(device=True)) taking "
             f"and returning float32, or None; got {activation!r}"
