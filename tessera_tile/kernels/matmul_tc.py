@@ -106,6 +106,12 @@ class TensorCoreConfig(NamedTuple):
         return WARP_SIZE * self.num_warps
 
     @property
+    def mma_per_k_tile(self) -> int:
+        """mma.sync instructions a warp issues per k-tile (its 16 x 8 tiles x k16 steps)."""
+        tiles = (self.tile_m // self.warps_m // 16) * (self.tile_n // self.warps_n // 8)
+        return tiles * (self.tile_k // 16)
+
+    @property
     def shared_bytes(self) -> int:
         return 2 * self.num_stages * (self.tile_m * self.tile_k + self.tile_k * self.tile_n)
 
