@@ -72,6 +72,7 @@ __all__ = [
     "Plan",
     "TensorCoreConfig",
     "aligned_rows",
+    "check_operands",
     "plan",
     "tensor_core_matmul",
 ]
@@ -233,6 +234,43 @@ def aligned_rows(a, b, c) -> bool:
         if arg.shape[2] % CHUNK or arg.address % 16 or any(s % 16 for s in arg.strides[:2]):
             return False
     return True
+
+
+def check_operands(a, b, bias, c) -> bool:
+    """Validate the kernel's arguments before a launch; returns :func:`aligned_rows`.
+
+    TypeError or ValueError naming the argument: ``a``, ``b``, ``c`` float16 and 3-d with the
+    inner dimension contiguous, ``(batch, M, K) @ (batch, K, N) -> (batch, M, N)`` with one
+    batch size (broadcast a single matrix with a stride-0 view), ``bias`` float32 1-d (``(N,)``
+    when the kernel uses it: the caller checks that, it knows ``has_bias``).
+    """
+    args = {
+        name: x if isinstance(x, _arrays.Arg) else _arrays.read(x, name, scalars=False)
+        for name, x in (("a", a), ("b", b), ("bias", bias), ("c", c))
+    }
+    for name in ("a", "b", "c"):
+        arg = args[name]
+        if arg.dtype != np.float16:
+            raise TypeError(f"{name} must be float16, got {arg.dtype}")
+        if len(arg.shape) != 3:
+            raise ValueError(f"{name} must be 3-d (batch, rows, cols), got shape {arg.shape}")
+        if arg.shape[2] > 1 and arg.strides[2] != 2:
+            raise ValueError(f"{name}: the inner dimension must be contiguous ([:, :, ::1])")
+    if args["bias"].dtype != np.float32 or len(args["bias"].shape) != 1:
+        raise TypeError(f"bias must be a 1-d float32 array, got {args['bias'].dtype}")
+    (ba, m, k), (bb, k2, n), (bc, m2, n2) = args["a"].shape, args["b"].shape, args["c"].shape
+    if k2 != k:
+        raise ValueError(f"b has {k2} rows, a has {k} columns: inner dimensions differ")
+    if ba != bb:
+        raise ValueError(
+            f"a has batch {ba}, b has batch {bb}: broadcast one to the other first (a stride-0 "
+            "view, e.g. numpy.broadcast_to)"
+        )
+    if (bc, m2, n2) != (ba, m, n):
+        raise ValueError(f"c has shape {args['c'].shape}, expected ({ba}, {m}, {n})")
+    if bc > 1 and args["c"].strides[0] == 0 and m * n:
+        raise ValueError("c: a batch stride of 0 would write every batch to the same matrix")
+    return aligned_rows(args["a"], args["b"], args["c"])
 
 
 class _Copies(NamedTuple):

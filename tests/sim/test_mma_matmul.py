@@ -216,3 +216,26 @@ def test_bad_configurations_raise_naming_the_argument():
         tc.tensor_core_matmul(activation=math.tanh)
     with pytest.raises(ValueError, match="tile_n"):
         tc.tensor_core_matmul(tile_n=48, num_warps=1, tile_m=32)
+
+
+def test_check_operands_names_the_argument():
+    a, b, bias = operands(2, 8, 16, 8)
+    c = np.empty((2, 8, 16), np.float16)
+    assert tc.check_operands(a, b, bias, c) is True
+    assert tc.check_operands(a[:, :, :7], b[:, :7], bias, c) is False  # K = 7: not aligned
+    with pytest.raises(TypeError, match="a must be float16"):
+        tc.check_operands(a.astype(np.float32), b, bias, c)
+    with pytest.raises(TypeError, match="bias"):
+        tc.check_operands(a, b, bias.astype(np.float16), c)
+    with pytest.raises(ValueError, match="inner dimensions"):
+        tc.check_operands(a, b[:, :7], bias, c)
+    with pytest.raises(ValueError, match="batch"):
+        tc.check_operands(a[:1], b, bias, c)
+    with pytest.raises(ValueError, match="c has shape"):
+        tc.check_operands(a, b, bias, c[:, :4])
+    with pytest.raises(ValueError, match="contiguous"):
+        tc.check_operands(a[:, :, ::2], b[:, :4], bias, c)
+    with pytest.raises(ValueError, match="stride of 0"):
+        tc.check_operands(a, b, bias, np.broadcast_to(c[:1], c.shape))
+    with pytest.raises(TypeError, match="not an array"):
+        tc.check_operands(a, [1.0], bias, c)
