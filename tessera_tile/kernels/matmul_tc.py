@@ -9,7 +9,8 @@ swizzled shared tiles, a multi-stage ``cp.async`` pipeline.
 * ``bias``: float32 ``(N,)``, added to every row (ignored unless ``has_bias``: pass any
   1-element float32 array);
 * launch ``grid = (ceil(N / tile_n), ceil(M / tile_m), batch)`` blocks of ``32 * num_warps``
-  threads (:func:`plan` gives both and the global bytes the launch moves).
+  threads (:func:`plan` gives both and the global bytes the launch moves;
+  :func:`check_operands` validates the arguments and says whether the cp.async kernel fits).
 
 Each block computes a ``tile_m x tile_n`` tile of one batch's ``C``; its warps split it in a
 ``warps_m x warps_n`` grid of warp tiles (128 x 128 with 4 warps: 2 x 2 warps of 64 x 64)::
@@ -24,13 +25,16 @@ Each block computes a ``tile_m x tile_n`` tile of one batch's ``C``; its warps s
 
     -> 64 HMMA per 16 LDSM (4.0 per shared load), no scalar shared loads.
 
-Shared tiles are row-major ``[stage, row, col]`` with 16-byte chunks XOR-swizzled within each
-128-byte line (no padding: three stages of the 128 x 128 x 32 tiles fill exactly 48 KiB, the
-static shared-memory limit). With ``chunks`` 16-byte chunks per row, chunk ``c`` of row ``r``
-lives at chunk ``c ^ ((r // max(1, 8 // chunks)) % min(chunks, 8))``: the 8 rows an ldmatrix
-phase reads (8 consecutive rows, one logical chunk) and the 8 chunks a quarter-warp of cp.async
-writes land in the 8 distinct 16-byte bank groups of a 128-byte line, so both are conflict free
-(the simulator's profiler counts 0 bank conflicts; see ``docs/tensor_cores.md``).
+Shared tiles are flat rings (stage, then a row-major tile) with 16-byte chunks XOR-swizzled
+within each 128-byte line (no padding: three stages of the 128 x 128 x 32 tiles fill exactly
+48 KiB, the static shared-memory limit). With ``C`` chunks per row, chunk ``c`` of row ``r``
+lives at chunk ``c ^ (reverse3((r // L) % P) >> (3 - log2 P))`` (``L = max(1, 8 // C)`` rows
+per line, ``P = min(C, 8)``, ``reverse3`` the 3-bit bit reversal): the 8 rows an ldmatrix
+phase reads (8 consecutive rows, one logical chunk) and the chunks a quarter-warp of cp.async
+writes (a few consecutive rows, a run of chunks each) land in the 8 distinct 16-byte bank
+groups of a line, so both are conflict free (the simulator's profiler counts 0 bank conflicts;
+``docs/tensor_cores.md`` says why). The main loop is written out once per stage, so stage
+offsets are constants in every ldmatrix and cp.async address.
 
 Epilogue: ``x = acc (+ bias[col])``, ``x = activation(x)`` (a ``float32 -> float32`` device
 function), rounded to float16 once and stored two columns at a time (``store_f16x2``), masked
@@ -42,7 +46,7 @@ source bytes) and C is stored only inside its bounds. The ``cp.async`` path need
 aligned rows (:func:`aligned_rows`: K and N multiples of 8, 16-byte aligned bases and batch
 strides); ``async_copy=False`` makes the fallback for any layout: synchronous, guarded loads of
 single elements (any alignment, any K and N), one 16-byte shared store per chunk, scalar C
-stores. Use the fallback with 8 warps (``matmul_tc_sync``: 167 registers, no spills): with 4
+stores. Use the fallback with 8 warps and 2 stages (``matmul_tc_sync``, no spills): with 4
 warps its 128 accumulators per thread and the guarded loads in flight spill (~90 B).
 """
 
@@ -586,5 +590,6 @@ def _build(cfg: TensorCoreConfig, activation):
 # The configurations the compile tier builds (module-level kernels: one compile case each).
 matmul_tc_anchor = tensor_core_matmul()  # 128 x 128 x 32, 4 warps, 3 stages
 matmul_tc_8warps = tensor_core_matmul(128, 128, 32, 8, 3)
-matmul_tc_sync = tensor_core_matmul(128, 128, 32, 8, 3, async_copy=False)  # 4 warps spill
+# Synchronous loads gain nothing from a third stage; with 4 warps this variant spills.
+matmul_tc_sync = tensor_core_matmul(128, 128, 32, 8, 2, async_copy=False)
 matmul_tc_small_bias = tensor_core_matmul(32, 32, 16, 1, 2, has_bias=True)
