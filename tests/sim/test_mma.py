@@ -4,6 +4,7 @@ The layouts below are written from the PTX ISA ("Matrix Fragments for mma.m16n8k
 point type", "ldmatrix") as tables per register, independently of the implementation's formulas.
 """
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,7 @@ def small_ints(rng, shape):
 # ---------------------------------------------------------------------------------------------
 
 
+@functools.cache
 def _ldmatrix_kernel(fn, count):
     @cuda.jit
     def kernel(x, out):
