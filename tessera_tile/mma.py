@@ -179,6 +179,10 @@ def _ldmatrix_twin(count: int, trans: bool):
             key = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
             if smem.itemsize != 2:
                 raise sim.SimulationError(f"{kind}: needs 16-bit elements, got {smem.dtype}")
+            if not sim.in_shared_memory(smem):
+                raise sim.SimulationError(
+                    f"{kind}: reads shared memory; lane {lane} passed another array"
+                )
             if len(key) != smem.ndim or any(
                 not 0 <= i < n for i, n in zip(key, smem.shape, strict=True)
             ):
@@ -241,6 +245,9 @@ def _pair_twin(space: str):
             )
         if sim.element_address(out, key) % 4:
             raise sim.SimulationError(f"store_f16x2: index {key} is not 4-byte aligned")
+        if sim.in_shared_memory(out) != (space == "shared"):
+            other = "a global" if space == "shared" else "a shared"
+            raise sim.SimulationError(f"store_f16x2 ({space}): got {other} array")
         values = np.array([x0, x1], np.float32).astype(np.float16)
         sim.store(out, (*key[:-1], slice(key[-1], key[-1] + 2)), values)
 

@@ -32,7 +32,7 @@ from .. import _config
 from ..banks import wavefronts
 from . import engine
 from ._base import SimulationError, twin, twins
-from .engine import aligned_collective, register_aligned, strict_masks
+from .engine import aligned_collective, in_shared_memory, register_aligned, strict_masks
 from .profiler import (
     OutOfBounds,
     Profile,
@@ -56,6 +56,7 @@ __all__ = [
     "current_thread",
     "element_address",
     "enabled",
+    "in_shared_memory",
     "install",
     "installed",
     "load",

@@ -121,6 +121,21 @@ def block_on(kind: str, mask: int = 0, arg=None):
     return t.parent.switch()
 
 
+def in_shared_memory(array) -> bool:
+    """Whether ``array`` (a view of) lies in the running block's shared memory (for twins of
+    instructions that take only shared addresses, such as ``ldmatrix``)."""
+    a = array._a if isinstance(array, TrackedArray) else array
+    if not isinstance(a, np.ndarray):
+        return False
+    start = a.__array_interface__["data"][0]
+    block = current_thread().block
+    for region in (*block.shared.values(), block.dynshared):
+        lo = region.__array_interface__["data"][0]
+        if lo <= start < lo + region.nbytes:
+            return True
+    return False
+
+
 class BlockRun:
     """Runs one thread block to completion."""
 

@@ -368,3 +368,29 @@ def test_ldmatrix_bank_conflicts_are_counted_per_phase():
     assert conflicts_at(prof, "fa = mma.ldmatrix_x4(") == 4, str(prof)
     assert conflicts_at(prof, "fb = mma.ldmatrix_x4_trans(") == 4, str(prof)
     assert prof.races == [], str(prof)
+
+
+@cuda.jit
+def ldmatrix_global(x, out):
+    lane = cuda.threadIdx.x
+    out[lane] = mma.ldmatrix_x1(x, (lane, 0))
+
+
+@cuda.jit
+def pair_store_wrong_space(x):
+    s = cuda.shared.array((32, 8), float16)
+    lane = cuda.threadIdx.x
+    mma.store_f16x2(s, (lane, 0), float32(1), float32(2))  # a global store into shared
+    cuda.syncthreads()
+    x[lane, 0] = s[lane, 0]
+
+
+@pytest.mark.sim_only(reason="the GPU misbehaves silently there: only the twin can refuse it")
+def test_shared_only_instructions_refuse_other_arrays():
+    from tessera_tile import sim
+
+    x = np.zeros((32, 8), np.float16)
+    with pytest.raises(sim.SimulationError, match="reads shared memory"):
+        ldmatrix_global[1, 32](x, np.zeros(32, np.uint32))
+    with pytest.raises(sim.SimulationError, match="got a shared array"):
+        pair_store_wrong_space[1, 32](x)
