@@ -60,7 +60,7 @@ from numba import boolean, cuda, float32, int32, uint32
 from numba.cuda.dispatcher import CUDADispatcher
 from numba.types import float16
 
-from .. import _arrays
+from .. import _arrays, _config
 from ..memory import store16_shared
 from ..mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, store_f16x2
 from ..pipeline import (
@@ -309,6 +309,12 @@ def _copies(rows: int, chunks: int, threads: int) -> _Copies:
     )  # fmt: skip
 
 
+# The main loop's pieces are inlined so that fragments and accumulators stay constant-indexed
+# registers and stage offsets constants: by NVVM (alwaysinline: each piece is typed once) when
+# compiling, by Numba's IR inliner in the simulator (which has no forceinline).
+_INLINE = {"inline": "always"} if _config.SIMULATED else {"forceinline": True}
+
+
 @cuda.jit(device=True)
 def _identity(x):
     return x
@@ -384,7 +390,7 @@ def _build(cfg: TensorCoreConfig, activation):
             x7 = src[bz, gr, gk + 7] if ok and gk + 7 < cols else float16(0)
             store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
 
-    @cuda.jit(device=True, inline="always")
+    @cuda.jit(device=True, **_INLINE)
     def load_tile(
         sa, sb, a, b, bz, m0, n0, kt, stage, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c
     ):
@@ -422,7 +428,7 @@ def _build(cfg: TensorCoreConfig, activation):
             cp_async_wait_group(lag)
         cuda.syncthreads()
 
-    @cuda.jit(device=True, inline="always")
+    @cuda.jit(device=True, **_INLINE)
     def k_step(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
         """One k16 step of the warp tile: A and B fragments by ldmatrix, then mt x nt mma."""
         for i in range(mt):
@@ -445,7 +451,7 @@ def _build(cfg: TensorCoreConfig, activation):
                 for q in range(4):
                     acc[i, j, q] = d[q]
 
-    @cuda.jit(device=True, inline="always")
+    @cuda.jit(device=True, **_INLINE)
     def tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, s, fa, fb, acc, a_off, b_off, a_dst,
                   a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c):  # fmt: skip
         """k-tile ``kt`` (in stage ``s``, a constant): wait for it, refill the stage tile
@@ -455,8 +461,8 @@ def _build(cfg: TensorCoreConfig, activation):
             load_tile(sa, sb, a, b, bz, m0, n0, kt + ahead, (s + ahead) % stages,
                       a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
         commit()
-        # The k16 steps written out (LLVM does not unroll a loop this large): inlined at
-        # Numba IR level, so the fragments and accumulators stay constant-indexed registers.
+        # The k16 steps written out (LLVM does not unroll a loop this large) and inlined, so
+        # the fragments and accumulators stay constant-indexed registers.
         a_base = s * a_stage
         b_base = s * b_stage
         k_step(sa, sb, a_base, b_base, 0, fa, fb, acc, a_off, b_off)
