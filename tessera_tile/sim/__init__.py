@@ -14,7 +14,9 @@ it, and every simulated kernel gets it, whether or not it uses tessera_tile:
 * the GPU's rules: a non-contiguous host array passed to a kernel is refused as on a GPU, and
   integer arithmetic follows Numba's typing (``int32 + int32`` is int64);
 * speed: a block's threads are greenlets in one OS thread, not OS threads polled in a loop;
-* twins: inline-PTX intrinsics register a Python implementation with :func:`twin`;
+* twins: inline-PTX intrinsics register a Python implementation with :func:`twin`; warp
+  collectives of ``.sync.aligned`` instructions (``ldmatrix``, ``mma.sync``) define their
+  semantics with :func:`register_aligned` and arrive with :func:`aligned_collective`;
 * ``with profile() as prof:``: global traffic, bank conflicts, races, out-of-bounds accesses
   and undefined shuffle reads.
 
@@ -30,7 +32,7 @@ from .. import _config
 from ..banks import wavefronts
 from . import engine
 from ._base import SimulationError, twin, twins
-from .engine import strict_masks
+from .engine import aligned_collective, in_shared_memory, register_aligned, strict_masks
 from .profiler import (
     OutOfBounds,
     Profile,
@@ -50,13 +52,16 @@ __all__ = [
     "SimulationError",
     "TrackedArray",
     "address",
+    "aligned_collective",
     "current_thread",
     "element_address",
     "enabled",
+    "in_shared_memory",
     "install",
     "installed",
     "load",
     "profile",
+    "register_aligned",
     "stock",
     "store",
     "strict_masks",

@@ -15,6 +15,7 @@ import contextvars
 import functools
 import sys
 from collections import deque
+from collections.abc import Callable
 from contextlib import ExitStack
 
 import numpy as np
@@ -38,6 +39,30 @@ from .warp_ops import (
 )
 
 _strict = False  # strict_masks(): a mask naming exited or absent lanes is an error
+# Warp collectives of ``.sync.aligned`` instructions that intrinsic twins define (ldmatrix,
+# mma.sync): kind -> compute(args by lane) -> results by lane.
+_ALIGNED: dict[str, Callable[[dict], dict]] = {}
+
+
+def register_aligned(kind: str, compute: Callable[[dict], dict]) -> None:
+    """Define the ``.sync.aligned`` warp collective ``kind``.
+
+    ``compute`` is a pure function of the 32 lanes' arguments (a dict lane -> argument) that
+    returns each lane's result. :func:`aligned_collective` waits for every lane of the warp at
+    the same call site (the PTX ISA's ``.aligned``: all threads of the warp execute the same
+    instruction, convergently); a warp with absent or exited lanes, or whose lanes wait at
+    another aligned instruction or at a barrier meanwhile, raises :class:`SimulationError`,
+    since the hardware's result is undefined there.
+    """
+    _ALIGNED[kind] = compute
+
+
+def aligned_collective(kind: str, arg):
+    """Arrive at the ``.sync.aligned`` warp collective ``kind`` with this lane's ``arg``;
+    returns this lane's result once all 32 lanes have arrived (see :func:`register_aligned`)."""
+    if kind not in _ALIGNED:
+        raise SimulationError(f"unknown warp collective {kind!r}: register it first")
+    return block_on(kind, FULL_MASK, arg)
 
 
 @contextlib.contextmanager
@@ -94,6 +119,21 @@ def block_on(kind: str, mask: int = 0, arg=None):
     t = current_thread()
     t.wait = Wait(kind, int(mask) & FULL_MASK, arg, user_site(3))
     return t.parent.switch()
+
+
+def in_shared_memory(array) -> bool:
+    """Whether ``array`` (a view of) lies in the running block's shared memory (for twins of
+    instructions that take only shared addresses, such as ``ldmatrix``)."""
+    a = array._a if isinstance(array, TrackedArray) else array
+    if not isinstance(a, np.ndarray):
+        return False
+    start = a.__array_interface__["data"][0]
+    block = current_thread().block
+    for region in (*block.shared.values(), block.dynshared):
+        lo = region.__array_interface__["data"][0]
+        if lo <= start < lo + region.nbytes:
+            return True
+    return False
 
 
 class BlockRun:
@@ -190,6 +230,8 @@ class BlockRun:
         left out (an error under :func:`strict_masks`).
         """
         w = t.wait
+        if w.kind in _ALIGNED:
+            return self._aligned_group(warp, w)
         if w.kind == "activemask":
             return {
                 lane: u
@@ -212,6 +254,42 @@ class BlockRun:
             if u is None or u.wait is None or u.wait.kind != w.kind or u.wait.mask != w.mask:
                 return None
             group[lane] = u
+        return group
+
+    def _aligned_group(self, warp: int, w: Wait) -> dict | None:
+        """All 32 lanes of ``warp`` once they wait at ``w``'s instruction; an error when they
+        cannot all get there convergently (called only when no thread can run)."""
+        base = warp * WARP_SIZE
+        where = f"{w.kind} at {format_site(w.site)} (warp {warp})"
+        present = min(WARP_SIZE, self.nthreads - base)
+        if present < WARP_SIZE:
+            raise SimulationError(
+                f"{where}: a .sync.aligned instruction needs all 32 lanes of the warp; this warp "
+                f"has {present} (a block of {self.nthreads} threads)"
+            )
+        lanes = self.threads[base : base + WARP_SIZE]
+        exited = [u.lane for u in lanes if u.dead]
+        if exited:
+            raise SimulationError(
+                f"{where}: lanes {lane_ranges(exited)} exited without executing it; a "
+                ".sync.aligned instruction must be executed by all 32 lanes of the warp"
+            )
+        group = {}
+        for u in lanes:
+            v = u.wait
+            if v is None:
+                return None  # resolved this round: it will run, then come back
+            if v.kind == w.kind and v.site == w.site:
+                group[u.lane] = u
+            elif v.kind == "syncthreads" or v.kind in _ALIGNED:
+                here = [x.lane for x in lanes if x.wait is not None and x.wait.site == w.site]
+                raise SimulationError(
+                    f"{where}: divergent warp: lanes {lane_ranges(here)} wait here while lane "
+                    f"{u.lane} waits in {v.kind} at {format_site(v.site)}; a .sync.aligned "
+                    "instruction must be executed by all 32 lanes of the warp convergently"
+                )
+            else:
+                return None  # another warp operation may still release this lane
         return group
 
     def _where(self, warp: int, w: Wait) -> str:
@@ -246,6 +324,8 @@ class BlockRun:
             return match_any(args)
         if kind == "match_all_sync":
             return match_all(args)
+        if kind in _ALIGNED:
+            return _ALIGNED[kind](args)
         if kind == "activemask":
             return dict.fromkeys(group, lanes_bits(group))
         return dict.fromkeys(group)  # syncwarp

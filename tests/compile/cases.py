@@ -29,6 +29,7 @@ BATCHED = "void(float32[:, :, ::1], float32[:, :, ::1], float32[::1], float32[:,
 BATCHED_F16 = "void(float16[:, :, ::1], float16[:, :, ::1], float16[::1], float16[:, :, ::1])"
 MM = "tessera_tile.kernels.matmul"
 SIMT = {"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 512}
+F16_MM = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
 
 CASES = [
     Case(
@@ -175,4 +176,36 @@ CASES = [
     Case(
         MM, "matmul_f16_sync_128x128", BATCHED_F16, {"sm_80": 136, "sm_90": 136}, 256, {"FFMA": 512}
     ),
+    Case(
+        "tessera_tile.kernels.matmul_tc",
+        "matmul_tc_anchor",
+        F16_MM,
+        {"sm_80": 232, "sm_90": 232},
+        128,
+        {"HMMA.16816.F32": 64, "LDSM": 16, "LDGSTS.E.BYPASS.128": 8},
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tc",
+        "matmul_tc_8warps",
+        F16_MM,
+        {"sm_80": 136, "sm_90": 136},
+        256,
+        {"HMMA.16816.F32": 32, "LDSM": 12, "LDGSTS.E.BYPASS.128": 4},
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tc",
+        "matmul_tc_sync",
+        F16_MM,
+        {"sm_80": 176, "sm_90": 176},
+        256,
+        {"HMMA.16816.F32": 32, "LDSM": 12, "STS.128": 2},
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tc",
+        "matmul_tc_small_bias",
+        F16_MM,
+        {"sm_80": 80, "sm_90": 80},
+        32,
+        {"HMMA.16816.F32": 8, "LDSM": 4, "LDGSTS.E.BYPASS.128": 2},
+    ),  # fmt: skip
 ]

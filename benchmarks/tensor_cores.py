@@ -1,0 +1,72 @@
+"""The float16 tensor-core matmul in SASS, next to expert CUDA C++ and Triton kernels of the same
+shape (static counts from real compilation, no GPU; printed, never asserted).
+
+    python benchmarks/tensor_cores.py           # sm_80 and sm_90
+    python benchmarks/tensor_cores.py sm_80
+
+Columns: registers, spills, static shared memory, and per k-tile of the main loop (the SASS loop
+holding the HMMAs, unrolled over the pipeline's stages): HMMA, LDSM, HMMA per LDSM,
+instructions per HMMA and barriers.
+"""
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from tessera_tile import inspect
+from tessera_tile.kernels import matmul_tc as tc
+
+console = Console(width=150)
+SIGNATURE = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
+
+# Peers: fp16 GEMM 128x128x32, mma.sync m16n8k16 + ldmatrix + 3-stage cp.async, hand-written CUDA
+# C++ and Triton 3.9, compiled offline with ptxas 13.5 for sm_80 on 2026-11-22 (static counts).
+# (name, warps, regs, spills, smem, HMMA/k-tile, LDSM/k-tile, instructions/k-tile, BAR/k-tile)
+ANCHORS = [
+    ("CUDA C++", 4, 220, 0, 49152, 64, 16, 130, 1),
+    ("CUDA C++", 8, 124, 0, 49152, 32, 12, 77, 1),
+    ("Triton 3.9", 4, 254, 0, 32768, 64, 16, 183, 3),
+    ("Triton 3.9", 8, 174, 0, 32768, 32, 12, 123, 3),
+]
+
+OURS = [
+    ("tessera_tile (cp.async)", tc.matmul_tc_anchor, tc.ANCHOR),
+    ("tessera_tile (cp.async)", tc.matmul_tc_8warps, tc.ANCHOR._replace(num_warps=8)),
+    ("tessera_tile (sync fallback)", tc.matmul_tc_sync,
+     tc.ANCHOR._replace(num_warps=8, async_copy=False)),
+]  # fmt: skip
+
+
+def main(archs) -> None:
+    for arch in archs:
+        table = Table(title=f"fp16 GEMM 128x128x32, main loop per k-tile ({arch})")
+        for col in ("kernel", "warps", "regs", "spills", "smem B", "HMMA", "LDSM",
+                    "HMMA/LDSM", "instr", "instr/HMMA", "BAR"):  # fmt: skip
+            table.add_column(col, justify="left" if col == "kernel" else "right")
+        for name, kernel, cfg in OURS:
+            r = inspect.compile(kernel, SIGNATURE, arch=arch, block=cfg.threads)
+            loop = r.loop_with("HMMA")
+            hmma, ldsm = loop.count("HMMA"), loop.count("LDSM")
+            tiles = hmma / cfg.mma_per_k_tile  # k-tiles in one pass of the loop body
+            table.add_row(
+                name, str(cfg.num_warps), str(r.registers), str(r.spill_stores + r.spill_loads),
+                str(r.shared_bytes), f"{hmma / tiles:.0f}", f"{ldsm / tiles:.0f}",
+                f"{hmma / ldsm:.2f}", f"{loop.instructions / tiles:.0f}",
+                f"{loop.instructions / hmma:.2f}", f"{loop.count('BAR.SYNC') / tiles:.0f}",
+            )  # fmt: skip
+        for name, warps, regs, spills, smem, hmma, ldsm, instr, bar in ANCHORS:
+            table.add_row(
+                f"{name} (sm_80 build)", str(warps), str(regs), str(spills), str(smem),
+                str(hmma), str(ldsm), f"{hmma / ldsm:.2f}", str(instr), f"{instr / hmma:.2f}",
+                str(bar), style="dim",
+            )  # fmt: skip
+        console.print(table)
+    console.print(
+        "Static counts from one compilation each (ptxas of the toolchain `inspect` reports), not "
+        "timings; the peers' rows come from sm_80 builds (on sm_90a Triton uses wgmma instead)."
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["sm_80", "sm_90"])

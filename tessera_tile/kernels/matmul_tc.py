@@ -1,0 +1,601 @@
+"""float16 tensor-core matmul ``C = act(A @ B + bias)``: ``mma.sync.m16n8k16``, ``ldmatrix`` from
+swizzled shared tiles, a multi-stage ``cp.async`` pipeline.
+
+:func:`tensor_core_matmul` makes the kernel ``kernel(a, b, bias, c)`` of one configuration:
+
+* ``a``: float16 ``(batch, M, K)``, ``b``: float16 ``(batch, K, N)``, ``c``: float16
+  ``(batch, M, N)``, the inner dimension contiguous (``[:, :, ::1]``), any batch strides
+  (0 broadcasts one matrix over the batch);
+* ``bias``: float32 ``(N,)``, added to every row (ignored unless ``has_bias``: pass any
+  1-element float32 array);
+* launch ``grid = (ceil(N / tile_n), ceil(M / tile_m), batch)`` blocks of ``32 * num_warps``
+  threads (:func:`plan` gives both and the global bytes the launch moves;
+  :func:`check_operands` validates the arguments and says whether the cp.async kernel fits).
+
+Each block computes a ``tile_m x tile_n`` tile of one batch's ``C``; its warps split it in a
+``warps_m x warps_n`` grid of warp tiles (128 x 128 with 4 warps: 2 x 2 warps of 64 x 64)::
+
+    per k-tile (tile_k = 32, 4 warps of 64 x 64):
+      cp.async.wait_group(stages - 2); __syncthreads()     1 barrier: tile k landed, and every
+      cp.async tile k + stages - 1 into the freed stage     warp is done with tile k - 1
+      for each k16 step (2):
+        A: 4 ldmatrix.x4         (a 16 x 16 fragment each)
+        B: 4 ldmatrix.x4.trans   (the fragments of two n8 tiles each)
+        32 mma.sync.m16n8k16     (4 x 8 tiles of 16 x 8, float32 accumulators in registers)
+
+    -> 64 HMMA per 16 LDSM (4.0 per shared load), no scalar shared loads.
+
+Shared tiles are flat rings (stage, then a row-major tile) with 16-byte chunks XOR-swizzled
+within each 128-byte line (no padding: three stages of the 128 x 128 x 32 tiles fill exactly
+48 KiB, the static shared-memory limit). With ``C`` chunks per row, chunk ``c`` of row ``r``
+lives at chunk ``c ^ (reverse3((r // L) % P) >> (3 - log2 P))`` (``L = max(1, 8 // C)`` rows
+per line, ``P = min(C, 8)``, ``reverse3`` the 3-bit bit reversal): the 8 rows an ldmatrix
+phase reads (8 consecutive rows, one logical chunk) and the chunks a quarter-warp of cp.async
+writes (a few consecutive rows, a run of chunks each) land in the 8 distinct 16-byte bank
+groups of a line, so both are conflict free (the simulator's profiler counts 0 bank conflicts;
+``docs/tensor_cores.md`` says why). The main loop is written out once per stage, so stage
+offsets are constants in every ldmatrix and cp.async address.
+
+Epilogue: ``x = acc (+ bias[col])``, ``x = activation(x)`` (a ``float32 -> float32`` device
+function), rounded to float16 once and stored two columns at a time (``store_f16x2``), masked
+at the edges. ``K = 0`` gives ``activation(0 + bias)``, NumPy's ``act(a @ b + bias)`` for an
+empty inner dimension.
+
+Edges: any M, N, K. Rows and k-columns outside A and B are zero-filled (``cp.async`` with 0
+source bytes) and C is stored only inside its bounds. The ``cp.async`` path needs 16-byte
+aligned rows (:func:`aligned_rows`: K and N multiples of 8, 16-byte aligned bases and batch
+strides); ``async_copy=False`` makes the fallback for any layout: synchronous, guarded loads of
+single elements (any alignment, any K and N), one 16-byte shared store per chunk, scalar C
+stores. Use the fallback with 8 warps and 2 stages (``matmul_tc_sync``, no spills): with 4
+warps its 128 accumulators per thread and the guarded loads in flight spill (~90 B).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+from numba import boolean, cuda, float32, int32, uint32
+from numba.cuda.dispatcher import CUDADispatcher
+from numba.types import float16
+
+from .. import _arrays, _config
+from ..memory import store16_shared
+from ..mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, store_f16x2
+from ..pipeline import (
+    SHARED_ALIGN,
+    cp_async_cg_16_zfill,
+    cp_async_commit_group,
+    cp_async_wait_group,
+)
+from ..sim import compat
+
+__all__ = [
+    "ANCHOR",
+    "Plan",
+    "TensorCoreConfig",
+    "aligned_rows",
+    "check_operands",
+    "plan",
+    "tensor_core_matmul",
+]
+
+WARP_SIZE = 32
+CHUNK = 8  # float16 per 16-byte chunk (one cp.async, one ldmatrix row)
+MAX_STATIC_SHARED = 48 * 1024
+ZERO = float32(0.0)
+
+
+class TensorCoreConfig(NamedTuple):
+    """One kernel configuration (block tile, warps, stages, epilogue, load path)."""
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+    has_bias: bool = False
+    async_copy: bool = True
+
+    @property
+    def warps_m(self) -> int:
+        return 2 if self.num_warps >= 2 and self.tile_m // 2 >= 16 else 1
+
+    @property
+    def warps_n(self) -> int:
+        return self.num_warps // self.warps_m
+
+    @property
+    def threads(self) -> int:
+        return WARP_SIZE * self.num_warps
+
+    @property
+    def mma_per_k_tile(self) -> int:
+        """mma.sync instructions a warp issues per k-tile (its 16 x 8 tiles x k16 steps)."""
+        tiles = (self.tile_m // self.warps_m // 16) * (self.tile_n // self.warps_n // 8)
+        return tiles * (self.tile_k // 16)
+
+    @property
+    def shared_bytes(self) -> int:
+        return 2 * self.num_stages * (self.tile_m * self.tile_k + self.tile_k * self.tile_n)
+
+
+ANCHOR = TensorCoreConfig()  # 128 x 128 x 32, 4 warps of 64 x 64, 3 stages
+
+
+def _is_device_function(fn) -> bool:
+    if isinstance(fn, CUDADispatcher):
+        return bool(fn.targetoptions.get("device"))
+    return isinstance(fn, compat.FakeCUDAKernel) and bool(fn._device)  # the simulator's
+
+
+def _check(cfg: TensorCoreConfig, activation) -> None:
+    for name in ("tile_m", "tile_n", "tile_k", "num_warps", "num_stages"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if cfg.num_warps not in (1, 2, 4, 8):
+        raise ValueError(f"num_warps must be 1, 2, 4 or 8, got {cfg.num_warps}")
+    if cfg.num_stages not in (2, 3, 4):
+        raise ValueError(f"num_stages must be 2, 3 or 4, got {cfg.num_stages}")
+    if cfg.tile_k not in (16, 32, 64):
+        raise ValueError(f"tile_k must be 16, 32 or 64, got {cfg.tile_k}")
+    wm, wn = cfg.tile_m // cfg.warps_m, cfg.tile_n // cfg.warps_n
+    if cfg.tile_m % cfg.warps_m or wm % 16:
+        raise ValueError(
+            f"tile_m {cfg.tile_m} must split into {cfg.warps_m} warp rows of a multiple of 16"
+        )
+    if cfg.tile_n % cfg.warps_n or wn % 16:
+        raise ValueError(
+            f"tile_n {cfg.tile_n} must split into {cfg.warps_n} warp columns of a multiple of 16"
+        )
+    chunks_n = cfg.tile_n // CHUNK
+    if chunks_n & (chunks_n - 1):
+        raise ValueError(f"tile_n must be 8 times a power of two (swizzle), got {cfg.tile_n}")
+    if cfg.shared_bytes > MAX_STATIC_SHARED:
+        raise ValueError(
+            f"{cfg.num_stages} stages of {cfg.tile_m}x{cfg.tile_k} + {cfg.tile_k}x{cfg.tile_n} "
+            f"float16 tiles need {cfg.shared_bytes} B of shared memory, over the "
+            f"{MAX_STATIC_SHARED} B static limit"
+        )
+    if activation is not None and not _is_device_function(activation):
+        raise TypeError(
+            "activation must be a numba CUDA device function (cuda.jit(device=True)) taking "
+            f"and returning float32, or None; got {activation!r}"
+        )
+
+
+def tensor_core_matmul(
+    tile_m: int = 128,
+    tile_n: int = 128,
+    tile_k: int = 32,
+    num_warps: int = 4,
+    num_stages: int = 3,
+    activation=None,
+    has_bias: bool = False,
+    *,
+    async_copy: bool = True,
+):
+    """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` in
+    float16 with float32 accumulation on the tensor cores (memoised per configuration).
+
+    ``async_copy=True`` (default): ``cp.async`` pipeline of ``num_stages`` stages, which needs
+    :func:`aligned_rows`; ``False``: synchronous guarded loads, any layout. See the module doc
+    for the launch and the layouts; :func:`plan` gives grid, block and global bytes.
+    """
+    cfg = TensorCoreConfig(
+        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(async_copy)
+    )
+    _check(cfg, activation)
+    return _build(cfg, activation)
+
+
+class Plan(NamedTuple):
+    """Launch configuration and global bytes of one launch (what the profiler measures)."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    bytes_a: int  # A is read once per column of output tiles
+    bytes_b: int  # B once per row of output tiles
+    bytes_bias: int  # each thread reads its columns' bias once (8 x warps_m per block column)
+    bytes_c: int  # C written once
+
+    @property
+    def bytes_total(self) -> int:
+        return self.bytes_a + self.bytes_b + self.bytes_bias + self.bytes_c
+
+
+def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = ANCHOR) -> Plan:
+    """Grid, block and the global bytes a launch reads and writes for ``(batch, m, n, k)``.
+
+    A grid with a zero extent means nothing to launch (batch, M or N is 0).
+    """
+    for name, v in (("batch", batch), ("m", m), ("n", n), ("k", k)):
+        if v < 0:
+            raise ValueError(f"{name} must be >= 0, got {v}")
+    tiles_m = -(-m // config.tile_m)
+    tiles_n = -(-n // config.tile_n)
+    bias = 4 * batch * tiles_m * n * 8 * config.warps_m if config.has_bias else 0
+    return Plan(
+        grid=(tiles_n, tiles_m, batch),
+        block=(config.threads, 1, 1),
+        bytes_a=2 * batch * m * k * tiles_n,
+        bytes_b=2 * batch * k * n * tiles_m,
+        bytes_bias=bias,
+        bytes_c=2 * batch * m * n,
+    )
+
+
+def aligned_rows(a, b, c) -> bool:
+    """Whether the ``cp.async`` kernel (``async_copy=True``) can take these arrays: every row
+    of A, B and C starts on 16 bytes (K and N multiples of 8, 16-byte aligned base addresses,
+    row and batch strides multiples of 16 bytes). Otherwise use ``async_copy=False``."""
+    for name, x in (("a", a), ("b", b), ("c", c)):
+        arg = x if isinstance(x, _arrays.Arg) else _arrays.read(x, name, scalars=False)
+        if len(arg.shape) != 3:
+            raise ValueError(f"{name} must be 3-d (batch, rows, cols), got shape {arg.shape}")
+        if arg.shape[2] % CHUNK or arg.address % 16 or any(s % 16 for s in arg.strides[:2]):
+            return False
+    return True
+
+
+def check_operands(a, b, bias, c) -> bool:
+    """Validate the kernel's arguments before a launch; returns :func:`aligned_rows`.
+
+    TypeError or ValueError naming the argument: ``a``, ``b``, ``c`` float16 and 3-d with the
+    inner dimension contiguous, ``(batch, M, K) @ (batch, K, N) -> (batch, M, N)`` with one
+    batch size (broadcast a single matrix with a stride-0 view), ``bias`` float32 1-d (``(N,)``
+    when the kernel uses it: the caller checks that, it knows ``has_bias``).
+    """
+    args = {
+        name: x if isinstance(x, _arrays.Arg) else _arrays.read(x, name, scalars=False)
+        for name, x in (("a", a), ("b", b), ("bias", bias), ("c", c))
+    }
+    for name in ("a", "b", "c"):
+        arg = args[name]
+        if arg.dtype != np.float16:
+            raise TypeError(f"{name} must be float16, got {arg.dtype}")
+        if len(arg.shape) != 3:
+            raise ValueError(f"{name} must be 3-d (batch, rows, cols), got shape {arg.shape}")
+        if arg.shape[2] > 1 and arg.strides[2] != 2:
+            raise ValueError(f"{name}: the inner dimension must be contiguous ([:, :, ::1])")
+    if args["bias"].dtype != np.float32 or len(args["bias"].shape) != 1:
+        raise TypeError(f"bias must be a 1-d float32 array, got {args['bias'].dtype}")
+    (ba, m, k), (bb, k2, n), (bc, m2, n2) = args["a"].shape, args["b"].shape, args["c"].shape
+    if k2 != k:
+        raise ValueError(f"b has {k2} rows, a has {k} columns: inner dimensions differ")
+    if ba != bb:
+        raise ValueError(
+            f"a has batch {ba}, b has batch {bb}: broadcast one to the other first (a stride-0 "
+            "view, e.g. numpy.broadcast_to)"
+        )
+    if (bc, m2, n2) != (ba, m, n):
+        raise ValueError(f"c has shape {args['c'].shape}, expected ({ba}, {m}, {n})")
+    if bc > 1 and args["c"].strides[0] == 0 and m * n:
+        raise ValueError("c: a batch stride of 0 would write every batch to the same matrix")
+    return aligned_rows(args["a"], args["b"], args["c"])
+
+
+class _Copies(NamedTuple):
+    """How a block's threads copy one operand's tile: thread ``t`` takes rows
+    ``t // per_row + p * row_step`` (``p < passes``) and, in each, chunks
+    ``t % per_row + per_row * i`` (``i < chunks // per_row``): one global row pointer per pass,
+    its chunks at constant offsets."""
+
+    rows: int
+    chunks: int  # 16-byte chunks per row
+    per_row: int  # threads per row
+    row_step: int
+    passes: int
+    exact: bool  # every pass is full
+    lines: int  # rows per 128-byte line (swizzle)
+    period: int  # XOR period in chunks (swizzle)
+    bits: int  # log2(period)
+
+
+def _copies(rows: int, chunks: int, threads: int) -> _Copies:
+    per_row = max(1, threads // rows)
+    if chunks % per_row:
+        raise ValueError(
+            f"a {rows}-row tile of {chunks} 16-byte chunks per row cannot be split over "
+            f"{threads} threads ({per_row} per row); use a wider tile or fewer warps"
+        )
+    step = threads // per_row
+    period = min(chunks, 8)
+    return _Copies(
+        rows, chunks, per_row, step, -(-rows // step), rows % step == 0,
+        max(1, 8 // chunks), period, period.bit_length() - 1,
+    )  # fmt: skip
+
+
+# The main loop's pieces are inlined so that fragments and accumulators stay constant-indexed
+# registers and stage offsets constants: by NVVM (alwaysinline: each piece is typed once) when
+# compiling, by Numba's IR inliner in the simulator (which has no forceinline).
+_INLINE = {"inline": "always"} if _config.SIMULATED else {"forceinline": True}
+
+
+@cuda.jit(device=True)
+def _identity(x):
+    return x
+
+
+@functools.cache
+def _build(cfg: TensorCoreConfig, activation):
+    tile_m, tile_n, tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
+    stages, threads = cfg.num_stages, cfg.threads
+    warps_n = cfg.warps_n
+    wm_tile, wn_tile = tile_m // cfg.warps_m, tile_n // warps_n
+    mt, nt = wm_tile // 16, wn_tile // 8  # mma tiles per warp
+    nt2 = nt // 2  # ldmatrix.x4.trans per k16 step: the B fragments of two n8 tiles each
+    ksteps = tile_k // 16
+    ahead = stages - 1
+    lag = stages - 2
+    has_bias, async_copy = cfg.has_bias, cfg.async_copy
+    act = _identity if activation is None else activation
+    # Flat shared rings: stage s of A is sa[s * a_stage:], row-major tile_m x tile_k (swizzled).
+    a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
+    a_ring, b_ring = stages * a_stage, stages * b_stage  # shared shapes must be constants
+    ck_a, ck_b = tile_k // CHUNK, tile_n // CHUNK  # chunks per shared row
+    cp_a, cp_b = _copies(tile_m, ck_a, threads), _copies(tile_k, ck_b, threads)
+    lines_a, period_a, shift_a = cp_a.lines, cp_a.period, 3 - cp_a.bits
+    lines_b, period_b, shift_b = cp_b.lines, cp_b.period, 3 - cp_b.bits
+    q_a, step_a, passes_a, exact_a, per_a = (
+        cp_a.per_row,
+        cp_a.row_step,
+        cp_a.passes,
+        cp_a.exact,
+        ck_a // cp_a.per_row,
+    )
+    q_b, step_b, passes_b, exact_b, per_b = (
+        cp_b.per_row,
+        cp_b.row_step,
+        cp_b.passes,
+        cp_b.exact,
+        ck_b // cp_b.per_row,
+    )
+
+    @cuda.jit(device=True)
+    def reverse3(v):
+        return ((v & 1) << 2) | (v & 2) | ((v >> 2) & 1)
+
+    @cuda.jit(device=True)
+    def chunk_a(r, c):
+        """Physical chunk of logical chunk ``c`` of A-tile row ``r`` (the module doc's swizzle)."""
+        return c ^ (reverse3((r // lines_a) % period_a) >> shift_a)
+
+    @cuda.jit(device=True)
+    def chunk_b(r, c):
+        return c ^ (reverse3((r // lines_b) % period_b) >> shift_b)
+
+    @cuda.jit(device=True)
+    def copy_chunk(dst, offset, src, bz, gr, gk, ok):
+        """Chunk ``src[bz, gr, gk:gk + 8]`` -> ``dst[offset:offset + 8]``; zeros unless ``ok``
+        (async) / outside ``src`` (sync)."""
+        if async_copy:
+            # Rows are 16-byte aligned here (aligned_rows): a chunk is all in or all out, and
+            # a copy of 0 source bytes reads nothing, so its address may lie outside src.
+            cp_async_cg_16_zfill(dst, offset, src, (bz, gr, gk), 16 if ok else 0)
+        else:
+            rows = src.shape[1]
+            cols = src.shape[2]
+            ok = gr < rows
+            x0 = src[bz, gr, gk] if ok and gk < cols else float16(0)
+            x1 = src[bz, gr, gk + 1] if ok and gk + 1 < cols else float16(0)
+            x2 = src[bz, gr, gk + 2] if ok and gk + 2 < cols else float16(0)
+            x3 = src[bz, gr, gk + 3] if ok and gk + 3 < cols else float16(0)
+            x4 = src[bz, gr, gk + 4] if ok and gk + 4 < cols else float16(0)
+            x5 = src[bz, gr, gk + 5] if ok and gk + 5 < cols else float16(0)
+            x6 = src[bz, gr, gk + 6] if ok and gk + 6 < cols else float16(0)
+            x7 = src[bz, gr, gk + 7] if ok and gk + 7 < cols else float16(0)
+            store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
+
+    @cuda.jit(device=True, **_INLINE)
+    def load_tile(
+        sa, sb, a, b, bz, m0, n0, kt, stage, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c
+    ):
+        """This thread's chunks of k-tile ``kt`` of the A and B panels into ``stage``."""
+        k0 = kt * tile_k
+        k = a.shape[2]
+        # k-columns of this thread's first A chunk left in the tile: a 32-bit count, so the
+        # chunk guards below are one compare with a constant each.
+        left = int32(min(k - k0 - a_c * CHUNK, tile_k))
+        for p in range(passes_a):
+            if exact_a or a_r + p * step_a < tile_m:
+                for i in range(per_a):
+                    ka = k0 + (a_c + q_a * i) * CHUNK
+                    copy_chunk(
+                        sa, stage * a_stage + a_dst[p, i], a, bz, m0 + a_r + p * step_a, ka,
+                        a_ok[p] and left > q_a * CHUNK * i,
+                    )  # fmt: skip
+        for p in range(passes_b):
+            if exact_b or b_r + p * step_b < tile_k:
+                kb = k0 + b_r + p * step_b
+                for i in range(per_b):
+                    copy_chunk(
+                        sb, stage * b_stage + b_dst[p, i], b, bz, kb,
+                        n0 + (b_c + q_b * i) * CHUNK, b_ok[i] and kb < k,
+                    )  # fmt: skip
+
+    @cuda.jit(device=True)
+    def commit():
+        if async_copy:
+            cp_async_commit_group()
+
+    @cuda.jit(device=True)
+    def wait_tile():
+        if async_copy:
+            cp_async_wait_group(lag)
+        cuda.syncthreads()
+
+    @cuda.jit(device=True, **_INLINE)
+    def k_step(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
+        """One k16 step of the warp tile: A and B fragments by ldmatrix, then mt x nt mma."""
+        for i in range(mt):
+            f = ldmatrix_x4(sa, a_base + a_off[ks] + 16 * tile_k * i)
+            for q in range(4):
+                fa[i, q] = f[q]
+        for j in range(nt2):
+            f = ldmatrix_x4_trans(sb, b_base + b_off[j] + 16 * tile_n * ks)
+            fb[2 * j, 0] = f[0]
+            fb[2 * j, 1] = f[1]
+            fb[2 * j + 1, 0] = f[2]
+            fb[2 * j + 1, 1] = f[3]
+        for i in range(mt):
+            for j in range(nt):
+                d = mma_m16n8k16(
+                    (fa[i, 0], fa[i, 1], fa[i, 2], fa[i, 3]),
+                    (fb[j, 0], fb[j, 1]),
+                    (acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3]),
+                )
+                for q in range(4):
+                    acc[i, j, q] = d[q]
+
+    @cuda.jit(device=True, **_INLINE)
+    def tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, s, fa, fb, acc, a_off, b_off, a_dst,
+                  a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c):  # fmt: skip
+        """k-tile ``kt`` (in stage ``s``, a constant): wait for it, refill the stage tile
+        ``kt - 1`` used with tile ``kt + stages - 1``, multiply tile ``kt``."""
+        wait_tile()  # tile kt landed; every warp is done with kt - 1
+        if int32(kt + ahead) < tiles:
+            load_tile(sa, sb, a, b, bz, m0, n0, kt + ahead, (s + ahead) % stages,
+                      a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+        commit()
+        # The k16 steps written out (LLVM does not unroll a loop this large) and inlined, so
+        # the fragments and accumulators stay constant-indexed registers.
+        a_base = s * a_stage
+        b_base = s * b_stage
+        k_step(sa, sb, a_base, b_base, 0, fa, fb, acc, a_off, b_off)
+        if ksteps > 1:
+            k_step(sa, sb, a_base, b_base, 1, fa, fb, acc, a_off, b_off)
+        if ksteps > 2:
+            k_step(sa, sb, a_base, b_base, 2, fa, fb, acc, a_off, b_off)
+        if ksteps > 3:
+            k_step(sa, sb, a_base, b_base, 3, fa, fb, acc, a_off, b_off)
+
+    def kernel(a, b, bias, c):
+        sa = cuda.shared.array(a_ring, float16, alignment=SHARED_ALIGN)
+        sb = cuda.shared.array(b_ring, float16, alignment=SHARED_ALIGN)
+        # Local arrays indexed only by constants (loops over constants, unrolled): registers.
+        acc = cuda.local.array((mt, nt, 4), float32)
+        fa = cuda.local.array((mt, 4), uint32)
+        fb = cuda.local.array((nt, 2), uint32)
+        a_off = cuda.local.array(ksteps, int32)
+        b_off = cuda.local.array(nt2, int32)
+        a_dst = cuda.local.array((passes_a, per_a), int32)
+        b_dst = cuda.local.array((passes_b, per_b), int32)
+        a_ok = cuda.local.array(passes_a, boolean)
+        b_ok = cuda.local.array(per_b, boolean)
+        tid = cuda.threadIdx.x
+        lane = tid % WARP_SIZE
+        warp = tid // WARP_SIZE
+        wm0 = (warp // warps_n) * wm_tile
+        wn0 = (warp % warps_n) * wn_tile
+        bz = cuda.blockIdx.z
+        m0 = cuda.blockIdx.y * tile_m
+        n0 = cuda.blockIdx.x * tile_n
+        m = c.shape[1]
+        tiles = int32((a.shape[2] + tile_k - 1) // tile_k)  # 32-bit loop control
+        for i in range(mt):
+            for j in range(nt):
+                for q in range(4):
+                    acc[i, j, q] = ZERO
+
+        # This thread's copy targets (swizzled offsets inside a stage) and row guards.
+        a_r = tid // q_a
+        a_c = tid % q_a
+        b_r = tid // q_b
+        b_c = tid % q_b
+        for p in range(passes_a):
+            r = a_r + p * step_a
+            a_ok[p] = m0 + r < m
+            for i in range(per_a):
+                a_dst[p, i] = r * tile_k + chunk_a(r, a_c + q_a * i) * CHUNK
+        for p in range(passes_b):
+            r = b_r + p * step_b
+            for i in range(per_b):
+                b_dst[p, i] = r * tile_n + chunk_b(r, b_c + q_b * i) * CHUNK
+        for i in range(per_b):
+            b_ok[i] = n0 + (b_c + q_b * i) * CHUNK < c.shape[2]
+        # This lane's ldmatrix rows: A rows wm0 + lane % 16 (+ 16 i), logical chunk
+        # 2 ks + lane // 16; B k-rows lane % 8 + 8 (lane // 8 % 2) (+ 16 ks), chunk
+        # (wn0 + 16 j) / 8 + lane // 16. The swizzle repeats every 8 rows, so the i and ks
+        # terms are constants added to these offsets.
+        r = wm0 + lane % 16
+        for ks in range(ksteps):
+            a_off[ks] = r * tile_k + chunk_a(r, 2 * ks + lane // 16) * CHUNK
+        r = lane % 8 + 8 * (lane // 8 % 2)
+        for j in range(nt2):
+            b_off[j] = r * tile_n + chunk_b(r, wn0 // CHUNK + 2 * j + lane // 16) * CHUNK
+
+        for kt in range(ahead):  # prologue: tiles 0 .. stages-2 in flight, a group each
+            if kt < tiles:
+                load_tile(
+                    sa, sb, a, b, bz, m0, n0, kt, kt, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c
+                )
+            commit()
+
+        # Steady state, unrolled over the stages so that every stage offset is a constant
+        # (ldmatrix and cp.async addresses become register + immediate).
+        kt = int32(0)
+        while kt < tiles:  # a run-time bound: `while`, not range()
+            tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 0, fa, fb, acc, a_off, b_off, a_dst,
+                      a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+            kt = int32(kt + 1)
+            if kt < tiles:
+                tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 1, fa, fb, acc, a_off, b_off,
+                          a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+                kt = int32(kt + 1)
+                if stages > 2 and kt < tiles:
+                    tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 2, fa, fb, acc, a_off,
+                              b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+                    kt = int32(kt + 1)
+                    if stages > 3 and kt < tiles:
+                        tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 3, fa, fb, acc, a_off,
+                                  b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+                        kt = int32(kt + 1)
+
+        # Epilogue: lane (g, t) holds rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile.
+        n = c.shape[2]
+        col_base = n0 + wn0 + 2 * (lane & 3)
+        row_base = m0 + wm0 + (lane >> 2)
+        for j in range(nt):
+            col = col_base + 8 * j
+            b0 = ZERO
+            b1 = ZERO
+            if has_bias:
+                if col < n:
+                    b0 = bias[col]
+                if col + 1 < n:
+                    b1 = bias[col + 1]
+            for i in range(mt):
+                for h in range(2):
+                    row = row_base + 16 * i + 8 * h
+                    v0 = acc[i, j, 2 * h]
+                    v1 = acc[i, j, 2 * h + 1]
+                    if has_bias:
+                        v0 += b0
+                        v1 += b1
+                    v0 = act(v0)
+                    v1 = act(v1)
+                    if row < m and col < n:
+                        if async_copy:  # N % 8 == 0: the pair is inside and 4-byte aligned
+                            store_f16x2(c, (bz, row, col), v0, v1)
+                        else:
+                            c[bz, row, col] = v0
+                            if col + 1 < n:
+                                c[bz, row, col + 1] = v1
+
+    kernel.__name__ = kernel.__qualname__ = (
+        f"matmul_tc_{tile_m}x{tile_n}x{tile_k}_w{cfg.num_warps}_s{stages}"
+        f"{'_bias' if has_bias else ''}{'' if async_copy else '_sync'}"
+    )
+    return cuda.jit(kernel)
+
+
+# The configurations the compile tier builds (module-level kernels: one compile case each).
+matmul_tc_anchor = tensor_core_matmul()  # 128 x 128 x 32, 4 warps, 3 stages
+matmul_tc_8warps = tensor_core_matmul(128, 128, 32, 8, 3)
+# Synchronous loads gain nothing from a third stage; with 4 warps this variant spills.
+matmul_tc_sync = tensor_core_matmul(128, 128, 32, 8, 2, async_copy=False)
+matmul_tc_small_bias = tensor_core_matmul(32, 32, 16, 1, 2, has_bias=True)

@@ -1,0 +1,426 @@
+"""Warp-level tensor-core fragments: ``ldmatrix``, ``mma.sync.m16n8k16`` (float16 in, float32
+accumulate) and accumulator stores, as Numba CUDA device functions (inline PTX, sm_80+).
+
+numba-cuda has no tensor-core API; these intrinsics reach the tensor cores through inline PTX
+and each has a simulator twin that reproduces the PTX ISA's fragment layouts lane by lane, so
+one kernel runs in the simulator (checked against NumPy) and on the GPU.
+
+Fragments (one warp holds one fragment; each lane holds the registers below)
+===========================================================================
+
+``groupID = lane >> 2`` and ``tig = lane % 4`` (the thread in its group of four). A ``uint32``
+register holds two float16 values, the lower-numbered element in its low 16 bits.
+
+A: 16 x 16 float16, row-major (``mma...row``), ``UniTuple(uint32, 4)`` = (a0a1, a2a3, a4a5, a6a7)::
+
+    a_i at row = groupID + 8 * ((i >> 1) & 1),  col = 2 * tig + (i & 1) + 8 * (i >> 2)
+
+            cols 0..7          cols 8..15
+          +-----------------+-----------------+
+    0..7  | reg 0 (a0, a1)  | reg 2 (a4, a5)  |    lane 4g+t holds row g (or g+8),
+          +-----------------+-----------------+    columns 2t, 2t+1 of each 8 x 8 quarter
+    8..15 | reg 1 (a2, a3)  | reg 3 (a6, a7)  |
+          +-----------------+-----------------+
+
+B: 16 x 8 float16 indexed [k, n] (``...col``), ``UniTuple(uint32, 2)`` = (b0b1, b2b3)::
+
+    b_i at k = 2 * tig + (i & 1) + 8 * (i >> 1),  n = groupID
+
+    k 0..7   | reg 0 (b0, b1) |    lane 4g+t holds column n = g, rows k = 2t, 2t+1
+    k 8..15  | reg 1 (b2, b3) |    (two consecutive k of one column per register)
+
+C and D: 16 x 8 float32, ``UniTuple(float32, 4)`` = (c0, c1, c2, c3)::
+
+    c_i at row = groupID + 8 * (i >> 1),  col = 2 * tig + (i & 1)
+
+    rows 0..7   | c0 c1 at (g, 2t), (g, 2t+1)         |
+    rows 8..15  | c2 c3 at (g+8, 2t), (g+8, 2t+1)     |
+
+This representation compiles to registers (HMMA.16816.F32 takes them directly): no local
+memory, no packing instructions. Keep many fragments (a warp's accumulator tile) in
+``cuda.local.array`` indexed only by constants (loops over constants, which LLVM unrolls).
+
+Intrinsics
+==========
+
+==========================================  ================================================
+``ldmatrix_x1/x2/x4(smem, index)``          ``ldmatrix.sync.aligned.m8n8.x{1,2,4}.shared.b16``:
+                                            1, 2 or 4 8 x 8 matrices of 16-bit values from
+                                            shared memory -> ``uint32`` / 2- / 4-tuple
+``ldmatrix_x1/x2/x4_trans(smem, index)``    the same, each matrix transposed (``.trans``)
+``mma_m16n8k16(a, b, c) -> d``              ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16
+                                            .f32``: ``d = a @ b + c``
+``store_f16x2(out, index, x0, x1)``         ``out[index], out[index + 1] = x0, x1`` rounded to
+                                            float16 in one 4-byte store (``.global``; use
+                                            ``store_f16x2_shared`` for shared memory)
+``store_accumulator(acc, out, row0, col0)``  the 16 x 8 tile ``acc`` at ``out[row0:, col0:]``,
+                                            masked by ``out.shape`` (plain stores, any dtype)
+==========================================  ================================================
+
+ldmatrix addressing: lane ``8 * j + r`` gives the address of row ``r`` of matrix ``j``
+(``&smem[index]``: 8 consecutive 16-bit elements, 16 bytes, 16-byte aligned, in shared memory);
+``.x1`` uses lanes 0..7, ``.x2`` lanes 0..15 and ``.x4`` all 32 (the other lanes' addresses are
+ignored). Register ``j`` of lane ``4 * g + t`` receives row ``g``, columns ``2t, 2t + 1`` of
+matrix ``j`` (with ``.trans``: column ``g``, rows ``2t, 2t + 1``)::
+
+    matrix j, 8 rows of 16 bytes        lane 4g+t, register j
+    row r  <- address from lane 8j + r  (M[g, 2t], M[g, 2t+1])      no .trans
+                                        (M[2t, g], M[2t+1, g])      .trans
+
+So an A fragment of a row-major 16 x 16 tile at ``(r0, c0)`` is ``ldmatrix_x4(s, (r0 + lane %
+16, c0 + 8 * (lane // 16)))``, and the B fragments of two n8 tiles of a row-major [k, n] tile
+at ``(k0, n0)`` are ``ldmatrix_x4_trans(s, (k0 + lane % 8 + 8 * (lane // 8 % 2), n0 + 8 *
+(lane // 16)))`` -> ``(b[0] of n0, b[1] of n0, b[0] of n0+8, b[1] of n0+8)``.
+
+Every intrinsic is warp-wide and ``.aligned``: all 32 lanes of the warp must execute the same
+call convergently (not under a condition some lanes take and others do not). The twins run as
+warp collectives of :mod:`tessera_tile.sim` and raise :class:`tessera_tile.sim.SimulationError`
+for a partial warp, exited lanes or a divergent call, and for an ldmatrix row address that is
+not 16-byte aligned, runs past the array's last axis or is out of bounds. Shared-memory traffic
+of ``ldmatrix`` is recorded per lane (one 16-byte row each), so the profiler counts its bank
+conflicts as the hardware serves it: a quarter-warp (one 8 x 8 matrix) per 128-byte phase.
+
+The simulated ``mma`` computes in float64 from the float16 inputs and rounds once to float32;
+the tensor core keeps at least float32 precision in its sums, so results agree to float32
+rounding of the accumulation (tests allow ``1e-6`` relative to the sum of absolute products).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import cuda, types
+from numba.cuda.extending import intrinsic
+
+from . import sim
+from .intrinsics import check_index, element_pointer
+from .sim.compat import NumbaTypeError
+from .sim.ints import narrow
+
+__all__ = [
+    "ldmatrix_x1",
+    "ldmatrix_x1_trans",
+    "ldmatrix_x2",
+    "ldmatrix_x2_trans",
+    "ldmatrix_x4",
+    "ldmatrix_x4_trans",
+    "mma_m16n8k16",
+    "store_accumulator",
+    "store_f16x2",
+    "store_f16x2_shared",
+]
+
+WARP_SIZE = 32
+ROW_BYTES = 16  # one ldmatrix row: 8 x 16-bit
+
+# --------------------------------------------------------------------------------------------
+# Layouts (the PTX ISA's fragment tables), used by the twins
+# --------------------------------------------------------------------------------------------
+
+
+def _a_coord(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane & 3
+    return g + 8 * ((i >> 1) & 1), 2 * t + (i & 1) + 8 * (i >> 2)
+
+
+def _b_coord(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane & 3
+    return 2 * t + (i & 1) + 8 * (i >> 1), g
+
+
+def _c_coord(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane & 3
+    return g + 8 * (i >> 1), 2 * t + (i & 1)
+
+
+def _halves(registers, count: int) -> np.ndarray:
+    """The float16 values of ``count`` packed registers (low half first)."""
+    words = np.array([int(r) & 0xFFFFFFFF for r in registers], dtype="<u4")
+    if words.size != count:
+        raise sim.SimulationError(f"expected a fragment of {count} registers, got {words.size}")
+    return words.view("<f2")
+
+
+def _pack(lo, hi) -> np.uint32:
+    return np.uint32(int(lo) | (int(hi) << 16))  # narrowed (Numba's typing) by the caller
+
+
+# --------------------------------------------------------------------------------------------
+# Simulator twins
+# --------------------------------------------------------------------------------------------
+
+
+def _ldmatrix_compute(count: int, trans: bool):
+    def compute(args: dict) -> dict:
+        mats = [np.stack([args[8 * j + r] for r in range(8)]) for j in range(count)]
+        out = {}
+        for lane in args:
+            g, t = lane >> 2, lane & 3
+            regs = [
+                _pack(m[2 * t, g], m[2 * t + 1, g])
+                if trans
+                else _pack(m[g, 2 * t], m[g, 2 * t + 1])
+                for m in mats
+            ]
+            out[lane] = narrow(regs[0]) if count == 1 else tuple(map(narrow, regs))
+        return out
+
+    return compute
+
+
+def _ldmatrix_twin(count: int, trans: bool):
+    kind = f"ldmatrix.x{count}{'.trans' if trans else ''}"
+    sim.register_aligned(kind, _ldmatrix_compute(count, trans))
+
+    def twin(smem, index):
+        lane = sim.current_thread().lane
+        row = None
+        if lane < 8 * count:  # only these lanes' addresses are used
+            key = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
+            if smem.itemsize != 2:
+                raise sim.SimulationError(f"{kind}: needs 16-bit elements, got {smem.dtype}")
+            if not sim.in_shared_memory(smem):
+                raise sim.SimulationError(
+                    f"{kind}: reads shared memory; lane {lane} passed another array"
+                )
+            if len(key) != smem.ndim or any(
+                not 0 <= i < n for i, n in zip(key, smem.shape, strict=True)
+            ):
+                raise sim.SimulationError(
+                    f"{kind}: lane {lane}'s row index {key} is out of bounds for {smem.shape}"
+                )
+            if sim.element_address(smem, key) % ROW_BYTES:
+                raise sim.SimulationError(
+                    f"{kind}: lane {lane}'s row address (index {key}) is not 16-byte aligned "
+                    "(ldmatrix needs 16-byte aligned rows)"
+                )
+            if key[-1] + 8 > smem.shape[-1] or smem.strides[-1] != 2:
+                raise sim.SimulationError(
+                    f"{kind}: lane {lane}'s row {key} is not 8 contiguous elements of the last "
+                    f"axis (shape {smem.shape}); the simulator reads rows along the last axis only"
+                )
+            values = sim.load(smem, (*key[:-1], slice(key[-1], key[-1] + 8)))
+            row = np.asarray(values).view(np.uint16).copy()
+        return sim.aligned_collective(kind, row)
+
+    return twin
+
+
+def _mma_compute(args: dict) -> dict:
+    a = np.empty((16, 16), np.float64)
+    b = np.empty((16, 8), np.float64)
+    c = np.empty((16, 8), np.float64)
+    for lane, (ra, rb, rc) in args.items():
+        for i, h in enumerate(_halves(ra, 4)):
+            a[_a_coord(lane, i)] = h
+        for i, h in enumerate(_halves(rb, 2)):
+            b[_b_coord(lane, i)] = h
+        for i in range(4):
+            c[_c_coord(lane, i)] = rc[i]
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = (a @ b + c).astype(np.float32)
+    return {lane: tuple(d[_c_coord(lane, i)] for i in range(4)) for lane in args}
+
+
+sim.register_aligned("mma.m16n8k16", _mma_compute)
+
+
+def _mma_twin(a, b, c):
+    if len(a) != 4 or len(b) != 2 or len(c) != 4:
+        raise sim.SimulationError(
+            f"mma_m16n8k16 takes 4 A, 2 B and 4 C registers, got {len(a)}, {len(b)}, {len(c)}"
+        )
+    c32 = tuple(np.float32(x) for x in c)
+    return sim.aligned_collective("mma.m16n8k16", (tuple(a), tuple(b), c32))
+
+
+def _pair_twin(space: str):
+    def twin(out, index, x0, x1):
+        key = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
+        if out.dtype != np.float16:
+            raise sim.SimulationError(f"store_f16x2: needs a float16 array, got {out.dtype}")
+        if key[-1] + 2 > out.shape[-1] or out.strides[-1] != 2:
+            raise sim.SimulationError(
+                f"store_f16x2: index {key} is not 2 contiguous elements of the last axis"
+            )
+        if sim.element_address(out, key) % 4:
+            raise sim.SimulationError(f"store_f16x2: index {key} is not 4-byte aligned")
+        if sim.in_shared_memory(out) != (space == "shared"):
+            other = "a global" if space == "shared" else "a shared"
+            raise sim.SimulationError(f"store_f16x2 ({space}): got {other} array")
+        values = np.array([x0, x1], np.float32).astype(np.float16)
+        sim.store(out, (*key[:-1], slice(key[-1], key[-1] + 2)), values)
+
+    twin.__name__ = twin.__qualname__ = f"store_f16x2_{space}_twin"
+    return twin
+
+
+# --------------------------------------------------------------------------------------------
+# Intrinsics (inline PTX)
+# --------------------------------------------------------------------------------------------
+
+_I32 = ir.IntType(32)
+
+
+def _shared_address(builder, ptr):
+    """Generic -> 32-bit shared-window address (cvta.to.shared), as PTX's [r] operand wants."""
+    byte = ir.IntType(8)
+    shared = builder.addrspacecast(builder.bitcast(ptr, byte.as_pointer()), byte.as_pointer(3))
+    return builder.ptrtoint(shared, _I32)
+
+
+def _make_ldmatrix(count: int, trans: bool):
+    name = f"ldmatrix_x{count}{'_trans' if trans else ''}"
+    outs = ", ".join(f"${i}" for i in range(count))
+    asm = (
+        f"ldmatrix.sync.aligned.m8n8.x{count}{'.trans' if trans else ''}.shared.b16 "
+        f"{{{outs}}}, [${count}];"
+    )
+    constraints = ",".join(["=r"] * count) + ",r,~{memory}"
+    result = types.uint32 if count == 1 else types.UniTuple(types.uint32, count)
+
+    def impl(typingctx, smem, index):
+        check_index(name, smem, index)
+        if smem.dtype.bitwidth != 16:
+            raise NumbaTypeError(f"{name} reads 16-bit elements (float16), got {smem.dtype}")
+
+        def codegen(context, builder, sig, args):
+            ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            addr = _shared_address(builder, ptr)
+            ret = _I32 if count == 1 else ir.LiteralStructType([_I32] * count)
+            fnty = ir.FunctionType(ret, [_I32])
+            res = builder.call(ir.InlineAsm(fnty, asm, constraints, side_effect=True), [addr])
+            if count == 1:
+                return res
+            values = [builder.extract_value(res, i) for i in range(count)]
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return result(smem, types.unliteral(index)), codegen
+
+    impl.__name__ = impl.__qualname__ = name
+    layout = "(M[2t, g], M[2t+1, g])" if trans else "(M[g, 2t], M[g, 2t+1])"
+    doc = (
+        f"``{name}(smem, index)``: ``ldmatrix...x{count}{'.trans' if trans else ''}``, "
+        f"{count} 8 x 8 matrices of 16-bit values. Lane ``8j + r`` (j < {count}) gives row r "
+        f"of matrix j at ``&smem[index]`` (16 bytes, 16-byte aligned, shared memory); lane "
+        f"``4g + t`` receives {layout} of matrix j in register j, low half first. A warp-wide "
+        "``.aligned`` collective: all 32 lanes call it together."
+    )
+    twin_fn = _ldmatrix_twin(count, trans)
+    twin_fn.__name__ = twin_fn.__qualname__ = f"{name}_twin"
+    fn = sim.twin(twin_fn)(intrinsic(impl))
+    fn.__doc__ = doc
+    return fn
+
+
+ldmatrix_x1 = _make_ldmatrix(1, False)
+ldmatrix_x2 = _make_ldmatrix(2, False)
+ldmatrix_x4 = _make_ldmatrix(4, False)
+ldmatrix_x1_trans = _make_ldmatrix(1, True)
+ldmatrix_x2_trans = _make_ldmatrix(2, True)
+ldmatrix_x4_trans = _make_ldmatrix(4, True)
+
+_MMA_ASM = (
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+)
+_MMA_CONSTRAINTS = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"
+
+
+def _registers(what: str, tup, count: int, kind) -> None:
+    if not isinstance(tup, types.BaseTuple) or len(tup) != count:
+        raise NumbaTypeError(f"mma_m16n8k16: {what} must be a tuple of {count}, got {tup}")
+    if not all(isinstance(t, kind) for t in tup):
+        raise NumbaTypeError(f"mma_m16n8k16: {what} holds {tup}, expected {kind.__name__}s")
+
+
+@sim.twin(_mma_twin)
+@intrinsic
+def mma_m16n8k16(typingctx, a, b, c):
+    """``mma_m16n8k16(a, b, c) -> d``: ``d = a @ b + c`` on the tensor cores
+    (``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``).
+
+    ``a``: 4 ``uint32`` (the 16 x 16 float16 A fragment), ``b``: 2 ``uint32`` (16 x 8 float16 B),
+    ``c``: 4 ``float32`` (16 x 8 accumulators); returns 4 ``float32``. Layouts in the module
+    doc. A warp-wide ``.aligned`` collective: all 32 lanes call it together.
+    """
+    _registers("a", a, 4, types.Integer)
+    _registers("b", b, 2, types.Integer)
+    _registers("c", c, 4, types.Number)
+
+    def codegen(context, builder, sig, args):
+        ops = []
+        for k, (tup_t, arg) in enumerate(zip(sig.args, args, strict=True)):
+            target = types.float32 if k == 2 else types.uint32
+            ops += [
+                context.cast(builder, builder.extract_value(arg, i), t, target)
+                for i, t in enumerate(tup_t)
+            ]
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [_I32] * 6 + [f32] * 4)
+        res = builder.call(ir.InlineAsm(fnty, _MMA_ASM, _MMA_CONSTRAINTS), ops)
+        values = [builder.extract_value(res, i) for i in range(4)]
+        return context.make_tuple(builder, sig.return_type, values)
+
+    return types.UniTuple(types.float32, 4)(a, b, c), codegen
+
+
+def _make_pair_store(space: str):
+    def impl(typingctx, out, index, x0, x1):
+        check_index("store_f16x2", out, index)
+        if out.dtype != types.float16:
+            raise NumbaTypeError(f"store_f16x2 stores into a float16 array, got {out.dtype}")
+        for x in (x0, x1):
+            if not isinstance(x, types.Number):
+                raise NumbaTypeError(f"store_f16x2 stores numbers, got {x}")
+
+        def codegen(context, builder, sig, args):
+            ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            f32 = ir.FloatType()
+            lo = context.cast(builder, args[2], sig.args[2], types.float32)
+            hi = context.cast(builder, args[3], sig.args[3], types.float32)
+            # cvt packs its first source in the upper half.
+            if space == "shared":
+                addr, cons = _shared_address(builder, ptr), "r,f,f,~{memory}"
+                st = "st.shared.b32"
+            else:
+                addr, cons = ptr, "l,f,f,~{memory}"
+                st = "st.global.b32"
+            asm = f"{{ .reg .b32 p; cvt.rn.f16x2.f32 p, $2, $1; {st} [$0], p; }}"
+            fnty = ir.FunctionType(ir.VoidType(), [addr.type, f32, f32])
+            builder.call(ir.InlineAsm(fnty, asm, cons, side_effect=True), [addr, lo, hi])
+            return context.get_dummy_value()
+
+        return types.void(out, types.unliteral(index), x0, x1), codegen
+
+    impl.__name__ = impl.__qualname__ = f"store_f16x2{'_shared' if space == 'shared' else ''}"
+    fn = sim.twin(_pair_twin(space))(intrinsic(impl))
+    fn.__doc__ = (
+        f"``{impl.__name__}(out, index, x0, x1)``: ``out[index]``, the next element = ``x0``, "
+        f"``x1`` rounded to float16, in one 4-byte {space} store (``cvt.rn.f16x2.f32`` + "
+        "``st.b32``). ``&out[index]`` must be 4-byte aligned (the twin checks)."
+    )
+    return fn
+
+
+store_f16x2 = _make_pair_store("global")
+store_f16x2_shared = _make_pair_store("shared")
+
+
+@cuda.jit(device=True)
+def store_accumulator(acc, out, row0, col0):
+    """Write the 16 x 8 accumulator tile ``acc`` (4 float32 per lane, layout C) to
+    ``out[row0:row0 + 16, col0:col0 + 8]`` of a 2-d ``out`` (global or shared, any dtype: the
+    values are cast), skipping elements outside ``out.shape``. Plain stores: per lane, rows
+    ``row0 + g`` and ``row0 + g + 8``, columns ``col0 + 2t`` and ``col0 + 2t + 1``."""
+    lane = cuda.laneid
+    r = row0 + (lane >> 2)
+    c = col0 + 2 * (lane & 3)
+    m, n = out.shape
+    for h in range(2):
+        rr = r + 8 * h
+        if rr < m:
+            if c < n:
+                out[rr, c] = acc[2 * h]
+            if c + 1 < n:
+                out[rr, c + 1] = acc[2 * h + 1]

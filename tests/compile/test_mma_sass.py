@@ -1,0 +1,120 @@
+"""Tensor-core fragments and the float16 tensor-core matmul in SASS (sm_80, sm_90).
+
+Structural facts only (opcodes, vector widths, ratios with floors and ceilings from the expert
+kernels' figures), never exact instruction counts.
+"""
+
+import pytest
+from numba import cuda, float32
+from numba.types import float16
+
+from tessera_tile import inspect, mma
+from tessera_tile.kernels import matmul_tc as tc
+
+ARCHS = ("sm_80", "sm_90")
+MATMUL_SIG = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
+
+
+@cuda.jit
+def every_fragment(x, out, out16):
+    """Each intrinsic once: ldmatrix x1/x2/x4 (+ .trans), mma, f16x2 stores."""
+    s = cuda.shared.array((32, 16), float16)
+    lane = cuda.threadIdx.x
+    for j in range(16):
+        s[lane, j] = x[lane, j]
+    cuda.syncthreads()
+    r1 = mma.ldmatrix_x1(s, (lane, 0))
+    r2 = mma.ldmatrix_x2(s, (lane, 8))
+    r4 = mma.ldmatrix_x4(s, (lane, 0))
+    t1 = mma.ldmatrix_x1_trans(s, (lane, 8))
+    t2 = mma.ldmatrix_x2_trans(s, (lane, 0))
+    t4 = mma.ldmatrix_x4_trans(s, (lane, 8))
+    z = float32(0)
+    d = mma.mma_m16n8k16(r4, (r1, t1), (z, z, z, z))
+    d = mma.mma_m16n8k16(t4, r2, d)
+    d = mma.mma_m16n8k16((r4[0], t4[1], r2[0], t2[1]), t2, d)
+    mma.store_accumulator(d, out, 0, 0)
+    mma.store_f16x2(out16, (lane, 0), d[0], d[1])
+    cuda.syncthreads()
+    mma.store_f16x2_shared(s, (lane, 2), d[2], d[3])
+    cuda.syncthreads()
+    out16[lane, 2] = s[(lane + 1) % 32, 2]
+
+
+def loop_facts(report):
+    """The main loop, its HMMA, ldmatrix and scalar shared loads (guards that never run,
+    ``@!PT``, excluded), and the instructions the loop body holds."""
+    loop = report.loop_with("HMMA")
+    assert loop is not None, report
+    body = [
+        ins
+        for fn in report.functions
+        if fn.name == loop.function
+        for ins in fn.instructions
+        if ins.offset in loop
+    ]
+    scalar_lds = [
+        i for i in body if i.opcode.split(".")[0] == "LDS" and i.predicate.strip() != "@!PT"
+    ]
+    return loop, loop.count("HMMA"), loop.count("LDSM"), scalar_lds
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_fragment_compiles_to_tensor_core_instructions(arch):
+    report = inspect.compile(
+        every_fragment,
+        "void(float16[:, ::1], float32[:, ::1], float16[:, ::1])",
+        arch=arch,
+        block=32,
+    )
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    assert report.count("HMMA.16816.F32") == 3, report
+    for op in ("LDSM.16.M88", "LDSM.16.M88.2", "LDSM.16.M88.4"):
+        assert report.histogram.get(op, 0) == 1, f"{op}\n{report}"
+    for op in ("LDSM.16.MT88", "LDSM.16.MT88.2", "LDSM.16.MT88.4"):
+        assert report.histogram.get(op, 0) == 1, f"{op}\n{report}"
+    assert report.count("F2FP") >= 2, report  # cvt.rn.f16x2.f32: one pack per pair store
+    assert report.histogram.get("STS", 0) >= 1, report  # the 4-byte shared pair store
+
+
+# (kernel, HMMA per k-tile and warp, HMMA-per-LDSM floor, instructions-per-HMMA ceiling or None);
+# 128 x 128 x 32 block tiles: 4 warps issue 64 HMMA each per k-tile, 8 warps 32, so the block
+# has 128 * 64 / per_tile threads.
+MAIN_LOOPS = [
+    (tc.matmul_tc_anchor, 64, 4.0, 2.5),  # CUDA C++ 4.0 and 2.0; Triton 4.0 and 2.9
+    (tc.matmul_tc_8warps, 32, 32 / 12, None),  # CUDA C++ 2.67 and 2.4; Triton 2.67 and 3.8
+]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("kernel", "per_tile", "floor", "ceiling"), MAIN_LOOPS,
+                         ids=["4-warps", "8-warps"])  # fmt: skip
+def test_main_loop(kernel, per_tile, floor, ceiling, arch, record_property):
+    report = inspect.compile(kernel, MATMUL_SIG, arch=arch, block=128 * 64 // per_tile)
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    loop, hmma, ldsm, scalar_lds = loop_facts(report)
+    tiles = hmma // per_tile  # the loop is unrolled over the stages
+    assert hmma == per_tile * tiles and tiles >= 1, loop.key_opcodes()
+    assert loop.count("HMMA.16816.F32") == hmma
+    assert hmma / ldsm >= floor, loop.key_opcodes()
+    assert not scalar_lds, scalar_lds  # only ldmatrix reads shared memory in the loop
+    assert loop.count("BAR.SYNC") == tiles, loop.key_opcodes()  # one barrier per k-tile
+    assert loop.count("LDGSTS.E.BYPASS.128") >= tiles, loop.key_opcodes()  # 16-byte cp.async
+    per_hmma = loop.instructions / hmma
+    record_property(
+        "resources",
+        f"{report.name:45} {arch}  regs {report.registers}  HMMA/LDSM {hmma / ldsm:.2f}  "
+        f"instr/HMMA {per_hmma:.2f}  BAR/k-tile {loop.count('BAR.SYNC') / tiles:.0f}",
+    )
+    if ceiling is not None:
+        assert per_hmma <= ceiling, f"{per_hmma:.2f} instructions per HMMA: {loop.key_opcodes()}"
+    # the epilogue stores C two float16 at a time (f16x2), never one
+    assert report.count("STG.E.U16") == 0 and report.count("STG.E") >= hmma // tiles, report
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fallback_loads_synchronously(arch):
+    sync = inspect.compile(tc.matmul_tc_sync, MATMUL_SIG, arch=arch, block=256)
+    assert sync.count("LDGSTS") == 0, sync
+    assert sync.count("STS.128") >= 1 and sync.count("LDSM") >= 12, sync
+    assert sync.spill_stores == sync.spill_loads == 0 and not sync.uses_local_memory
