@@ -113,8 +113,8 @@ def model() -> None:
     console.print(
         "predicted bytes: A read once per column of C tiles, B once per row of them, the bias "
         "once per row of them, C written once (the simulator measures exactly this); a MODEL "
-        "of DRAM traffic that ignores L2 hits. float16 runs on the float32 SIMT kernel today "
-        "(67 TFLOP/s bound); the tensor-core column is the bound once that kernel is wired in."
+        "of DRAM traffic that ignores L2 hits. float16 runs on the tensor cores (the last "
+        "column's bound)."
     )
 
 

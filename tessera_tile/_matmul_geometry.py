@@ -18,7 +18,7 @@ from . import _arrays as arrays
 
 __all__ = [
     "MAX_GRID_YZ", "Geometry", "Matrix", "array_type", "as_matrix", "copy_bytes",
-    "first_address", "geometry", "layout", "matrix_view",
+    "first_address", "geometry", "inner_contiguous", "layout", "matrix_view", "rows_aligned",
 ]  # fmt: skip
 
 MAX_GRID_YZ = 65535
@@ -128,13 +128,19 @@ def layout(mat: Matrix, z_count: int, z_stride: int) -> str:
     return "C" if all(n <= 1 or h == w for n, h, w in zip(sizes, have, want, strict=True)) else "A"
 
 
-def copy_bytes(mat: Matrix, z_stride: int, address: int, dtype: np.dtype) -> int:
-    """16 when every row of every matrix starts 16-byte aligned on a contiguous inner axis
+def inner_contiguous(mat: Matrix) -> bool:
+    return mat.cols <= 1 or mat.col_stride == mat.itemsize
+
+
+def rows_aligned(mat: Matrix, z_stride: int, address: int) -> bool:
+    """Every row of every matrix starts 16-byte aligned on a contiguous inner axis
     (``z_stride``: 0 when the launch holds one matrix)."""
-    if dtype != np.float32 or (mat.cols > 1 and mat.col_stride != mat.itemsize):
-        return 4
-    ok = all(s % 16 == 0 for s in (mat.row_stride, z_stride, address))
-    return 16 if ok else 4
+    return inner_contiguous(mat) and all(s % 16 == 0 for s in (mat.row_stride, z_stride, address))
+
+
+def copy_bytes(mat: Matrix, z_stride: int, address: int, dtype: np.dtype) -> int:
+    """The float32 SIMT kernel's cp.async width: 16 bytes on aligned rows, else 4."""
+    return 16 if dtype == np.float32 and rows_aligned(mat, z_stride, address) else 4
 
 
 def array_type(dtype: np.dtype, ndim: int, layout: str) -> str:

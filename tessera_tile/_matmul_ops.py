@@ -3,9 +3,9 @@ allocation, launch geometry, dispatch, ``explain`` and ``inspect``).
 
 :mod:`tessera_tile.ops` re-exports them. The kernel of a call is chosen in one place,
 :func:`choose_kernel` (dtype, config, activation, bias, operand layouts -> kernel factory and
-launch); float16 runs there on the float32 SIMT kernel until the tensor-core factory is wired
-in (computing in float32 and rounding once at the store: correct, slower than tensor cores,
-and ``explain`` says so).
+launch): float16 runs on the tensor-core kernel (:mod:`tessera_tile.kernels.matmul_tc`) where
+the operands' inner axes are contiguous, else on the float32 SIMT kernel (computing in float32
+and rounding once at the store; ``explain`` says so).
 
 Batches, strides and launches: :mod:`tessera_tile._matmul_geometry`.
 """
@@ -26,12 +26,15 @@ from ._matmul_geometry import (
     copy_bytes,
     first_address,
     geometry,
+    inner_contiguous,
     layout,
     matrix_view,
+    rows_aligned,
 )
 from ._prebuilt import PrebuiltOp, array_arg, check_out, source_of
 from .kernels import epilogue
 from .kernels import matmul as simt
+from .kernels import matmul_tc as tc
 from .tile_config import TileConfig, default_config, estimate, waves_text
 
 __all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
@@ -58,27 +61,47 @@ class KernelChoice:
         return (-(-n // c.tile_n), -(-m // c.tile_m), z)
 
 
+# float16 operands whose rows are not 16-byte aligned: the tensor-core kernel's synchronous
+# variant, with 8 warps and 2 stages (with 4 warps its guarded loads spill)
+TC_UNALIGNED = TileConfig(128, 128, 32, 8, 2, dtype="float16")
+
+
 def choose_kernel(
     dtype: np.dtype, config: TileConfig, activation, has_bias: bool, copy_a: int, copy_b: int,
     vector_store: bool, types: tuple, names: tuple[str, str] = ("a", "b"),
+    tensor_rows: str | None = None,
 ) -> KernelChoice:  # fmt: skip
-    """The kernel and launch of one call. float16 goes to the SIMT kernel with synchronous,
-    widening staging until the tensor-core factory is wired in here.
+    """The kernel and launch of one call.
 
-    Wiring the tensor-core factory in: for float16 operands whose rows are 16-byte aligned on a
-    contiguous inner axis (``copy_a == copy_b == 16`` computed for 2-byte items), call
-    ``tensor_core_matmul(tile_m, tile_n, tile_k, num_warps, num_stages, activation, has_bias)``
-    with a ``TileConfig(..., dtype="float16")`` (let ``_check_config`` accept it and give
-    ``default_config`` tensor-core candidates for float16), take its grid/block, and hand it a
-    float32 bias (the SIMT kernel widens a bias of the operands' dtype itself); keep this SIMT
-    branch for the other float16 layouts.
+    float16 with a float16 ``config`` goes to the tensor cores when ``tensor_rows`` allows it
+    (``"aligned"``: every row of A, B and C 16-byte aligned on a contiguous inner axis, the
+    ``cp.async`` kernel; ``"contiguous"``: inner axes contiguous, the synchronous variant with
+    :data:`TC_UNALIGNED`); otherwise, and for a float32 ``config``, to the SIMT kernel, which
+    widens float16 into float32 tiles. float32 runs on the SIMT kernel, with 16-byte copies
+    where ``copy_a``/``copy_b`` say the rows allow them.
     """
     reasons = []
+    if dtype == np.float16 and config.dtype == "float16" and tensor_rows is not None:
+        if tensor_rows == "contiguous":
+            reasons.append(
+                "rows not 16-byte aligned (K or N not a multiple of 8, or an offset view): the "
+                "tensor-core kernel's synchronous variant, 8 warps, 2 stages"
+            )
+            config = TC_UNALIGNED
+        c = config
+        kernel = tc.tensor_core_matmul(
+            c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
+            async_copy=tensor_rows == "aligned",
+        )  # fmt: skip
+        signature = f"void({', '.join(types)})"
+        return KernelChoice(kernel, config, config.threads, signature, tuple(reasons))
     if dtype == np.float16:
         reasons.append(
-            "float16 runs on the float32 SIMT kernel (staged and accumulated in float32, rounded "
-            "once at the store): correct, but slower than the tensor-core kernel it awaits"
-        )
+            "float16 on the float32 SIMT kernel (staged and accumulated in float32, rounded "
+            "once at the store): "
+            + ("a float32 TileConfig was given" if config.dtype == "float32" else
+               "an operand's inner axis is strided, which the tensor-core kernel cannot take")
+        )  # fmt: skip
         kernel = simt.simt_matmul(
             config, activation, has_bias, 4, 4, async_copy=False, vector_store=False
         )
@@ -191,6 +214,16 @@ class Product:
             copy_a = copy_bytes(ma, 0 if one else za, first_address(a, ma, index), a.dtype)
             copy_b = copy_bytes(mb, 0 if one else zb, first_address(b, mb, index), b.dtype)
             vector_store = self.dtype == np.float32 and (mc.cols <= 1 or mc.col_stride == 4)
+            tensor_rows = None
+            if all(inner_contiguous(x) for x in mats):
+                addresses = (first_address(a, ma, index), first_address(b, mb, index),
+                             first_address(c, mc, index))  # fmt: skip
+                z = (0, 0, 0) if one else (za, zb, zc)
+                aligned = all(
+                    rows_aligned(x, zs, ad) and x.cols % tc.CHUNK == 0
+                    for x, zs, ad in zip(mats, z, addresses, strict=True)
+                )
+                tensor_rows = "aligned" if aligned else "contiguous"
             types = (
                 array_type(a.dtype, 3, layout(ma, count, za)),
                 array_type(b.dtype, 3, layout(mb, count, zb)),
@@ -207,6 +240,7 @@ class Product:
                 vector_store,
                 types,
                 self.names[:2],
+                tensor_rows,
             )
             launches.append((index, z0, count, choice))
         return geo, mats, launches
@@ -249,10 +283,16 @@ class Product:
         return list(self._inputs().values())
 
     # reports --------------------------------------------------------------------------------
+    def launched_config(self) -> TileConfig:
+        """The config the kernel runs with (float16 on unaligned rows: :data:`TC_UNALIGNED`)."""
+        launches, _ = self.explain_parts()
+        return launches[0][3].config if launches else self.tile_config()
+
     def predicted_bytes(self) -> int:
         """Global bytes of the kernel(s): A once per column of C tiles, B once per row of
-        them, the bias once per row of them, C written once."""
-        cfg = self.tile_config()
+        them, C written once; the bias once per row of C tiles (SIMT: staged per block), or
+        by each of the 8 lane groups of each warp row (tensor cores: read in the epilogue)."""
+        cfg = self.launched_config()
         z = math.prod(self.batch)
         m, n, k = self.m, self.n, self.k
         rows, cols = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
@@ -261,7 +301,11 @@ class Product:
             return 0
         nbytes = z * item * (m * k * cols + k * n * rows + m * n)
         if self.bias is not None:
-            nbytes += z * rows * n * self.bias.dtype.itemsize
+            reads = 1
+            if cfg.dtype == "float16":
+                c = cfg
+                reads = 8 * tc.TensorCoreConfig(c.tile_m, c.tile_n, c.tile_k, c.num_warps).warps_m
+            nbytes += z * rows * n * self.bias.dtype.itemsize * reads
         return nbytes
 
     def flops(self) -> int:
@@ -279,7 +323,7 @@ class Product:
         return self.predicted_bytes() + extra
 
     def stage_text(self, launches) -> list[str]:
-        cfg = self.tile_config()
+        cfg = launches[0][3].config
         e = estimate(
             max(self.m, 1), max(self.n, 1), max(self.k, 1),
             max(math.prod(self.batch), 1), cfg, self.dtype.itemsize,
@@ -362,11 +406,9 @@ def _check_config(config) -> TileConfig | None:
         return None
     if not isinstance(config, TileConfig):
         raise TypeError(f"config must be a TileConfig or None, got {type(config).__name__}")
-    if config.dtype != "float32":
-        raise ValueError(
-            f"config has {config.dtype} tiles; the kernels available today stage float32 tiles "
-            "(float16 inputs included): use TileConfig(..., dtype='float32')"
-        )
+    if config.dtype == "float16":  # the tensor-core kernel's own limits
+        c = config
+        tc.tensor_core_matmul(c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages)
     return config
 
 
@@ -404,7 +446,12 @@ def _product(a, b, names, what, config, bias=None, activation=None, bias_name="b
     m = 1 if a_vector else ra.shape[-2]
     n = 1 if b_vector else rb.shape[-1]
     cfg = _check_config(config)
-    tile_m = (cfg or default_config(m, n, k_a, math.prod(batch))).tile_m
+    if cfg is not None and cfg.dtype == "float16" and ra.dtype != np.float16:
+        raise ValueError(
+            f"config has float16 tiles (the tensor-core kernel); {ra.dtype} inputs need "
+            "TileConfig(..., dtype='float32')"
+        )
+    tile_m = (cfg or default_config(m, n, k_a, math.prod(batch), str(ra.dtype))).tile_m
     if -(-m // tile_m) > MAX_GRID_YZ:
         raise ValueError(f"{names[0]} has {m} rows: more than {MAX_GRID_YZ} tiles of {tile_m}")
     return Product(
@@ -431,7 +478,7 @@ def matmul(a, b, *, config=None):
     without copies) and 1-D operands (a vector on the left is a row, on the right a column;
     its dimension is dropped from the result).
 
-    a, b: float32 (computed exactly in float32 SIMT) or float16 (today on the same kernel,
+    a, b: float32 (computed exactly in float32 SIMT) or float16 (on the tensor cores,
     accumulated in float32 and rounded once); one dtype for both; host or device, any strides.
     config: a :class:`tessera_tile.TileConfig`, or None for the analytic model's default.
     One kernel (one launch per batch run; see ``docs/matmul.md``).

@@ -15,8 +15,9 @@ plain value identity, ``config.fingerprint`` a short stable hash of it)::
 
 **Validation on construction** (``ValueError`` naming the field): positive ints; ``num_warps``
 1, 2, 4, 8 or 16 and ``num_stages`` 2, 3 or 4 (what :func:`tessera_tile.pipeline.ring_buffer`
-supports); for ``dtype="float32"`` (the SIMT kernel, which also serves float16 inputs today,
-widening them into float32 tiles) the register tile must be 4 x 4, 4 x 8, 8 x 4 or 8 x 8 and the
+supports); for ``dtype="float32"`` (the SIMT kernel, which also serves float16 inputs given
+such a config, widening them into float32 tiles) the register tile must be 4 x 4, 4 x 8, 8 x 4
+or 8 x 8 and the
 thread grid must divide the warp layout (``threads_n`` 8, 16 or 32 lanes per tile row, so a
 quarter-warp never spans two rows of the C tile), ``tile_k`` a multiple of 4 (one ``LDS.128``
 of A holds 4 k values); for ``dtype="float16"`` (the tensor-core kernel's tiles) ``tile_m`` and
@@ -64,6 +65,7 @@ STAGED_BYTES = {"float32": 4, "float16": 2}
 # The machine the default model is written for: an H100 SXM.
 SMS = 132
 FP32_FLOPS = 67e12  # float32 FFMA, SIMT
+FP16_TENSOR_FLOPS = 989e12  # dense float16 on tensor cores, float32 accumulation
 DRAM_BYTES_PER_S = 3.35e12
 SM_REGISTERS = 65536
 SM_SHARED = 228 * 1024  # per SM usable by blocks (sm_90), each block also reserves 1 KiB
@@ -95,9 +97,9 @@ class TileConfig:
         shared-memory stages of the ``cp.async`` ring (2, 3 or 4): ``num_stages - 1`` tiles in
         flight while one is multiplied.
     dtype:
-        the dtype of the staged tiles: ``"float32"`` for the SIMT kernel (float32 inputs, and
-        float16 inputs widened while the tensor-core kernel is not wired in), ``"float16"``
-        for the tensor-core kernel.
+        the dtype of the staged tiles: ``"float32"`` for the SIMT kernel (float32 inputs, or
+        float16 inputs widened into float32 tiles), ``"float16"`` for the tensor-core kernel
+        (float16 inputs; their default).
     """
 
     tile_m: int
@@ -213,9 +215,14 @@ CANDIDATES = (
 
 
 def estimated_registers(config: TileConfig) -> int:
-    """Registers per thread the SIMT kernel is expected to use: the accumulators, the A and B
+    """Registers per thread the kernel is expected to use. SIMT: the accumulators, the A and B
     fragments of one k step, and about 24 for addresses, indices and the pipeline (the compile
-    tier checks the estimate against ptxas, within 25%)."""
+    tier checks the estimate against ptxas, within 25%). Tensor cores: the float32
+    accumulators, a quarter as many fragment registers, and 64 for addresses (224 for the
+    128 x 128 tile of 4 warps, which ptxas fits in 222-224)."""
+    if config.dtype == "float16":
+        acc = config.tile_m * config.tile_n // config.threads
+        return acc + acc // 4 + 64
     tm, tn = config.register_tile
     return tm * tn + tm * 4 + tn + 24
 
@@ -262,17 +269,23 @@ def estimate(m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: i
     warps = min(resident, per_sm) * config.num_warps
     issue = min(1.0, warps / 4)
     tile_flops = 2 * config.tile_m * config.tile_n * k
-    compute = per_sm * tile_flops / (FP32_FLOPS / SMS) / issue
+    peak = FP16_TENSOR_FLOPS if config.dtype == "float16" else FP32_FLOPS
+    compute = per_sm * tile_flops / (peak / SMS) / issue
     nbytes = traffic_bytes(m, n, k, batch, config, itemsize)
     return Estimate(config, tiles, waves, resident, nbytes, compute, nbytes / DRAM_BYTES_PER_S)
 
 
-def default_config(m: int, n: int, k: int, batch: int = 1, dtype: str = "float32") -> TileConfig:
-    """The candidate the model says is fastest for this problem (see the module docstring).
+# float16: the tensor-core kernel's tile, the shape of the expert kernels (128 x 128 x 32, 4
+# warps of 64 x 64, 3 stages: 4.0 HMMA per ldmatrix, 48 KiB of shared memory)
+TENSOR_CORE_DEFAULT = TileConfig(128, 128, 32, 4, 3, dtype="float16")
 
-    ``dtype`` is the input dtype; float16 runs on the float32 SIMT kernel today, so it gets the
-    same candidates (with 2-byte traffic)."""
-    itemsize = 2 if dtype == "float16" else 4
+
+def default_config(m: int, n: int, k: int, batch: int = 1, dtype: str = "float32") -> TileConfig:
+    """The candidate the model says is fastest for this problem (see the module docstring);
+    float16 inputs get :data:`TENSOR_CORE_DEFAULT`."""
+    if dtype == "float16":
+        return TENSOR_CORE_DEFAULT
+    itemsize = 4
 
     def cost(c: TileConfig) -> tuple[float, int]:
         e = estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), c, itemsize)

@@ -28,7 +28,7 @@ are 16-byte aligned with a contiguous inner axis, else 4-byte ``cp.async`` of si
 (``copy_bytes=4``), which take any strides, so a non-contiguous device input is read in place.
 Elements outside A and B are zero-filled (partial tiles multiply zeros): any M, N, K, K = 0
 included (the epilogue then sees zeros: ``linear`` gives ``activation(bias)``). float16 inputs
-(until the tensor-core kernel is wired in) take synchronous staging (``async_copy=False``) that
+(a float32 TileConfig, or a strided inner axis) take synchronous staging (``async_copy=False``) that
 widens each element to float32 on its way into shared memory; the accumulator is float32 and C
 is rounded to float16 once, at the store.
 

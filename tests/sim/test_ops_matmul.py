@@ -171,9 +171,32 @@ def test_float16_rounds_once_from_float32(side, activation):
     x, w, bias = (rand(rng, s, np.float16) for s in ((2, 33, 20), (20, 35), (35,)))
     got = back(ops.linear(*on(side, x, w, bias), activation, config=SMALL), side)
     check(got, *reference(x, w, bias, activation), np.float16)
-    assert "float16 runs on the float32 SIMT kernel" in " ".join(
-        ops.linear.explain(x, w, bias, activation).reasons
+    assert "float16 on the float32 SIMT kernel" in " ".join(
+        ops.linear.explain(x, w, bias, activation, config=SMALL).reasons
     )
+
+
+# float16 tiles: the tensor-core kernel (a small config; rows 16-byte aligned or not)
+TC_SMALL = TileConfig(32, 32, 16, 2, 2, dtype="float16")
+
+
+@pytest.mark.parametrize(
+    "k, n, kind", [(32, 40, "aligned"), (20, 35, "synchronous")], ids=["aligned", "unaligned"]
+)
+def test_float16_on_tensor_cores(side, k, n, kind):
+    from tessera_tile import sim
+
+    rng = np.random.default_rng(15)
+    x, w, bias = (rand(rng, s, np.float16) for s in ((2, 33, k), (k, n), (n,)))
+    args = on(side, x, w, bias)
+    ex = ops.linear.explain(*args, "relu", config=TC_SMALL)
+    with sim.profile() as prof:
+        got = back(ops.linear(*args, "relu", config=TC_SMALL), side)
+    check(got, *reference(x, w, bias, "relu"), np.float16)
+    assert ex.stages[0].startswith("matmul_tc_")
+    assert ("synchronous variant" in " ".join(ex.reasons)) == (kind == "synchronous")
+    assert prof.bytes_read + prof.bytes_written == ex.bytes_fused
+    assert prof.bank_conflicts == 0
 
 
 @pytest.mark.parametrize("activation", ["gelu", "silu"])
