@@ -60,7 +60,7 @@ from .tile_config import TileConfig  # noqa: E402 - the schedule of the matmul o
 
 # Submodules reachable as attributes (tt.inspect, tt.memory...), imported on first use: the
 # compile-only and primitive modules cost nothing to a user who only fuses.
-_LAZY = ("inspect", "kernels", "memory", "ops", "pipeline", "sim", "tile_ir", "warp")
+_LAZY = ("inspect", "kernels", "memory", "mma", "ops", "pipeline", "sim", "tile_ir", "warp")
 
 
 def __getattr__(name: str):
