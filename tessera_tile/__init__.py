@@ -13,6 +13,7 @@ from .sim import _auto_install
 _auto_install()
 
 from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in
+from .autotune import autotune  # noqa: E402 - the function; the module stays importable by name
 from .fusion import (  # noqa: E402
     abs,
     all,
@@ -63,6 +64,14 @@ from .tile_config import TileConfig  # noqa: E402 - the schedule of the matmul o
 _LAZY = ("inspect", "kernels", "memory", "mma", "ops", "pipeline", "sim", "tile_ir", "warp")
 
 
+def profile(**kwargs):
+    """Time (on a GPU) or explain (without one) the launches of a ``with`` block; see
+    :func:`tessera_tile.profiling.profile`."""
+    from .profiling import profile as _profile
+
+    return _profile(**kwargs)
+
+
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
@@ -76,6 +85,8 @@ __all__ = [
     "TileConfig",
     "fusion",
     "fuse",
+    "autotune",
+    "profile",
     "abs",
     "all",
     "any",
