@@ -166,11 +166,11 @@ class Autotuned:
     def _lookup_or_tune(self, key, args, kwargs):
         if self.disk is not None:
             entry = self.disk.get(key)
-            if entry is not None and 0 <= entry.get("index", -1) < len(self.configs):
-                # a model-chosen entry is not used where a GPU could measure
-                if not (entry.get("chosen_by") == "model" and _config.gpu_present()):
-                    self.stats["disk_hits"] += 1
-                    return self.configs[entry["index"]]
+            usable = entry is not None and 0 <= entry.get("index", -1) < len(self.configs)
+            # a model-chosen entry is not used where a GPU could measure
+            if usable and not (entry.get("chosen_by") == "model" and _config.gpu_present()):
+                self.stats["disk_hits"] += 1
+                return self.configs[entry["index"]]
         index, chosen_by, scores, times = self.tune(args, kwargs)
         self.stats["tuned"] += 1
         if self.disk is not None:

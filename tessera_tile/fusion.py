@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _config
+from . import _config, profiling
 from . import tile_ir as ir
 from ._fusion import plan as planner
 from ._fusion import runtime, schedule
@@ -131,6 +131,12 @@ class FusedFunction:
             reasons=list(program.plan.reasons),
             stages=[f"{b.generated.name}: {_describe(b)}" for b in stages],
         )
+
+    def flops(self, *args) -> int:
+        """Counted FLOPs of a call on ``args`` (see :mod:`tessera_tile.profiling`)."""
+        call = runtime.Call(self.fn.__name__, args)
+        program = self._program(call)
+        return profiling.trace_flops(program.trace.nodes, call.shapes(program))
 
     def inspect(self, *args, arch: str = "sm_90") -> list:
         """Compile the kernels of this call offline (no GPU needed) for ``arch``.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _arrays as arrays
-from .. import _config
+from .. import _config, profiling
 from .. import tile_ir as ir
 from .._arrays import DEVICE, Arg
 from . import lower, schedule
@@ -326,5 +326,14 @@ def _launch(bound: Bound, handles: dict, program: Program, call: Call, shapes: d
     params += layout.sizes()
     if _config.dump_source():
         print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")
-    with np.errstate(all="ignore"):  # the simulator computes in NumPy: no warnings per element
-        bound.generated.kernel[bound.blocks, bound.threads, place.stream](*params)
+
+    def run():
+        with np.errstate(all="ignore"):  # the simulator computes in NumPy: no warnings
+            bound.generated.kernel[bound.blocks, bound.threads, place.stream](*params)
+
+    prof = profiling.active()
+    if prof is None:
+        run()
+    else:
+        flops = profiling.stage_flops(stage, layout.n_kept, layout.n_red)
+        prof.launch(bound.generated.name, bound.predicted_bytes(), flops, run)

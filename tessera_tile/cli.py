@@ -1,0 +1,349 @@
+"""The ``tessera-tile`` command (also ``python -m tessera_tile``).
+
+::
+
+    tessera-tile doctor                                  versions, tools, GPU, CuPy, cache
+    tessera-tile inspect kernels.py:axpy --signature "void(float32[::1], float32[::1])"
+    tessera-tile explain softmax --shape 4096x1024 --dtype float16
+    tessera-tile tune softmax --shape 4096x1024          fills the tuning cache (see below)
+    tessera-tile cache list | cache clear
+    tessera-tile bench [OP...]                           GPU: vs CuPy; else the static report
+    tessera-tile report --device h100 --out roofline.png
+
+Human-readable output by default, ``--json`` for machines. A bad op, shape or dtype is a
+one-line error under the usage, exit code 2. ``tune`` of an op without tunable configs (every
+prebuilt op today: they choose their launch from the data) says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from . import _cache, _config, _roofline, profiling
+
+DTYPES = ("bool", "int32", "int64", "float16", "float32", "float64")
+NAMESPACES = ("autotune", "kernels")
+
+
+def _emit(as_json: bool, data, text: str) -> None:
+    click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+
+
+def _ops():
+    from . import ops
+
+    return ops
+
+
+def _op(name: str):
+    ops = _ops()
+    if name not in ops.__all__:
+        raise click.BadParameter(
+            f"unknown op {name!r}; prebuilt ops: {', '.join(ops.__all__)}", param_hint="OP"
+        )
+    return getattr(ops, name)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(p) for p in text.lower().split("x")) if text else ()
+    except ValueError:
+        shape = None
+    if shape is None or any(n < 0 for n in shape):
+        raise click.BadParameter(f"{text!r} is not a shape like 4096x1024", param_hint="--shape")
+    return shape
+
+
+def _call_args(name: str, shape: tuple, dtype: str):
+    args, kwargs = _roofline.stand_ins(name, shape, dtype)
+    return args, kwargs
+
+
+def _checked(fn, *args, **kwargs):
+    """Run an op's explain/inspect; its argument errors become usage errors (exit 2)."""
+    try:
+        return fn(*args, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise click.UsageError(str(e).splitlines()[0]) from None
+
+
+shape_option = click.option("--shape", default="4096x1024", show_default=True, help="NxM...")
+dtype_option = click.option(
+    "--dtype", type=click.Choice(DTYPES), default="float32", show_default=True
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="tessera_tile")
+def main() -> None:
+    """tessera_tile: tile-level GPU programming with Numba CUDA."""
+
+
+# doctor -------------------------------------------------------------------------------------
+
+
+@main.command()
+@json_option
+def doctor(as_json: bool) -> None:
+    """numba-cuda, NVVM, ptxas and nvdisasm versions, GPU, CuPy and the cache directory."""
+    from . import inspect as offline
+
+    info: dict = {"tessera_tile": _cache.versions()["tessera_tile"]}
+    problems = []
+    try:
+        info.update(offline._tools())
+    except Exception as e:  # a missing tool: say which, keep going
+        problems.append(f"compiler tools: {e}")
+    info["simulator"] = _config.SIMULATED
+    info["gpu"] = _gpu_name()
+    try:
+        import cupy
+
+        info["cupy"] = cupy.__version__
+    except ImportError:
+        info["cupy"] = None
+    directory = _config.cache_dir()
+    info["cache_dir"] = str(directory)
+    info["cache_writable"] = _writable(directory)
+    info["problems"] = problems
+    lines = [f"{k:>16}: {'-' if v is None else v}" for k, v in info.items() if k != "problems"]
+    lines += [f"problem: {p}" for p in problems]
+    _emit(as_json, info, "\n".join(lines))
+    if problems:
+        sys.exit(1)
+
+
+def _gpu_name() -> str | None:
+    if not _config.gpu_present():
+        return None
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    major, minor = dev.compute_capability
+    name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
+    return f"{name} (sm_{major}{minor})"
+
+
+def _writable(directory: Path) -> bool:
+    import os
+
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return os.access(probe, os.W_OK)
+
+
+# inspect ------------------------------------------------------------------------------------
+
+
+@main.command("inspect")
+@click.argument("target", metavar="FILE:KERNEL")
+@click.option("--signature", required=True, help='e.g. "void(float32[::1], int32)"')
+@click.option("--arch", default="sm_90", show_default=True)
+@click.option("--block", type=int, default=None, help="threads per block (occupancy)")
+@click.option(
+    "--elements-per-iteration",
+    type=int,
+    default=None,
+    help="elements one thread handles per iteration of the hottest loop",
+)
+@json_option
+def inspect_cmd(target, signature, arch, block, elements_per_iteration, as_json) -> None:
+    """Compile FILE:KERNEL offline: resources, opcode histogram, occupancy, loops."""
+    from . import inspect as offline
+
+    path, _, name = target.rpartition(":")
+    if not path or not name:
+        raise click.BadParameter(f"{target!r} is not FILE:KERNEL", param_hint="FILE:KERNEL")
+    kernel = _load(Path(path), name)
+    report = _checked(offline.compile, kernel, signature, arch=arch, block=block)
+    per_element = None
+    if elements_per_iteration is not None and report.hottest_loop is not None:
+        per_element = report.instructions_per_element(elements_per_iteration)
+    data = {
+        "name": report.name,
+        "arch": report.arch,
+        "signature": report.signature,
+        "registers": report.registers,
+        "spill_stores": report.spill_stores,
+        "spill_loads": report.spill_loads,
+        "stack_bytes": report.stack_bytes,
+        "shared_bytes": report.shared_bytes,
+        "occupancy": report.occupancy,
+        "block": report.block,
+        "instructions": report.instructions,
+        "histogram": report.histogram,
+        "loops": [
+            {"start": lp.start, "end": lp.end, "instructions": lp.instructions, "depth": lp.depth}
+            for lp in report.loops
+        ],
+        "instructions_per_element": per_element,
+    }
+    text = str(report)
+    if per_element is not None:
+        text += f"\n  instructions per element (hottest loop): {per_element:.2f}"
+    _emit(as_json, data, text)
+
+
+def _load(path: Path, name: str):
+    if not path.is_file():
+        raise click.BadParameter(f"no file {str(path)!r}", param_hint="FILE:KERNEL")
+    spec = importlib.util.spec_from_file_location(f"_tessera_cli_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.resolve().parent))  # the file's own imports of its neighbours
+    spec.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise click.BadParameter(f"{path} defines no {name!r}", param_hint="FILE:KERNEL")
+    return getattr(module, name)
+
+
+# explain, tune, bench -----------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("op")
+@shape_option
+@dtype_option
+@json_option
+def explain(op, shape, dtype, as_json) -> None:
+    """What a prebuilt op does at a shape: kernels, predicted traffic, FLOPs, IR.
+
+    NumPy zeros stand in for the arrays (see docs/tuning.md for the weights and targets)."""
+    fn, shape = _op(op), _shape(shape)
+    args, kwargs = _call_args(op, shape, dtype)
+    report = _checked(fn.explain, *args, **kwargs)
+    flops = profiling.explain_flops(fn, *args, **kwargs) or _roofline.hand_flops(op, shape)
+    data = {
+        "op": op,
+        "shape": list(shape),
+        "dtype": dtype,
+        "kernels": report.kernels,
+        "bytes_fused": report.bytes_fused,
+        "bytes_unfused": report.bytes_unfused,
+        "flops": flops,
+        "stages": report.stages,
+        "reasons": report.reasons,
+        "ir": report.ir,
+    }
+    _emit(as_json, data, f"{op} {'x'.join(map(str, shape))} {dtype}: {flops} FLOPs\n{report}")
+
+
+@main.command()
+@click.argument("op")
+@shape_option
+@dtype_option
+def tune(op, shape, dtype) -> None:
+    """Fill the tuning cache for OP at a shape (ops with tunable configs only)."""
+    fn, shape = _op(op), _shape(shape)
+    tuned = getattr(fn, "autotuned", None)
+    if tuned is None:
+        click.echo(
+            f"{op} has no tunable configs: its launch is chosen from the data, nothing to tune "
+            "(exit 0)"
+        )
+        return
+    args, kwargs = _call_args(op, shape, dtype)
+    config = _checked(tuned.choose, *args, **kwargs)
+    click.echo(f"{op} {'x'.join(map(str, shape))} {dtype}: {config}")
+
+
+@main.command()
+@click.argument("op_names", metavar="[OP]...", nargs=-1)
+@shape_option
+@dtype_option
+@click.option("--device", type=click.Choice(sorted(profiling.DEVICES)), default="h100")
+@json_option
+def bench(op_names, shape, dtype, device, as_json) -> None:
+    """Time each op against CuPy's unfused chain on a GPU; without one, the static report."""
+    names = list(op_names) or list(_ops().__all__)
+    fns = [_op(n) for n in names]
+    shape = _shape(shape)
+    with profiling.profile(device=device) as prof:
+        for name, fn in zip(names, fns, strict=True):
+            args, kwargs = _call_args(name, shape, dtype)
+            if prof.measured:
+                _bench_gpu(name, fn, args, kwargs, prof)
+            else:
+                _checked(prof.add, fn, *args, **kwargs)
+    _emit(as_json, {"measured": prof.measured, "rows": prof.rows()}, str(prof))
+
+
+def _bench_gpu(name, fn, args, kwargs, prof) -> None:
+    """One op's kernels timed by the profile, then CuPy's unfused chain of the same call."""
+    import cupy
+
+    from ._bench_ref import REFERENCE, time_ms
+
+    dev_args = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+    fn(*dev_args, **kwargs)  # compile outside the timing
+    fn(*dev_args, **kwargs)
+    if name in REFERENCE:
+        ms = time_ms(lambda: REFERENCE[name](cupy, *dev_args))
+        prof.records.append(profiling.KernelRecord(f"{name}: CuPy unfused", 0, 0, ms))
+
+
+# cache ----------------------------------------------------------------------------------------
+
+
+@main.group()
+def cache() -> None:
+    """The persistent caches (tuning choices, compiled kernels)."""
+
+
+@cache.command("list")
+@json_option
+def cache_list(as_json) -> None:
+    """Every entry of this library version, by cache."""
+    rows = []
+    for ns in NAMESPACES:
+        for e in _cache.DiskCache(ns).entries():
+            rows.append({"cache": ns, "key": e["key"], "value": e["value"], "file": e["path"].name})
+    lines = [f"cache directory: {_config.cache_dir()}", f"{len(rows)} entr(y/ies)"]
+    lines += [f"  {r['cache']}: {json.dumps(r['key'], default=str)[:100]}" for r in rows]
+    _emit(as_json, {"cache_dir": str(_config.cache_dir()), "entries": rows}, "\n".join(lines))
+
+
+@cache.command("clear")
+@json_option
+def cache_clear(as_json) -> None:
+    """Remove every entry."""
+    removed = {ns: _cache.DiskCache(ns).clear() for ns in NAMESPACES}
+    total = sum(removed.values())
+    _emit(as_json, removed, f"removed {total} entr(y/ies) from {_config.cache_dir()}")
+
+
+# report ---------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--device", type=click.Choice(sorted(profiling.DEVICES)), default="h100")
+@click.option("--out", default="roofline.png", show_default=True, help="PNG to write")
+@click.option("--shape", default="x".join(map(str, _roofline.SHAPE)), show_default=True)
+@json_option
+def report(device, out, shape, as_json) -> None:
+    """A roofline PNG of every prebuilt op, bytes measured in the simulator."""
+    shape = _shape(shape)
+    if len(shape) != 2:
+        raise click.BadParameter("the report takes a 2-D shape (rows x length)", "--shape")
+    try:
+        import matplotlib  # noqa: F401 - the optional extra
+    except ImportError:
+        raise click.ClickException(
+            "the report needs matplotlib: pip install 'tessera_tile[report]'"
+        ) from None
+    rows = _roofline.measure(shape)
+    _roofline.plot(rows, device, out)
+    lines = [f"wrote {out} ({profiling.DEVICES[device].name})"]
+    lines += [
+        f"  {r['op']:>14}: {r['bytes']:>9} B measured, {r['flops']:>9} FLOPs, "
+        f"{(r['flops'] / r['bytes'] if r['bytes'] else 0):.3f} FLOP/B"
+        for r in rows
+    ]
+    _emit(as_json, {"png": out, "device": device, "rows": rows}, "\n".join(lines))
