@@ -28,7 +28,7 @@ import numpy as np
 from . import _cache, _config, _roofline, profiling
 
 DTYPES = ("bool", "int32", "int64", "float16", "float32", "float64")
-NAMESPACES = ("autotune", "kernels")
+NAMESPACES = ("autotune", "programs", "kernels")
 
 
 def _emit(as_json: bool, data, text: str) -> None:

@@ -22,6 +22,12 @@ kinds, layout class, target) traces and plans; kernels are generated once per st
 and variant. A call that hits the cache does no tracing and no code generation.
 ``fn.cache_info()`` reports the hits and misses.
 
+Both caches persist across processes (docs/tuning.md): a program is stored under a fingerprint
+of the function's code and the plain values it reads (a function that cannot be fingerprinted
+is not persisted), the signature and the versions; kernels under their stage and variant. A
+second process's first call of a function already compiled then traces nothing and generates
+no code.
+
 The compiler steps live in ``tessera_tile._fusion`` (see docs/architecture.md).
 """
 
@@ -32,10 +38,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _config, profiling
+from . import _cache, _config, profiling
 from . import tile_ir as ir
+from ._fusion import persist, runtime, schedule
 from ._fusion import plan as planner
-from ._fusion import runtime, schedule
 from ._fusion.compile import CountingCache, KernelCache
 from ._fusion.schedule import MATH_MODES
 from ._fusion.trace import Traced, TraceError, as_node, binary, count, reduce, ternary, trace, unary
@@ -50,6 +56,7 @@ __all__ = [
 ]  # fmt: skip
 
 kernel_cache = KernelCache()
+_programs_disk = _cache.DiskCache("programs")
 
 
 @dataclass
@@ -88,13 +95,48 @@ class FusedFunction:
         self.math = math
         functools.update_wrapper(self, fn)
         self._programs = CountingCache()
+        self.traced = 0  # signatures this process traced and planned
+        self.loaded = 0  # programs read from the disk cache instead
+        self._fingerprint: str | None | bool = False  # computed at the first miss
 
     def _program(self, call: runtime.Call) -> runtime.Program:
         def make():
+            key = self._disk_key(call)
+            if key is not None:
+                text = _programs_disk.get(key)
+                if text is not None:
+                    try:
+                        program = persist.load_program(text)
+                    except Exception:  # written by a build this one cannot read: trace again
+                        program = None
+                    if program is not None:
+                        self.loaded += 1
+                        return program
             traced = trace(self.fn, call.stand_ins())
-            return runtime.Program(traced, planner.plan(traced))
+            program = runtime.Program(traced, planner.plan(traced))
+            self.traced += 1
+            if key is not None:
+                try:
+                    text = persist.dump_program(program)
+                except Exception:  # a program that does not pickle stays in memory only
+                    text = None
+                if text is not None:
+                    _programs_disk.put(key, text)
+            return program
 
         return self._programs.get(call.signature, make)
+
+    def _disk_key(self, call: runtime.Call) -> dict | None:
+        """The persistent key of this call's program; None when ``fn`` cannot be fingerprinted."""
+        if self._fingerprint is False:
+            self._fingerprint = persist.fingerprint_function(self.fn)
+        if self._fingerprint is None:
+            return None
+        return {
+            "function": [self.fn.__module__, self.fn.__qualname__, self._fingerprint],
+            "signature": call.signature,
+            "math": self.math,
+        }
 
     def _bound(self, args):
         """The stages of a call on ``args``, bound to what its arrays would be on the device."""
@@ -108,12 +150,20 @@ class FusedFunction:
         return call, program, shapes, stages
 
     def cache_info(self) -> dict:
-        """Program-cache hits and misses of this function, and the shared kernel cache's."""
+        """Program-cache hits and misses of this function (``traced``: signatures traced and
+        planned here, ``programs_from_disk``: read from the persistent cache; ``persistent``:
+        whether the function could be fingerprinted, None before its first call), and the
+        shared kernel cache's (kernels generated here or rebuilt from disk)."""
         return {
             "hits": self._programs.hits,
             "misses": self._programs.misses,
+            "traced": self.traced,
+            "programs_from_disk": self.loaded,
+            "persistent": bool(self._fingerprint) if self._fingerprint is not False else None,
             "kernel_hits": kernel_cache.hits,
             "kernel_misses": kernel_cache.misses,
+            "kernels_generated": kernel_cache.generated,
+            "kernels_from_disk": kernel_cache.loaded,
         }
 
     def explain(self, *args) -> Explain:
@@ -143,12 +193,20 @@ class FusedFunction:
 
         Returns one :class:`tessera_tile.inspect.CompileReport` per kernel, in launch order.
         """
-        from numba import typeof
-
         from . import inspect as offline
 
+        return [
+            offline.compile(kernel, signature, arch=arch, block=block)
+            for kernel, signature, block in self.kernel_signatures(*args)
+        ]
+
+    def kernel_signatures(self, *args) -> list[tuple]:
+        """``(kernel, argument types, threads per block)`` of each launch a call on ``args``
+        makes, in launch order; nothing is launched or allocated."""
+        from numba import typeof
+
         call, program, shapes, stages = self._bound(args)
-        reports = []
+        out = []
         for b in stages:
             params = [
                 _stand_in(shape, strides, dtype) for shape, strides, dtype, *_ in b.layout.views
@@ -156,10 +214,9 @@ class FusedFunction:
             if b.stage.kind == "full":
                 params += [np.zeros(1, dtype) for _, dtype in runtime.full_scratch_types(b.stage)]
             params += runtime.scalar_values(b.stage, program, call, shapes) + b.layout.sizes()
-            block = int(np.prod(b.threads))
             signature = tuple(typeof(p) for p in params)
-            reports.append(offline.compile(b.generated.kernel, signature, arch=arch, block=block))
-        return reports
+            out.append((b.generated.kernel, signature, int(np.prod(b.threads))))
+        return out
 
     def __call__(self, *args, out=None, stream=None):
         """Run on ``args``. ``out``: an array (a tuple of arrays for several results) to write

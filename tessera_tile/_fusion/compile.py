@@ -1,21 +1,33 @@
 """Compile and cache: generated source -> a lazy ``@cuda.jit`` kernel, once per schedule.
 
 Set ``TESSERA_TILE_DUMP=1`` to print every generated source.
+
+Persistent kernels: :class:`KernelCache` also keeps, on disk (namespace ``kernels`` of
+:mod:`tessera_tile._cache`), each kernel's name, source, schedule and the device helpers it
+calls, keyed by (stage fingerprint, variant, target); versions are in the entry's header. A
+process that finds an entry rebuilds the kernel from it without generating code. The source is
+written to a real file beside the entries and the kernel compiled from it with numba-cuda's own
+on-disk cache enabled (``enable_caching``, as ``cuda.jit(cache=True)``), so on a GPU a later
+process loads its PTX and cubin instead of running NVVM (see docs/tuning.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import linecache
+import pickle
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from .. import _config, memory, warp
+from .. import _cache, _config, memory, warp
 from .. import tile_ir as ir
-from . import device
+from . import device, persist
 from .plan import Stage
 from .reductions import ReductionWriter
 from .schedule import Schedule, Variant, schedule
@@ -56,10 +68,63 @@ class CountingCache:
 
 
 class KernelCache(CountingCache):
-    """Compiled kernels by (stage fingerprint, variant, target)."""
+    """Compiled kernels by (stage fingerprint, variant, target), in memory and on disk."""
+
+    def __init__(self, persistent: bool = True):
+        super().__init__()
+        self.disk = _cache.DiskCache(NAMESPACE) if persistent else None
+        self.generated = 0  # kernels whose source this process wrote
+        self.loaded = 0  # kernels rebuilt from the disk cache
 
     def kernel(self, stage: Stage, variant: Variant) -> Generated:
-        return self.get((stage.key, variant, _config.TARGET), lambda: generate(stage, variant))
+        return self.get((stage.key, variant, _config.TARGET), lambda: self._make(stage, variant))
+
+    def _make(self, stage: Stage, variant: Variant) -> Generated:
+        key = {"stage": stage.key, "variant": repr(variant), "target": _config.TARGET}
+        entry = self.disk.get(key) if self.disk is not None else None
+        if entry is not None:
+            try:
+                sched = dataclasses.replace(persist.load(entry["schedule"]), stage=stage)
+                helpers = persist.load(entry["helpers"])
+                got = build(entry["name"], entry["source"], sched, helpers, self._source_path)
+            except Exception:  # an entry this build cannot rebuild: generate it anew
+                got = None
+            if got is not None:
+                self.loaded += 1
+                return got
+        name, source, sched, helpers = write_source(stage, variant)
+        self.generated += 1
+        path_of = self._source_path if self.disk is not None else None
+        got = build(name, source, sched, helpers, path_of)
+        if self.disk is not None:
+            with contextlib.suppress(pickle.PicklingError, TypeError, AttributeError):
+                value = {
+                    "name": name,
+                    "source": source,
+                    "schedule": persist.dump(sched),
+                    "helpers": persist.dump(helpers),
+                }
+                self.disk.put(key, value)
+        return got
+
+    def _source_path(self, name: str, source: str) -> Path | None:
+        """A real file holding ``source`` (numba-cuda caches only kernels defined in files);
+        None where the cache directory cannot be written."""
+        if self.disk is None or self.disk.disabled:
+            return None
+        path = self.disk.directory / "src" / f"{name}.py"
+        try:
+            if not path.exists() or path.read_text() != source:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+                tmp.write_text(source)
+                tmp.replace(path)
+        except OSError:
+            return None
+        return path
+
+
+NAMESPACE = "kernels"
 
 
 def kernel_name(stage: Stage, variant: Variant) -> str:
@@ -106,16 +171,31 @@ def _namespace() -> dict:
     }
 
 
-def generate(stage: Stage, variant: Variant) -> Generated:
-    """Source and compiled (lazy) kernel of one stage variant."""
+def write_source(stage: Stage, variant: Variant):
+    """Code generation: (kernel name, source, schedule, device helpers the source calls)."""
     name = kernel_name(stage, variant)
     sched = schedule(stage, variant)
     writer = (KernelWriter if variant.kind == "elementwise" else ReductionWriter)(sched, name)
-    source = writer.write()
-    filename = f"<tessera_tile generated {name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return name, writer.write(), sched, writer.helpers
+
+
+def build(name: str, source: str, sched: Schedule, helpers: dict, path_of=None) -> Generated:
+    """The lazy ``@cuda.jit`` kernel of ``source``; compiled from a real file with numba-cuda's
+    disk cache on when ``path_of(name, source)`` gives one."""
+    path = path_of(name, source) if path_of is not None else None
+    filename = str(path) if path is not None else f"<tessera_tile generated {name}>"
+    if path is None:
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     if _config.dump_source():
         print(source)
-    namespace = {**_namespace(), **writer.helpers}
+    namespace = {**_namespace(), **helpers}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated code
-    return Generated(name, source, namespace[name], sched)
+    kernel = namespace[name]
+    if path is not None and hasattr(kernel, "enable_caching"):  # not in the simulator
+        kernel.enable_caching()
+    return Generated(name, source, kernel, sched)
+
+
+def generate(stage: Stage, variant: Variant) -> Generated:
+    """Source and compiled (lazy) kernel of one stage variant, without the disk cache."""
+    return build(*write_source(stage, variant))
