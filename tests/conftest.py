@@ -7,9 +7,14 @@
 """
 
 import os
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# Persistent caches (tuning, programs, kernels) go to a directory of this test process, never to
+# the user's cache; set before tessera_tile is imported. A test that needs its own sets its own.
+os.environ["TESSERA_TILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tessera_tile_test_cache_")
 
 # Simulated launches are slow: few, small examples, and no deadline.
 settings.register_profile(

@@ -1,0 +1,142 @@
+"""tt.autotune: model ranking, pruning against the shipped default, shape buckets, the caches,
+the progress bar, and argument checks. Without a GPU the model chooses; on a GPU configs are
+timed, so the tests that check what the model chose hold only without one."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import tessera_tile as tt
+from tessera_tile import _config
+from tessera_tile.autotune import bucket, key_part
+
+model_chooses = pytest.mark.sim_only(reason="without a GPU the model chooses; a GPU times configs")
+
+
+@dataclass(frozen=True)
+class Cfg:
+    block: int
+    warps: int = 4
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_TILE_CACHE_DIR", str(tmp_path))
+
+
+def counting(scores: dict):
+    """A model that returns ``scores[config.block]`` and counts its calls."""
+
+    def model(config, x, *rest, **kw):
+        model.calls += 1
+        return scores[config.block]
+
+    model.calls = 0
+    return model
+
+
+def make(configs, model=None, cache=True, name="launch"):
+    def launch(x, y=None, *, config):
+        return config
+
+    launch.__qualname__ = name
+    return tt.autotune(configs, key=["x"], model=model, cache=cache)(launch)
+
+
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [(0, 0), (1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (1000, 1024), (1024, 1024), (1025, 2048)],
+)
+def test_bucket_is_the_next_power_of_two(n, expected):
+    assert bucket(n) == expected
+
+
+def test_key_part_buckets_shapes_and_names_dtypes():
+    assert key_part(np.zeros((1000, 3), np.float16)) == ["array", [1024, 4], "<f2"]
+    assert key_part(7) == ["int", 8]
+    assert key_part("ab") == ["str", "'ab'"]
+
+
+@model_chooses
+def test_model_picks_the_best_ranked_config():
+    model = counting({64: 3.0, 128: 1.0, 256: 2.0})
+    launch = make([Cfg(64), Cfg(128), Cfg(256)], model)
+    assert launch(np.zeros((8, 8))) == Cfg(128)
+    assert model.calls == 3
+
+
+@model_chooses
+def test_never_a_config_the_model_ranks_worse_than_the_default():
+    model = counting({64: 1.0, 128: 5.0, 256: 1.0})  # a tie goes to the default
+    assert make([Cfg(64), Cfg(128), Cfg(256)], model)(np.zeros(4)) == Cfg(64)
+
+
+@model_chooses
+def test_without_a_model_the_default_is_used_unless_configs_have_a_cost():
+    assert make([Cfg(64), Cfg(128)])(np.zeros(4)) == Cfg(64)
+
+    @dataclass(frozen=True)
+    class Costed:
+        block: int
+
+        def cost(self, x, y=None):
+            return abs(self.block - x.shape[0])
+
+    assert make([Costed(64), Costed(128)], name="costed")(np.zeros(120)) == Costed(128)
+
+
+def test_a_cached_choice_skips_the_model_in_memory_and_on_disk():
+    model = counting({64: 2.0, 128: 1.0})
+    first = make([Cfg(64), Cfg(128)], model)
+    x = np.zeros((1000, 3), np.float32)
+    chosen = first(x)
+    assert model.calls == 2
+    assert first(x) == chosen and first(np.zeros((999, 4), np.float32)) == chosen  # one bucket
+    assert model.calls == 2
+    assert first.stats["tuned"] == 1
+    # A new instance (another process would be the same) reads the disk, not the model.
+    second = make([Cfg(64), Cfg(128)], model)
+    assert second(x) == chosen
+    assert model.calls == 2 and second.stats["disk_hits"] == 1
+    # Other dtypes are other entries.
+    second(np.zeros((1000, 3), np.float64))
+    assert model.calls == 4
+
+
+def test_cache_false_keeps_nothing_on_disk(tmp_path):
+    make([Cfg(64), Cfg(128)], counting({64: 2.0, 128: 1.0}), cache=False)(np.zeros(4))
+    assert not list(tmp_path.rglob("*.json"))
+
+
+@model_chooses
+def test_the_entry_records_a_model_choice(tmp_path):
+    import json
+
+    make([Cfg(64), Cfg(128)], counting({64: 2.0, 128: 1.0}))(np.zeros((3, 5), np.float32))
+    (path,) = tmp_path.rglob("*.json")
+    entry = json.loads(path.read_text())
+    assert entry["key"]["bucket"] == [["array", [4, 8], "<f4"]]
+    assert entry["key"]["arch"] == ("none" if not _config.gpu_present() else entry["key"]["arch"])
+    assert entry["value"]["chosen_by"] == "model"
+    assert entry["value"]["index"] == 1 and entry["value"]["config"] == "Cfg(block=128, warps=4)"
+
+
+def test_a_progress_bar_shows_while_tuning(capsys):
+    make([Cfg(64), Cfg(128), Cfg(256)], counting({64: 1, 128: 2, 256: 3}), name="bar")(np.zeros(4))
+    err = capsys.readouterr().err
+    assert "autotune bar: ranking" in err and "3/3" in err and "━" in err
+
+
+def test_bad_arguments_are_named():
+    def launch(x, *, config):
+        return config
+
+    with pytest.raises(ValueError, match="configs is empty"):
+        tt.autotune([], key=["x"])(launch)
+    with pytest.raises(TypeError, match="hashable"):
+        tt.autotune([[1]], key=["x"])(launch)
+    with pytest.raises(ValueError, match=r"key names \['y'\]"):
+        tt.autotune([Cfg(64)], key=["y"])(launch)
+    with pytest.raises(TypeError, match="'config' argument"):
+        tt.autotune([Cfg(64)], key=["x"])(lambda x: x)

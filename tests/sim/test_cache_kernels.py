@@ -1,0 +1,118 @@
+"""Fused functions across processes: a second process's first call of a function already
+compiled reads its program and kernels from the persistent cache, so it traces nothing and
+generates no code (counted), and computes the same results. Whether NVVM is skipped too is the
+compile tier's test (tests/compile/test_cache_nvvm.py): the simulator never runs NVVM."""
+
+import json
+
+import numpy as np
+import pytest
+from test_cache import run_python
+
+import tessera_tile as tt
+from tessera_tile._fusion import persist
+
+FUSED = """
+    import json
+    import numpy as np
+    import tessera_tile as tt
+
+    SCALE = 1.5
+
+    def shift(x):
+        return x - tt.max(x, axis=-1, keepdims=True)
+
+    @tt.fuse
+    def softmax_scaled(x, w):
+        e = tt.exp(shift(x))
+        return e / tt.sum(e, axis=-1, keepdims=True) * w + SCALE
+
+    x = np.random.default_rng(0).standard_normal((5, 70)).astype(np.float32)
+    w = np.linspace(-1, 1, 70, dtype=np.float32)
+    y = softmax_scaled(x, w)
+    print(json.dumps({"info": softmax_scaled.cache_info(), "y": y.tolist()}))
+    """
+
+
+@pytest.mark.sim_only(reason="runs the fused function in a simulator subprocess")
+def test_a_second_process_traces_and_generates_nothing(tmp_path):
+    runs = []
+    for _ in range(2):
+        done = run_python(FUSED, tmp_path, sim=True)
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = (r["info"] for r in runs)
+    assert first["persistent"] is True
+    assert (first["traced"], first["programs_from_disk"]) == (1, 0)
+    assert first["kernels_generated"] == 1 and first["kernels_from_disk"] == 0
+    assert (second["traced"], second["programs_from_disk"]) == (0, 1)
+    assert second["kernels_generated"] == 0 and second["kernels_from_disk"] == 1
+
+    x = np.random.default_rng(0).standard_normal((5, 70)).astype(np.float32)
+    w = np.linspace(-1, 1, 70, dtype=np.float32)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    expected = e / e.sum(-1, keepdims=True) * w + np.float32(1.5)
+    for r in runs:  # float32: a few ulps of the exp approximation and the reciprocal
+        np.testing.assert_allclose(np.array(r["y"], np.float32), expected, rtol=2e-6, atol=2e-6)
+
+
+def test_the_fingerprint_follows_code_constants_closures_and_helpers():
+    def make(k):
+        def fn(x):
+            return x * k
+
+        return fn
+
+    def uses_helper(x):
+        return helper(x)  # noqa: F821 - bound below, as a module's global would be
+
+    assert persist.fingerprint_function(make(2)) == persist.fingerprint_function(make(2))
+    assert persist.fingerprint_function(make(2)) != persist.fingerprint_function(make(3))
+    globals()["helper"] = lambda x: x + 1
+    before = persist.fingerprint_function(uses_helper)
+    globals()["helper"] = lambda x: x + 2
+    assert persist.fingerprint_function(uses_helper) != before
+
+
+def test_functions_reading_arbitrary_objects_are_not_persisted(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_TILE_CACHE_DIR", str(tmp_path))
+
+    class Knob:  # its behaviour is not pinned down by the function's code
+        value = 2.0
+
+    knob = Knob()
+
+    @tt.fuse
+    def scaled(x):
+        return x * knob.value
+
+    assert persist.fingerprint_function(scaled.fn) is None
+    scaled.explain(np.zeros(4, np.float32))
+    assert scaled.cache_info()["persistent"] is False
+    assert (
+        not list((tmp_path / "programs").glob("*.json"))
+        if (tmp_path / "programs").exists()
+        else True
+    )
+
+
+def test_a_program_survives_the_round_trip():
+    @tt.fuse
+    def norm(x):
+        c = x - tt.mean(x, axis=-1, keepdims=True)
+        return c / tt.sqrt(tt.mean(c * c, axis=-1, keepdims=True) + 1e-5)
+
+    x = np.zeros((3, 40), np.float32)
+    before = norm.explain(x)
+    from tessera_tile._fusion import runtime
+
+    call = runtime.Call("norm", (x,))
+    program = persist.load_program(persist.dump_program(norm._program(call)))
+    norm._programs.clear()
+    norm._programs.get(call.signature, lambda: program)
+    after = norm.explain(x)
+    assert (after.ir, after.bytes_fused, after.stages) == (
+        before.ir,
+        before.bytes_fused,
+        before.stages,
+    )
