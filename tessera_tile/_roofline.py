@@ -94,9 +94,10 @@ def measure(shape: tuple = SHAPE, dtype: str = DTYPE) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def plot(rows: list[dict], device: str, path: str) -> None:
+def plot(rows: list[dict], device: str, path: str) -> dict:
     """A log-log roofline (FLOP/byte against GFLOP/s) of A100, H100 and H200; the ops are
-    placed on ``device``'s roof at their measured arithmetic intensity."""
+    placed on ``device``'s roof at their measured arithmetic intensity. Returns the axes'
+    scales, limits and labels (the CLI's ``--json`` reports them)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,7 +152,17 @@ def plot(rows: list[dict], device: str, path: str) -> None:
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path)
+    axes = {
+        "xscale": ax.get_xscale(),
+        "yscale": ax.get_yscale(),
+        "xlim": list(ax.get_xlim()),
+        "ylim": list(ax.get_ylim()),
+        "xlabel": ax.get_xlabel(),
+        "ylabel": ax.get_ylabel(),
+        "placed": sorted(r["op"] for r in placed),
+    }
     plt.close(fig)
+    return axes
 
 
 if __name__ == "__main__":

@@ -339,11 +339,12 @@ def report(device, out, shape, as_json) -> None:
             "the report needs matplotlib: pip install 'tessera_tile[report]'"
         ) from None
     rows = _roofline.measure(shape)
-    _roofline.plot(rows, device, out)
+    axes = _roofline.plot(rows, device, out)
     lines = [f"wrote {out} ({profiling.DEVICES[device].name})"]
     lines += [
         f"  {r['op']:>14}: {r['bytes']:>9} B measured, {r['flops']:>9} FLOPs, "
         f"{(r['flops'] / r['bytes'] if r['bytes'] else 0):.3f} FLOP/B"
         for r in rows
     ]
-    _emit(as_json, {"png": out, "device": device, "rows": rows}, "\n".join(lines))
+    data = {"png": out, "device": device, "rows": rows, "axes": axes}
+    _emit(as_json, data, "\n".join(lines))

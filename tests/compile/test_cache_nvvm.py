@@ -1,0 +1,92 @@
+"""A warm cache spares a new process NVVM: the generated kernel is compiled from a real file
+with numba-cuda's disk cache on, and a second process loads it from there.
+
+Without a GPU, numba-cuda's cache still needs a device to name the target: the scripts answer
+its two device queries for sm_90 (the dispatcher's, as tessera_tile.inspect does, and the
+code library's), and do in the first process what a first launch on a GPU does before it saves
+the kernel (compile it for the signature), minus loading it on a device. NVVM's entry point is
+counted in both. What only a GPU shows: that the launch path itself then skips NVVM and ptxas
+(on a GPU the cache also holds the cubin, which the first launch links before saving)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from helpers import ROOT
+
+SCRIPT = """
+    import json, sys
+    import numpy as np
+    import numba.cuda.codegen as codegen
+    import numba.cuda.cudadrv.nvvm as nvvm
+    import numba.cuda.dispatcher as dispatcher
+    import tessera_tile as tt
+    from tessera_tile.sim import compat
+
+    nvvm_calls = []
+    compile_ir = nvvm.compile_ir
+
+    def counting(*args, **kwargs):
+        nvvm_calls.append(1)
+        return compile_ir(*args, **kwargs)
+
+    codegen.nvvm.compile_ir = counting
+
+    class Device:
+        compute_capability = (9, 0)
+
+    class Context:
+        device = Device()
+
+    codegen.devices.get_context = lambda *a, **k: Context()
+    codegen.JITCUDACodegen.magic_tuple = lambda self: ("no GPU", (9, 0))
+
+    @tt.fuse
+    def scaled_softmax(x, w):
+        e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))
+        return e / tt.sum(e, axis=-1, keepdims=True) * w
+
+    x, w = np.zeros((8, 96), np.float32), np.zeros(96, np.float32)
+    (kernel, signature, block), = scaled_softmax.kernel_signatures(x, w)
+    with compat.current_device_answered((9, 0)):
+        if sys.argv[1] == "first":  # what a first launch does, short of the device
+            compiled = dispatcher._Kernel(kernel.py_func, signature, **kernel.targetoptions)
+            kernel._cache.save_overload(signature, compiled)
+        else:  # what a launch does: the dispatcher's compile, which looks in its cache first
+            compiled = kernel.compile(signature)
+        ptx = compiled.library.get_asm_str()
+    print(json.dumps({
+        "nvvm": len(nvvm_calls),
+        "cache_hits": sum(kernel._cache_hits.values()),
+        "ptx_has_entry": f".entry {compiled.entry_name}" in ptx,
+        "info": scaled_softmax.cache_info(),
+    }))
+    """
+
+
+def run(tmp_path, which: str) -> dict:
+    env = dict(os.environ, TESSERA_TILE_CACHE_DIR=str(tmp_path), NUMBA_ENABLE_CUDASIM="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), which],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_the_kernel_without_nvvm(tmp_path):
+    first = run(tmp_path, "first")
+    second = run(tmp_path, "second")
+    assert first["nvvm"] == 1 and first["info"]["kernels_generated"] == 1
+    assert first["ptx_has_entry"]
+    assert second["nvvm"] == 0, "the warm cache still ran NVVM"
+    assert second["cache_hits"] == 1
+    assert second["ptx_has_entry"]
+    assert second["info"]["traced"] == 0 and second["info"]["kernels_generated"] == 0
+    assert second["info"]["kernels_from_disk"] == 1
+    assert list(tmp_path.glob("kernels/src/__pycache__/*.nbi")), "numba-cuda's cache index"

@@ -1,0 +1,164 @@
+"""The tessera-tile command, each subcommand run as a user runs it: a subprocess of
+``python -m tessera_tile`` (the console script is the same ``main``), with its own cache."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers import ROOT
+
+
+@pytest.fixture
+def cli(tmp_path):
+    env = dict(os.environ, TESSERA_TILE_CACHE_DIR=str(tmp_path / "cache"), NUMBA_ENABLE_CUDASIM="0")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+
+    def run(*args, expect: int = 0) -> subprocess.CompletedProcess:
+        done = subprocess.run(
+            [sys.executable, "-m", "tessera_tile", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
+        assert done.returncode == expect, (done.stdout, done.stderr)
+        return done
+
+    run.tmp = tmp_path
+    return run
+
+
+def test_doctor_reports_tools_gpu_cupy_and_cache(cli):
+    info = json.loads(cli("doctor", "--json").stdout)
+    for key in ("numba-cuda", "nvvm", "ptxas", "nvdisasm"):
+        assert info[key] and info[key] != "unknown", key
+    assert info["cache_dir"] == str(cli.tmp / "cache") and info["cache_writable"] is True
+    assert "gpu" in info and "cupy" in info
+    text = cli("doctor").stdout
+    assert "ptxas" in text and "cache_dir" in text
+
+
+def test_inspect_compiles_a_kernel_from_a_file(cli):
+    (cli.tmp / "kernels.py").write_text(
+        textwrap.dedent(
+            """
+            from numba import cuda
+
+            @cuda.jit
+            def axpy(a, x, y):
+                for i in range(cuda.grid(1), x.size, cuda.gridsize(1)):
+                    y[i] = a * x[i] + y[i]
+            """
+        )
+    )
+    sig = "void(float32, float32[::1], float32[::1])"
+    out = cli(
+        "inspect", "kernels.py:axpy", "--signature", sig, "--arch", "sm_80",
+        "--elements-per-iteration", "1", "--json",
+    )  # fmt: skip
+    report = json.loads(out.stdout)
+    assert report["arch"] == "sm_80" and report["spill_stores"] == 0
+    assert report["registers"] > 0 and report["histogram"].get("FFMA", 0) >= 1
+    assert report["loops"] and report["instructions_per_element"] > 0
+    text = cli("inspect", "kernels.py:axpy", "--signature", sig).stdout
+    assert "registers" in text and "occupancy" in text and "loops" in text
+    err = cli("inspect", "kernels.py:nope", "--signature", sig, expect=2).stderr
+    assert "defines no 'nope'" in err and "Usage:" in err
+
+
+def test_explain_every_op(cli):
+    """Every op's stand-ins (in this process, for speed: the subcommand runs as a subprocess
+    below)."""
+    from click.testing import CliRunner
+
+    from tessera_tile import ops
+    from tessera_tile.cli import main
+
+    for name in ops.__all__:
+        done = CliRunner().invoke(main, ["explain", name, "--shape", "64x256", "--json"])
+        assert done.exit_code == 0, (name, done.output)
+        data = json.loads(done.output)
+        assert data["kernels"] >= 1 and data["bytes_fused"] >= 64 * 256 * 4, name
+        if name != "transpose":
+            assert data["flops"] >= 64 * 256, name
+    text = cli("explain", "softmax", "--shape", "4096x1024", "--dtype", "float16").stdout
+    assert "predicted global traffic 16777216 B" in text  # one read and one write of 2-byte x
+
+
+def test_bad_ops_shapes_and_dtypes_are_usage_errors(cli):
+    for args, message in [
+        (("explain", "nope"), "unknown op 'nope'"),
+        (("explain", "softmax", "--shape", "4x"), "is not a shape"),
+        (("explain", "softmax", "--dtype", "int8"), "int8"),
+        (("explain", "softmax", "--dtype", "int32"), "x has dtype int32"),
+        (("tune", "nope"), "unknown op"),
+    ]:
+        err = cli(*args, expect=2).stderr
+        assert "Usage: tessera-tile" in err and message in err, (args, err)
+
+
+def test_tune_says_there_is_nothing_to_tune(cli):
+    assert "no tunable configs" in cli("tune", "softmax", "--shape", "64x64").stdout
+
+
+def test_cache_list_and_clear(cli):
+    (cli.tmp / "fill.py").write_text(
+        textwrap.dedent(
+            """
+            import numpy as np
+            import tessera_tile as tt
+
+            @tt.autotune(["a", "b"], key=["x"])
+            def launch(x, *, config):
+                return config
+
+            launch(np.zeros(3))
+            """
+        )
+    )
+    subprocess.run([sys.executable, "fill.py"], cwd=cli.tmp, env=_env(cli), check=True)
+    listed = json.loads(cli("cache", "list", "--json").stdout)
+    assert [e["cache"] for e in listed["entries"]] == ["autotune"]
+    assert listed["entries"][0]["value"]["config"] == "'a'"
+    assert "1 entr" in cli("cache", "list").stdout
+    assert json.loads(cli("cache", "clear", "--json").stdout)["autotune"] == 1
+    assert json.loads(cli("cache", "list", "--json").stdout)["entries"] == []
+
+
+def _env(cli):
+    env = dict(os.environ, TESSERA_TILE_CACHE_DIR=str(cli.tmp / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+def test_bench_without_a_gpu_gives_the_static_report(cli):
+    data = json.loads(cli("bench", "softmax", "rms_norm", "--shape", "64x256", "--json").stdout)
+    assert data["measured"] is False
+    assert [r["kernel"].split()[0] for r in data["rows"]] == ["softmax", "rms_norm"]
+    assert all(r["bound"] == "memory" and r["roofline_ms"] > 0 for r in data["rows"])
+    assert "no GPU" in cli("bench", "softmax", "--shape", "64x256").stdout
+
+
+def test_report_writes_a_roofline_png(cli):
+    pytest.importorskip("matplotlib", reason="the report is the optional extra [report]")
+    data = json.loads(
+        cli("report", "--device", "h100", "--out", "roof.png", "--shape", "8x128", "--json").stdout
+    )
+    png = (cli.tmp / "roof.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    from tessera_tile import ops
+
+    rows = {r["op"]: r for r in data["rows"]}
+    assert set(rows) == set(ops.__all__)
+    # Measured: softmax of 8 x 128 float32 reads x once and writes y once.
+    assert rows["softmax"]["bytes"] == 2 * 8 * 128 * 4
+    axes = data["axes"]
+    assert axes["xscale"] == axes["yscale"] == "log"
+    assert "FLOP / byte" in axes["xlabel"] and "GFLOP/s" in axes["ylabel"]
+    intensities = [r["flops"] / r["bytes"] for r in rows.values() if r["flops"]]
+    assert axes["xlim"][0] < min(intensities) and max(intensities) < axes["xlim"][1]
+    assert axes["ylim"][1] > 67e3  # the H100's FP32 roof, in GFLOP/s, is on the plot
+    assert "transpose" not in axes["placed"] and "softmax" in axes["placed"]
