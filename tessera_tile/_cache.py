@@ -114,6 +114,15 @@ class DiskCache:
             return None
         return entry
 
+    def unreadable(self, key) -> None:
+        """The caller could not use the value stored for ``key`` (a payload this build cannot
+        rebuild): one warning; the caller's next ``put`` rewrites it."""
+        self._warn_once(
+            "corrupt",
+            f"tessera_tile cache: the entry {digest(key)} of {self.directory} cannot be read "
+            "back; ignored, it will be rewritten",
+        )
+
     def entries(self) -> list[dict]:
         """Every readable entry of this version: ``{"key", "value", "path"}``."""
         out = []

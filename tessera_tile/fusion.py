@@ -108,6 +108,7 @@ class FusedFunction:
                     try:
                         program = persist.load_program(text)
                     except Exception:  # written by a build this one cannot read: trace again
+                        _programs_disk.unreadable(key)
                         program = None
                     if program is not None:
                         self.loaded += 1

@@ -88,6 +88,7 @@ class KernelCache(CountingCache):
                 helpers = persist.load(entry["helpers"])
                 got = build(entry["name"], entry["source"], sched, helpers, self._source_path)
             except Exception:  # an entry this build cannot rebuild: generate it anew
+                self.disk.unreadable(key)
                 got = None
             if got is not None:
                 self.loaded += 1

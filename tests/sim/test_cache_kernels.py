@@ -116,3 +116,32 @@ def test_a_program_survives_the_round_trip():
         before.bytes_fused,
         before.stages,
     )
+
+
+def test_an_unreadable_payload_warns_once_and_is_rewritten(tmp_path, monkeypatch):
+    import warnings
+
+    from tessera_tile import _cache
+    from tessera_tile import fusion as fusion_module
+
+    monkeypatch.setattr(fusion_module, "_programs_disk", _cache.DiskCache("programs", tmp_path))
+
+    @tt.fuse
+    def doubled(x):
+        return x * 2
+
+    x = np.zeros(8, np.float32)
+    doubled.explain(x)
+    (path,) = (tmp_path / "programs").glob("*.json")
+    entry = json.loads(path.read_text())
+    entry["value"] = "bm90IGEgcGlja2xl"  # valid JSON, valid base64, not a pickle
+    path.write_text(json.dumps(entry))
+    again = tt.fuse(doubled.fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again.explain(x)
+    assert len([w for w in caught if w.category is _cache.CacheWarning]) == 1
+    assert again.cache_info()["traced"] == 1
+    third = tt.fuse(doubled.fn)
+    third.explain(x)
+    assert third.cache_info()["programs_from_disk"] == 1

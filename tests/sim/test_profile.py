@@ -1,0 +1,47 @@
+"""tt.profile(): per fused kernel, the predicted bytes (= what the simulator measures), counted
+FLOPs and roofline bound; without a GPU the report says nothing was timed."""
+
+import numpy as np
+import pytest
+
+import tessera_tile as tt
+from tessera_tile import ops, profiling
+
+
+@pytest.mark.sim_only(reason="the static report: no GPU times the launches")
+def test_the_profile_records_each_fused_kernel_with_measured_bytes():
+    x = np.random.default_rng(1).standard_normal((8, 64)).astype(np.float32)
+    with tt.sim.profile() as measured, tt.profile(device="a100") as prof:
+        y = ops.softmax(x)
+        ops.rms_norm(y, np.ones(64, np.float32))
+    assert not prof.measured
+    assert [r.name.startswith("fused_row_") for r in prof.records] == [True, True]
+    assert sum(r.bytes for r in prof.records) == measured.bytes_read + measured.bytes_written
+    # softmax over 8 x 64: max, subtract, exp, sum and divide, one FLOP per element each
+    assert prof.records[0].flops == 5 * 8 * 64
+    row = prof.rows()[0]
+    spec = profiling.DEVICES["a100"]
+    assert row["bound"] == "memory" and "time_ms" not in row
+    assert row["roofline_ms"] == pytest.approx(prof.records[0].bytes / spec.bandwidth * 1e3)
+    text = str(prof)
+    assert "no GPU, so nothing was timed" in text and "A100" in text
+
+
+def test_add_gives_static_figures_without_running():
+    x = np.zeros((16, 32), np.float32)
+    w, b = np.ones(32, np.float32), np.zeros(32, np.float32)
+    with tt.profile() as prof:
+        prof.add(ops.layer_norm, x, w, b)
+        prof.add(ops.transpose, x)
+    layer_norm, transpose = prof.rows()
+    assert layer_norm["bytes"] == ops.layer_norm.explain(x, w, b).bytes_fused
+    assert layer_norm["flops"] > 16 * 32 and transpose["flops"] == 0
+    assert transpose["bytes"] == 2 * 16 * 32 * 4
+
+
+def test_profile_checks_its_device_and_does_not_nest():
+    with pytest.raises(ValueError, match="device must be one of"), tt.profile(device="v100"):
+        pass
+    with tt.profile(), pytest.raises(RuntimeError, match="already active"), tt.profile():
+        pass
+    assert profiling.active() is None
