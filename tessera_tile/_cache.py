@@ -6,8 +6,9 @@ Layout under :func:`tessera_tile._config.cache_dir` (``TESSERA_TILE_CACHE_DIR`` 
     <cache dir>/<namespace>/<digest>.lock    its lock (filelock), taken by writers only
 
 ``digest`` hashes the entry's key (a JSON-able structure: fingerprint, shape bucket, dtypes,
-architecture...). The header holds the format and the library and numba-cuda versions: an entry
-written by other versions, or a file that does not parse (a crash mid-write on a file system
+architecture...). The header holds the format, the library's version and a hash of its source
+files (so that a checkout being edited never reuses what older code made), and numba-cuda's
+version: an entry written by other versions, or a file that does not parse (a crash mid-write on a file system
 without atomic rename, a manual edit), is ignored with one warning per cache and process, and
 the caller's next ``put`` rewrites it.
 
@@ -47,7 +48,23 @@ def versions() -> dict:
         numba_cuda = version("numba-cuda")
     except PackageNotFoundError:  # a source checkout without metadata
         numba_cuda = "unknown"
-    return {"format": FORMAT, "tessera_tile": __version__, "numba_cuda": numba_cuda}
+    return {
+        "format": FORMAT,
+        "tessera_tile": __version__,
+        "source": _source_digest(),
+        "numba_cuda": numba_cuda,
+    }
+
+
+def _source_digest() -> str:
+    """A hash of the package's own source: between two releases (a checkout being worked on)
+    a change of the tracer, planner or code generator must not reuse what the old code made."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.blake2b(digest_size=8)
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def digest(key) -> str:
