@@ -8,9 +8,9 @@ Layout under :func:`tessera_tile._config.cache_dir` (``TESSERA_TILE_CACHE_DIR`` 
 ``digest`` hashes the entry's key (a JSON-able structure: fingerprint, shape bucket, dtypes,
 architecture...). The header holds the format, the library's version and a hash of its source
 files (so that a checkout being edited never reuses what older code made), and numba-cuda's
-version: an entry written by other versions, or a file that does not parse (a crash mid-write on a file system
-without atomic rename, a manual edit), is ignored with one warning per cache and process, and
-the caller's next ``put`` rewrites it.
+version: an entry written by other versions, or a file that does not parse (a crash mid-write
+on a file system without atomic rename, a manual edit), is ignored with one warning per cache
+and process, and the caller's next ``put`` rewrites it.
 
 Writers write a temporary file in the same directory and ``os.replace`` it over the entry, under
 the entry's lock: readers never see a torn file and need no lock; entries of different keys never

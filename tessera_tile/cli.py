@@ -259,34 +259,67 @@ def tune(op, shape, dtype) -> None:
 @shape_option
 @dtype_option
 @click.option("--device", type=click.Choice(sorted(profiling.DEVICES)), default="h100")
+@click.option("--repeat", type=int, default=20, show_default=True, help="timed runs (GPU)")
 @json_option
-def bench(op_names, shape, dtype, device, as_json) -> None:
+def bench(op_names, shape, dtype, device, repeat, as_json) -> None:
     """Time each op against CuPy's unfused chain on a GPU; without one, the static report."""
     names = list(op_names) or list(_ops().__all__)
     fns = [_op(n) for n in names]
     shape = _shape(shape)
-    with profiling.profile(device=device) as prof:
-        for name, fn in zip(names, fns, strict=True):
-            args, kwargs = _call_args(name, shape, dtype)
-            if prof.measured:
-                _bench_gpu(name, fn, args, kwargs, prof)
-            else:
-                _checked(prof.add, fn, *args, **kwargs)
-    _emit(as_json, {"measured": prof.measured, "rows": prof.rows()}, str(prof))
+    if not _config.gpu_present():
+        with profiling.profile(device=device) as prof:
+            for name, fn in zip(names, fns, strict=True):
+                _checked(prof.add, fn, *_call_args(name, shape, dtype)[0])
+        _emit(as_json, {"measured": False, "rows": prof.rows()}, str(prof))
+        return
+    try:
+        import cupy
+    except ImportError:
+        raise click.ClickException(
+            "bench on a GPU compares with CuPy: pip install 'tessera_tile[cupy]'"
+        ) from None
+    rows = [
+        _bench_gpu(cupy, name, fn, shape, dtype, device, repeat)
+        for name, fn in zip(names, fns, strict=True)
+    ]
+    lines = [f"{'op':>14}  {'tessera_tile ms':>15}  {'CuPy unfused ms':>15}  speed-up"]
+    for r in rows:
+        ours, theirs = r["tessera_tile_ms"], r["cupy_ms"]
+        speedup = f"{theirs / ours:.2f}x" if ours and theirs else "-"
+        lines.append(f"{r['op']:>14}  {ours:>15.4f}  {theirs or float('nan'):>15.4f}  {speedup}")
+    _emit(as_json, {"measured": True, "rows": rows}, "\n".join(lines))
 
 
-def _bench_gpu(name, fn, args, kwargs, prof) -> None:
-    """One op's kernels timed by the profile, then CuPy's unfused chain of the same call."""
-    import cupy
-
+def _bench_gpu(cupy, name, fn, shape, dtype, device, repeat) -> dict:
+    """Median time of one call of an op (its fused kernels, summed per call, timed by the
+    profile) and of CuPy's unfused chain of the same call (hand-written ops: the call)."""
     from ._bench_ref import REFERENCE, time_ms
 
-    dev_args = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
-    fn(*dev_args, **kwargs)  # compile outside the timing
-    fn(*dev_args, **kwargs)
-    if name in REFERENCE:
-        ms = time_ms(lambda: REFERENCE[name](cupy, *dev_args))
-        prof.records.append(profiling.KernelRecord(f"{name}: CuPy unfused", 0, 0, ms))
+    args, kwargs = _call_args(name, shape, dtype)
+    dev = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+    with profiling.suspended():
+        _checked(fn, *dev, **kwargs)  # compiles, outside the timing
+    with profiling.profile(device=device) as prof:
+        for _ in range(repeat):
+            fn(*dev, **kwargs)
+    timed = [r.time_ms for r in prof.records if r.time_ms is not None]
+    per_call = len(timed) // repeat if timed else 0
+    if per_call:
+        ours = float(
+            np.median([sum(timed[i : i + per_call]) for i in range(0, len(timed), per_call)])
+        )
+    else:  # a hand-written kernel the profile does not see: the whole call
+        ours = time_ms(lambda: fn(*dev, **kwargs), repeat=repeat)
+    theirs = (
+        time_ms(lambda: REFERENCE[name](cupy, *dev), repeat=repeat) if name in REFERENCE else None
+    )
+    return {
+        "op": name,
+        "shape": list(shape),
+        "dtype": dtype,
+        "tessera_tile_ms": ours,
+        "cupy_ms": theirs,
+    }
 
 
 # cache ----------------------------------------------------------------------------------------

@@ -96,10 +96,13 @@ class KernelRecord:
     bytes: int
     flops: int
     time_ms: float | None = None  # measured with CUDA events; None without a GPU
+    note: str = ""  # why a launch on a GPU has no time
 
     def row(self, device: DeviceSpec) -> dict:
         bound_ms = device.bound_seconds(self.bytes, self.flops) * 1e3
         out = {"kernel": self.name, "bytes": self.bytes, "flops": self.flops}
+        if self.note:
+            out["note"] = self.note
         out["bound"] = "memory" if self.bytes * device.ridge() >= self.flops else "compute"
         out["roofline_ms"] = bound_ms
         if self.time_ms is not None:
@@ -119,20 +122,27 @@ class Profile:
     measured: bool  # a GPU times launches
     records: list[KernelRecord] = field(default_factory=list)
 
-    def launch(self, name: str, nbytes: int, flops: int, run) -> None:
-        """Run one kernel launch (``run()``), timed on a GPU; called by the fused runtime."""
+    def launch(self, name: str, nbytes: int, flops: int, run, stream=0, kernel=None) -> None:
+        """Run one kernel launch (``run()``) on ``stream``; on a GPU, time it between two CUDA
+        events on that stream. Called by the fused runtime. A launch that compiled ``kernel``
+        (numba-cuda compiles at a kernel's first launch for its argument types) is recorded
+        without a time: the events would have timed the compiler."""
         if not self.measured:
             run()
             self.records.append(KernelRecord(name, nbytes, flops))
             return
         from numba import cuda
 
+        compiled_before = len(getattr(kernel, "overloads", ()))
         start, stop = cuda.event(), cuda.event()
         with _nvtx_range(name):
-            start.record()
+            start.record(stream)
             run()
-            stop.record()
+            stop.record(stream)
         stop.synchronize()
+        if len(getattr(kernel, "overloads", ())) != compiled_before:
+            self.records.append(KernelRecord(name, nbytes, flops, note="compiled at this launch"))
+            return
         self.records.append(KernelRecord(name, nbytes, flops, cuda.event_elapsed_time(start, stop)))
 
     def add(self, op, *args, **kwargs) -> None:
@@ -169,13 +179,15 @@ class Profile:
         for r in self.rows():
             cells = [r["kernel"], f"{r['bytes']:,}", f"{r['flops']:,}", r["bound"]]
             cells.append(f"{r['roofline_ms'] * 1e3:.3g}")
-            if self.measured:
+            if self.measured and "time_ms" in r:
                 cells += [
                     f"{r['time_ms'] * 1e3:.2f}",
-                    f"{r['bandwidth_gbs']:.0f}",
-                    f"{100 * r['bandwidth_of_peak']:.1f}",
-                    f"{r['gflops']:.1f}",
+                    f"{r['bandwidth_gbs']:.0f}" if r["bytes"] else "-",
+                    f"{100 * r['bandwidth_of_peak']:.1f}" if r["bytes"] else "-",
+                    f"{r['gflops']:.1f}" if r["flops"] else "-",
                 ]
+            elif self.measured:
+                cells += [r.get("note", "not timed"), "", "", ""]
             table.add_row(*cells)
         console.print(table)
         return buf.getvalue().rstrip()
@@ -193,6 +205,17 @@ def explain_flops(op, *args, **kwargs) -> int:
 
 
 _active: Profile | None = None
+
+
+@contextlib.contextmanager
+def suspended():
+    """Launches inside are not recorded by the active profile (warm-up runs)."""
+    global _active
+    saved, _active = _active, None
+    try:
+        yield
+    finally:
+        _active = saved
 
 
 def active() -> Profile | None:

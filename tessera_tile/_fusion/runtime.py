@@ -336,4 +336,5 @@ def _launch(bound: Bound, handles: dict, program: Program, call: Call, shapes: d
         run()
     else:
         flops = profiling.stage_flops(stage, layout.n_kept, layout.n_red)
-        prof.launch(bound.generated.name, bound.predicted_bytes(), flops, run)
+        name, kernel = bound.generated.name, bound.generated.kernel
+        prof.launch(name, bound.predicted_bytes(), flops, run, place.stream, kernel)
