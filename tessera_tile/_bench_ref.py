@@ -63,5 +63,5 @@ def time_ms(run, warmup: int = 3, repeat: int = 20) -> float:
         run()
         stop.record()
         stop.synchronize()
-        times.append(cuda.event_elapsed_time(start, stop))
+        times.append(start.elapsed_time(stop))
     return float(np.median(times))

@@ -246,7 +246,7 @@ def _time_config(launch, args, kwargs, config, warmup: int, repeat: int) -> floa
             launch(*args, config=config, **kwargs)
             stop.record()
             stop.synchronize()
-            times.append(cuda.event_elapsed_time(start, stop))
+            times.append(start.elapsed_time(stop))
     except Exception:  # a config the device refuses (too much shared memory, too many threads)
         return math.inf
     return float(np.median(times))

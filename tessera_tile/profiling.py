@@ -143,7 +143,7 @@ class Profile:
         if len(getattr(kernel, "overloads", ())) != compiled_before:
             self.records.append(KernelRecord(name, nbytes, flops, note="compiled at this launch"))
             return
-        self.records.append(KernelRecord(name, nbytes, flops, cuda.event_elapsed_time(start, stop)))
+        self.records.append(KernelRecord(name, nbytes, flops, start.elapsed_time(stop)))
 
     def add(self, op, *args, **kwargs) -> None:
         """The static figures of ``op(*args, **kwargs)`` (a fused function or a prebuilt op)

@@ -140,3 +140,37 @@ def test_bad_arguments_are_named():
         tt.autotune([Cfg(64)], key=["y"])(launch)
     with pytest.raises(TypeError, match="'config' argument"):
         tt.autotune([Cfg(64)], key=["x"])(lambda x: x)
+
+
+@pytest.mark.sim_only(
+    reason="the GPU path with the simulator's events, whose times are all equal (-1): it checks "
+    "what is timed and recorded, not which config is fastest"
+)
+def test_with_a_gpu_pruned_configs_are_never_launched_and_choices_are_measured(monkeypatch):
+    monkeypatch.setattr(_config, "gpu_present", lambda: True)
+    launched = []
+
+    def launch(x, *, config):
+        launched.append(config.block)
+
+    model = counting({64: 2.0, 128: 1.0, 256: 3.0})
+    tuned = tt.autotune([Cfg(64), Cfg(128), Cfg(256)], key=["x"], model=model, warmup=2, repeat=5)(
+        launch
+    )
+    tuned(np.zeros(4))
+    assert launched.count(256) == 0  # ranked worse than the default: never timed
+    timing, call = launched[:-1], launched[-1]
+    assert timing.count(64) == timing.count(128) == 2 + 5
+    assert call == 64  # equal times: the earlier config, the default, wins
+    (entry,) = tuned.disk.entries()
+    assert entry["value"]["chosen_by"] == "measured" and len(entry["value"]["times_ms"]) == 3
+    assert entry["key"]["arch"].startswith("sm_")
+
+
+def test_a_model_choice_is_tuned_again_where_a_gpu_can_measure(monkeypatch):
+    model = counting({64: 2.0, 128: 1.0})
+    make([Cfg(64), Cfg(128)], model)(np.zeros(4))
+    monkeypatch.setattr(_config, "gpu_present", lambda: True)
+    again = make([Cfg(64), Cfg(128)], model)
+    again(np.zeros(4))
+    assert again.stats["tuned"] == 1 and again.stats["disk_hits"] == 0

@@ -45,3 +45,20 @@ def test_profile_checks_its_device_and_does_not_nest():
     with tt.profile(), pytest.raises(RuntimeError, match="already active"), tt.profile():
         pass
     assert profiling.active() is None
+
+
+@pytest.mark.sim_only(
+    reason="the GPU path with the simulator's events, which time nothing: it checks what is "
+    "recorded, not the times"
+)
+def test_on_a_gpu_each_launch_is_timed_on_its_stream(monkeypatch):
+    from tessera_tile import _config
+
+    monkeypatch.setattr(_config, "gpu_present", lambda: True)
+    x = np.zeros((4, 32), np.float32)
+    with tt.profile() as prof:
+        ops.softmax(x)
+    assert prof.measured
+    (record,) = prof.records
+    assert record.time_ms is not None and record.note == ""
+    assert "time µs" in str(prof)
