@@ -4,9 +4,10 @@ Tile IR.
 
 The simulator must be on before numba is imported, so :func:`measure` runs ``python -m
 tessera_tile._roofline`` in a child process with ``NUMBA_ENABLE_CUDASIM=1``; that child prints
-one JSON row per op. Traffic per element barely depends on the shape for these ops (a norm's
-weights are read once per block), so a small shape keeps the simulator quick and places each op
-where it would sit at scale.
+one JSON row per op. Traffic per element barely depends on the shape for the row ops and
+reductions (a norm's weights are read once per block), so a small shape keeps the simulator
+quick and places each where it would sit at scale; the matmul family is measured at one
+128 x 128 x 128 float16 tile (see ``MATMUL_SHAPE``).
 """
 
 from __future__ import annotations
@@ -22,37 +23,64 @@ from . import profiling
 
 SHAPE = (64, 512)  # rows x row length: one warp's row of 512 float32 fits on chip
 DTYPE = "float32"
+# The matmul family in the simulator: its tensor-core kernel (float16) at one 128 x 128 tile
+# with K = N = H = 128 takes seconds; larger GEMMs take minutes. A GEMM's intensity grows with
+# its size, so this point is a lower bound of where larger ones sit.
+MATMUL_SHAPE = (128, 128)
+MATMUL_DTYPE = "float16"
+MATMUL_OPS = ("linear", "matmul", "mlp")
 
 
-def stand_ins(name: str, shape: tuple, dtype: str) -> tuple[tuple, dict]:
-    """Arguments that stand in for arrays when an op is explained, measured or tuned.
+def stand_ins(name: str, shape: tuple, dtype: str, hidden: int | None = None) -> tuple:
+    """``(args, kwargs)`` that stand in for arrays when an op is explained, measured or tuned.
 
     Every op takes ``x = zeros(shape, dtype)``. layer_norm also gets ``weight = ones(n)`` and
     ``bias = zeros(n)``, rms_norm ``weight = ones(n)`` (``n = shape[-1]``); cross_entropy takes
-    ``shape`` as the logits (N, C) and int64 targets of class 0 (every row counts). Other
-    arguments keep the op's defaults (reductions over every axis, softmax over the last).
+    ``shape`` as the logits (N, C) and int64 targets of class 0 (every row counts). The matmul
+    family reads ``shape`` as (M, K) and multiplies by square weights: matmul ``b = zeros(K,
+    K)``; linear ``w = zeros(K, K)``, ``bias = zeros(K)``; mlp ``w1 = zeros(K, H)``, ``b1 =
+    zeros(H)``, ``w2 = zeros(H, K)``, ``b2 = zeros(K)`` with ``H = hidden``, default ``4 K`` (a
+    transformer's MLP). Other arguments keep the op's defaults (reductions over every axis,
+    softmax over the last, no activation for linear, gelu for mlp).
     """
     x = np.zeros(shape, dtype)
     n = shape[-1] if shape else 0
+    h = 4 * n if hidden is None else hidden
     if name == "layer_norm":
         return (x, np.ones(n, dtype), np.zeros(n, dtype)), {}
     if name == "rms_norm":
         return (x, np.ones(n, dtype)), {}
     if name == "cross_entropy":
         return (x, np.zeros(shape[:1], np.int64)), {}
+    if name == "matmul":
+        return (x, np.zeros((n, n), dtype)), {}
+    if name == "linear":
+        return (x, np.zeros((n, n), dtype), np.zeros(n, dtype)), {}
+    if name == "mlp":
+        w1, w2 = np.zeros((n, h), dtype), np.zeros((h, n), dtype)
+        return (x, w1, np.zeros(h, dtype), w2, np.zeros(n, dtype)), {}
     return (x,), {}
 
 
-def hand_flops(name: str, shape: tuple) -> int:
-    """FLOPs of the hand-written kernels, which have no Tile IR, counted from their source.
+def hand_flops(name: str, shape: tuple, hidden: int | None = None) -> int:
+    """FLOPs of the hand-written kernels, which have no Tile IR, counted from their source for
+    the stand-ins of :func:`stand_ins`.
 
     cross_entropy: per logit, the online log-sum-exp's max, subtract, exp and add (4); per row,
-    the log and the two subtractions of ``(m - x[target]) + log(s)`` (3). transpose moves data
-    and counts none.
+    the log and the two subtractions of ``(m - x[target]) + log(s)`` (3). The matmul family: 2
+    per multiply-add (2 M N K), 1 per output element for the bias and 1 for the activation.
+    transpose moves data and counts none.
     """
+    rows, cols = shape[0], shape[-1]
+    h = 4 * cols if hidden is None else hidden
     if name == "cross_entropy":
-        rows, cols = shape
         return 4 * rows * cols + 3 * rows
+    if name == "matmul":
+        return 2 * rows * cols * cols
+    if name == "linear":
+        return 2 * rows * cols * cols + rows * cols
+    if name == "mlp":  # gelu(x @ w1 + b1) @ w2 + b2
+        return 2 * rows * cols * h + 2 * rows * h + 2 * rows * h * cols + rows * cols
     return 0
 
 
@@ -63,16 +91,20 @@ def _measure_here(shape: tuple, dtype: str) -> list[dict]:
     rows = []
     for name in ops.__all__:
         op = getattr(ops, name)
-        args, kwargs = stand_ins(name, shape, dtype)
+        big = name in MATMUL_OPS
+        at, dt = (MATMUL_SHAPE, MATMUL_DTYPE) if big else (shape, dtype)
+        hidden = at[-1] if big else None
+        args, kwargs = stand_ins(name, at, dt, hidden)
         with sim.profile() as prof:
             op(*args, **kwargs)
+        flops = profiling.explain_flops(op, *args, **kwargs) or hand_flops(name, at, hidden)
         rows.append(
             {
                 "op": name,
-                "shape": list(shape),
-                "dtype": dtype,
+                "shape": list(at),
+                "dtype": dt,
                 "bytes": prof.bytes_read + prof.bytes_written,
-                "flops": profiling.explain_flops(op, *args, **kwargs) or hand_flops(name, shape),
+                "flops": flops,
                 "launches": prof.launches,
             }
         )
@@ -94,51 +126,79 @@ def measure(shape: tuple = SHAPE, dtype: str = DTYPE) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
+def _roof(spec: profiling.DeviceSpec, dtype: str) -> float:
+    """The compute roof of an op's dtype: float16 runs on the tensor cores."""
+    return spec.fp16_tensor if dtype == "float16" else spec.fp32
+
+
+def _groups(placed: list[dict], first: dict) -> list[tuple[float, str, list]]:
+    """Points within 15% of each other's intensity share one label: (intensity, label, rows)."""
+    out: list = []
+    for r in sorted(placed, key=lambda r: r["flops"] / r["bytes"]):
+        ai = r["flops"] / r["bytes"]
+        name = r["op"]
+        if (r["shape"], r["dtype"]) != (first["shape"], first["dtype"]):
+            name += f" [{'x'.join(map(str, r['shape']))} {r['dtype']}]"
+        if out and ai <= out[-1][0] * 1.15:
+            out[-1][2].append(r)
+            out[-1] = (out[-1][0], f"{out[-1][1]}, {name}", out[-1][2])
+        else:
+            out.append((ai, name, [r]))
+    return out
+
+
 def plot(rows: list[dict], device: str, path: str) -> dict:
-    """A log-log roofline (FLOP/byte against GFLOP/s) of A100, H100 and H200; the ops are
-    placed on ``device``'s roof at their measured arithmetic intensity. Returns the axes'
-    scales, limits and labels (the CLI's ``--json`` reports them)."""
+    """A log-log roofline (FLOP/byte against GFLOP/s) of A100, H100 and H200 (FP32 roofs;
+    ``device``'s FP16 tensor-core roof dashed); the ops are placed on ``device``'s roof for
+    their dtype at their measured arithmetic intensity. Returns the axes' scales, limits and
+    labels (the CLI's ``--json`` reports them)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 6), dpi=110)
+    fig, ax = plt.subplots(figsize=(9.5, 6.2), dpi=110)
     placed = [r for r in rows if r["flops"] > 0 and r["bytes"] > 0]
     ais = [r["flops"] / r["bytes"] for r in placed]
+    spec = profiling.DEVICES[device]
     lo = min([*ais, 0.05]) / 2
-    hi = max(max(d.ridge() for d in profiling.DEVICES.values()) * 4, max(ais, default=1) * 2)
-    xs = np.geomspace(lo, hi, 200)
-    for key, spec in profiling.DEVICES.items():
-        ys = np.minimum(spec.fp32, xs * spec.bandwidth) / 1e9
+    hi = max(spec.fp16_tensor / spec.bandwidth * 4, max(ais, default=1) * 2)
+    xs = np.geomspace(lo, hi, 300)
+    for key, other in profiling.DEVICES.items():
         ax.plot(
             xs,
-            ys,
+            np.minimum(other.fp32, xs * other.bandwidth) / 1e9,
             lw=2.5 if key == device else 1.2,
             alpha=1.0 if key == device else 0.6,
-            label=f"{spec.name}: {spec.bandwidth / 1e12:.2f} TB/s, {spec.fp32 / 1e12:.1f} "
-            "TFLOP/s FP32",
+            label=f"{other.name}: {other.bandwidth / 1e12:.2f} TB/s, "
+            f"{other.fp32 / 1e12:.1f} TFLOP/s FP32",
         )
-    spec = profiling.DEVICES[device]
-    points: dict = {}  # ops at the same intensity share one point and one label
-    for r, ai in zip(placed, ais, strict=True):
-        points.setdefault(round(ai, 3), []).append(r["op"])
-    for k, (ai, names) in enumerate(sorted(points.items())):
-        y = min(spec.fp32, ai * spec.bandwidth) / 1e9
-        ax.scatter([ai], [y], zorder=3, color="black", s=18)
-        label = f"{', '.join(names)} ({ai:.2f})"
-        offset = (8, -12) if k % 2 == 0 else (-8, 8)
+    ax.plot(
+        xs,
+        np.minimum(spec.fp16_tensor, xs * spec.bandwidth) / 1e9,
+        ls="--",
+        color="gray",
+        label=f"{spec.name}: {spec.fp16_tensor / 1e12:.0f} TFLOP/s FP16 tensor cores (dense)",
+    )
+    first = rows[0] if rows else {}
+    for k, (ai, label, group) in enumerate(_groups(placed, first)):
+        for r in group:
+            x = r["flops"] / r["bytes"]
+            y = min(_roof(spec, r["dtype"]), x * spec.bandwidth) / 1e9
+            ax.scatter([x], [y], zorder=3, color="black", s=18)
+        y = min(_roof(spec, group[0]["dtype"]), ai * spec.bandwidth) / 1e9
+        right = ai > hi / 30 or k % 2 == 1  # labels near the right edge go to the left
         ax.annotate(
-            label, (ai, y), textcoords="offset points", xytext=offset, fontsize=7,
-            ha="left" if k % 2 == 0 else "right",
+            f"{label} ({ai:.2f})", (ai, y), textcoords="offset points",
+            xytext=(-8, 8) if right else (8, -12), fontsize=7, ha="right" if right else "left",
         )  # fmt: skip
     unplaced = [r["op"] for r in rows if r not in placed]
-    shape = "x".join(map(str, rows[0]["shape"])) if rows else "?"
+    shape = "x".join(map(str, first.get("shape", []))) or "?"
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte, bytes measured in the simulator)")
     ax.set_ylabel("attainable GFLOP/s")
-    title = f"tessera_tile prebuilt ops on the {spec.name} roofline ({shape} {rows[0]['dtype']})"
+    title = f"tessera_tile prebuilt ops on the {spec.name} roofline ({shape} {first.get('dtype')})"
     ax.set_title(title if rows else "no ops", fontsize=10)
     if unplaced:
         ax.text(

@@ -45,6 +45,7 @@ class DeviceSpec:
     name: str
     bandwidth: float  # bytes/s of DRAM (HBM)
     fp32: float  # FLOP/s
+    fp16_tensor: float  # FLOP/s, dense (without the sparsity the datasheets also quote)
     source: str
 
     def bound_seconds(self, nbytes: int, flops: int) -> float:
@@ -57,10 +58,14 @@ class DeviceSpec:
 
 DEVICES = {
     "a100": DeviceSpec(
-        "A100 SXM4 80GB", 2.039e12, 19.5e12, "NVIDIA A100 Tensor Core GPU datasheet"
+        "A100 SXM4 80GB", 2.039e12, 19.5e12, 312e12, "NVIDIA A100 Tensor Core GPU datasheet"
     ),
-    "h100": DeviceSpec("H100 SXM5 80GB", 3.35e12, 67e12, "NVIDIA H100 Tensor Core GPU datasheet"),
-    "h200": DeviceSpec("H200 SXM 141GB", 4.8e12, 67e12, "NVIDIA H200 Tensor Core GPU datasheet"),
+    "h100": DeviceSpec(
+        "H100 SXM5 80GB", 3.35e12, 67e12, 989.4e12, "NVIDIA H100 Tensor Core GPU datasheet"
+    ),
+    "h200": DeviceSpec(
+        "H200 SXM 141GB", 4.8e12, 67e12, 989.4e12, "NVIDIA H200 Tensor Core GPU datasheet"
+    ),
 }
 
 
