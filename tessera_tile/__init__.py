@@ -64,12 +64,12 @@ from .tile_config import TileConfig  # noqa: E402 - the schedule of the matmul o
 _LAZY = ("inspect", "kernels", "memory", "mma", "ops", "pipeline", "sim", "tile_ir", "warp")
 
 
-def profile(**kwargs):
-    """Time (on a GPU) or explain (without one) the launches of a ``with`` block; see
-    :func:`tessera_tile.profiling.profile`."""
+def profile(device: str = "h100"):
+    """Time (on a GPU) or explain (without one) the fused launches of a ``with`` block, against
+    ``device``'s peaks (``"a100"``, ``"h100"``, ``"h200"``); see :mod:`tessera_tile.profiling`."""
     from .profiling import profile as _profile
 
-    return _profile(**kwargs)
+    return _profile(device=device)
 
 
 def __getattr__(name: str):

@@ -8,16 +8,17 @@ proven without a GPU.
 
 The key fingerprints the user's function from its code, never from its name alone: the
 bytecode, constants, names, default values, closure values and the globals it reads, following
-plain Python functions it calls. A value that is not plain data (numbers, strings, None, tuples
-of these, NumPy dtypes and scalars), a module, or a function or object of tessera_tile, NumPy or
-the standard library makes the function unfingerprintable: it is then never persisted (its
-behaviour could change without its code changing), and runs as before with the in-process
-cache only.
+plain Python functions it calls. A value that is not plain data (numbers, strings, None,
+enums, tuples of these, NumPy dtypes and scalars), a module, a ufunc, or a function or class
+of tessera_tile, NumPy or the standard library makes the function unfingerprintable: it is
+then never persisted (its behaviour could change without its code changing), and runs as
+before with the in-process cache only.
 """
 
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
 import pickle
 import types
@@ -82,22 +83,30 @@ def _global_names(co: types.CodeType) -> set:
 
 
 def _value(value, parts: list, seen: set):
-    if isinstance(value, _PLAIN):
+    if isinstance(value, (*_PLAIN, enum.Enum)):
         return (type(value).__name__, repr(value))
     if isinstance(value, tuple):
         return tuple(_value(v, parts, seen) for v in value)
     if isinstance(value, types.ModuleType):
         return ("module", value.__name__)
-    module = getattr(value, "__module__", None) or ""
-    if module.split(".")[0] in _LIBRARIES and hasattr(value, "__qualname__"):
-        return ("library", module, value.__qualname__)
-    if isinstance(value, types.FunctionType):
-        _function(value, parts, seen)  # a helper of the user's: its code is part of the key
-        return ("function", value.__qualname__)
+    if isinstance(value, np.ufunc):
+        return ("ufunc", value.__name__)
     fn = getattr(value, "fn", None)  # another fused function
     if isinstance(fn, types.FunctionType) and type(value).__module__.startswith("tessera_tile"):
         _function(fn, parts, seen)
         return ("fused", fn.__qualname__, getattr(value, "math", None))
+    module = getattr(value, "__module__", None) or ""
+    library = module.split(".")[0] in _LIBRARIES
+    if isinstance(value, types.FunctionType):
+        if not library:
+            _function(value, parts, seen)  # a helper of the user's: its code is in the key
+            return ("function", value.__qualname__)
+        # tessera_tile's functions made by factories share a qualname: their name and closure
+        # values tell them apart (tt.exp and tt.log are both _unary_fn.<locals>.fn)
+        cells = tuple(_value(c.cell_contents, parts, seen) for c in value.__closure__ or ())
+        return ("library", module, value.__qualname__, value.__name__, cells)
+    if library and hasattr(value, "__qualname__"):  # classes, builtins
+        return ("library", module, value.__qualname__)
     raise Unfingerprintable
 
 

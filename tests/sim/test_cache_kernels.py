@@ -68,6 +68,14 @@ def test_the_fingerprint_follows_code_constants_closures_and_helpers():
 
     assert persist.fingerprint_function(make(2)) == persist.fingerprint_function(make(2))
     assert persist.fingerprint_function(make(2)) != persist.fingerprint_function(make(3))
+
+    def applies(x):
+        return act(x)  # noqa: F821 - bound below, as a module's global would be
+
+    globals()["act"] = tt.exp
+    with_exp = persist.fingerprint_function(applies)
+    globals()["act"] = tt.log  # made by the same factory as tt.exp: same qualname
+    assert persist.fingerprint_function(applies) != with_exp
     globals()["helper"] = lambda x: x + 1
     before = persist.fingerprint_function(uses_helper)
     globals()["helper"] = lambda x: x + 2
