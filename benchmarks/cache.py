@@ -4,7 +4,9 @@
   shape of a bucket already tuned, and from the disk cache (a new launcher object, as in a new
   process);
 * a fused function's first call in a new process, with a cold and with a warm persistent cache
-  (``explain``: trace, plan and code generation, or their loading; no launch, no NVVM).
+  (``explain``: trace, plan and code generation, or their loading; no launch, no NVVM);
+* a fused kernel's compilation in a first process and its loading from numba-cuda's cache in a
+  second (the compile tier's test; both include numba-cuda's one-time start-up).
 
 Run: ``python benchmarks/cache.py`` (no GPU needed; it uses a temporary cache directory).
 """
@@ -103,8 +105,28 @@ def first_calls() -> None:
             )
 
 
+def compile_and_load() -> None:
+    """The compile tier's two processes (tests/compile/test_cache_nvvm.py): the first compiles
+    a fused kernel for sm_90 and saves it in numba-cuda's cache, the second loads it."""
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    path = ROOT / "tests" / "compile" / "test_cache_nvvm.py"
+    spec = importlib.util.spec_from_file_location("cache_nvvm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as cache:
+        for which in ("first", "second"):
+            got = module.run(Path(cache), which)
+            print(
+                f"{which} process: kernel compiled or loaded in {got['seconds'] * 1e3:6.1f} ms "
+                f"(NVVM runs: {got['nvvm']})"
+            )
+
+
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["TESSERA_TILE_CACHE_DIR"] = tmp  # before tessera_tile reads it
         autotune_lookups()
     first_calls()
+    compile_and_load()
