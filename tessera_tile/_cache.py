@@ -25,6 +25,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -184,12 +185,8 @@ class DiskCache:
         return True
 
     def clear(self) -> int:
-        """Remove every entry (and lock) of this namespace; returns how many entries went."""
-        removed = 0
-        with contextlib.suppress(FileNotFoundError):
-            for path in self.directory.iterdir():
-                if path.suffix in (".json", ".lock", ".tmp"):
-                    with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
-                        removed += path.suffix == ".json"
+        """Remove this namespace's directory (entries, locks, and what callers keep beside them,
+        such as kernel sources and numba-cuda's cache of them); returns how many entries went."""
+        removed = len(list(self.directory.glob("*.json"))) if self.directory.is_dir() else 0
+        shutil.rmtree(self.directory, ignore_errors=True)
         return removed

@@ -17,7 +17,9 @@ import contextlib
 import dataclasses
 import hashlib
 import linecache
+import os
 import pickle
+import tempfile
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -115,11 +117,13 @@ class KernelCache(CountingCache):
             return None
         path = self.disk.directory / "src" / f"{name}.py"
         try:
+            # An unchanged file keeps its time stamp, which numba-cuda's cache index checks.
             if not path.exists() or path.read_text() != source:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
-                tmp.write_text(source)
-                tmp.replace(path)
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
+                with os.fdopen(fd, "w") as f:
+                    f.write(source)
+                os.replace(tmp, path)
         except OSError:
             return None
         return path

@@ -144,8 +144,11 @@ def _cache_bucket(n: int) -> int:
     return bucket(n)
 
 
-def test_clear_removes_entries(cache):
+def test_clear_removes_entries_and_what_lives_beside_them(cache):
     cache.put({"k": 1}, 1)
     cache.put({"k": 2}, 2)
+    (cache.directory / "src").mkdir()
+    (cache.directory / "src" / "kernel.py").write_text("")  # as the kernel cache keeps sources
     assert cache.clear() == 2
-    assert cache.entries() == []
+    assert cache.entries() == [] and not cache.directory.exists()
+    assert cache.clear() == 0
