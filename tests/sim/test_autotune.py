@@ -174,3 +174,26 @@ def test_a_model_choice_is_tuned_again_where_a_gpu_can_measure(monkeypatch):
     again = make([Cfg(64), Cfg(128)], model)
     again(np.zeros(4))
     assert again.stats["tuned"] == 1 and again.stats["disk_hits"] == 0
+
+
+@model_chooses
+def test_tuning_the_matmul_tile_config_with_the_analytic_model():
+    """The library's own configs: TileConfig candidates ranked by tile_config.estimate."""
+    from tessera_tile import ops, tile_config
+
+    def model(config, a, b):
+        (m, k), n = a.shape, b.shape[1]
+        return tile_config.estimate(m, n, k, 1, config, a.dtype.itemsize).seconds
+
+    @tt.autotune(tile_config.CANDIDATES, key=["a", "b"], model=model)
+    def tuned_matmul(a, b, *, config):
+        return ops.matmul(a, b, config=config)
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((70, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 33)).astype(np.float32)
+    c = tuned_matmul(a, b)
+    chosen = tuned_matmul.choose(a, b)
+    scores = [model(cfg, a, b) for cfg in tile_config.CANDIDATES]
+    assert model(chosen, a, b) == min(scores) <= scores[0]
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)  # float32, K = 40
