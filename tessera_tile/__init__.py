@@ -61,7 +61,9 @@ from .tile_config import TileConfig  # noqa: E402 - the schedule of the matmul o
 
 # Submodules reachable as attributes (tt.inspect, tt.memory...), imported on first use: the
 # compile-only and primitive modules cost nothing to a user who only fuses.
-_LAZY = ("inspect", "kernels", "memory", "mma", "ops", "pipeline", "sim", "tile_ir", "warp")
+_LAZY = (
+    "inspect", "kernels", "memory", "mma", "ops", "pipeline", "sim", "tile_ir", "tuned", "warp",
+)  # fmt: skip
 
 
 def profile(device: str = "h100"):

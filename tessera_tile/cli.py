@@ -5,14 +5,14 @@
     tessera-tile doctor                                  versions, tools, GPU, CuPy, cache
     tessera-tile inspect kernels.py:axpy --signature "void(float32[::1], float32[::1])"
     tessera-tile explain softmax --shape 4096x1024 --dtype float16
-    tessera-tile tune softmax --shape 4096x1024          fills the tuning cache (see below)
+    tessera-tile tune matmul --shape 4096x1024           fills the cache tessera_tile.tuned reads
     tessera-tile cache list | cache clear
     tessera-tile bench [OP...]                           GPU: vs CuPy; else the static report
     tessera-tile report --device h100 --out roofline.png
 
 Human-readable output by default, ``--json`` for machines. A bad op, shape or dtype is a
-one-line error under the usage, exit code 2. ``tune`` of an op without tunable configs (every
-prebuilt op today: they choose their launch from the data) says so and exits 0.
+one-line error under the usage, exit code 2. ``tune`` of an op without tunable configs (all but
+matmul and linear: they choose their launch from the data) says so and exits 0.
 """
 
 from __future__ import annotations
@@ -239,19 +239,32 @@ def explain(op, shape, dtype, as_json) -> None:
 @click.argument("op")
 @shape_option
 @dtype_option
-def tune(op, shape, dtype) -> None:
-    """Fill the tuning cache for OP at a shape (ops with tunable configs only)."""
-    fn, shape = _op(op), _shape(shape)
-    tuned = getattr(fn, "autotuned", None)
-    if tuned is None:
-        click.echo(
-            f"{op} has no tunable configs: its launch is chosen from the data, nothing to tune "
-            "(exit 0)"
-        )
+@json_option
+def tune(op, shape, dtype, as_json) -> None:
+    """Fill the tuning cache for OP at a shape (ops with tunable configs: matmul, linear; their
+    tuned versions in tessera_tile.tuned read it)."""
+    from . import tuned
+
+    _op(op)
+    shape = _shape(shape)
+    tuner = getattr(tuned, op, None) if op in tuned.__all__ else None
+    if tuner is None:
+        message = f"{op} has no tunable configs: its launch is chosen from the data"
+        _emit(as_json, {"op": op, "tunable": False}, f"{message}, nothing to tune (exit 0)")
         return
     args, kwargs = _call_args(op, shape, dtype)
-    config = _checked(tuned.choose, *args, **kwargs)
-    click.echo(f"{op} {'x'.join(map(str, shape))} {dtype}: {config}")
+    if _config.gpu_present():  # timed on the device, as the tuned op's callers run it
+        from numba import cuda
+
+        args = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args)
+    config = _checked(tuner.choose, *args, **kwargs)
+    entry = tuner.disk.get(tuner.disk_key(args, kwargs)) if tuner.disk else None
+    chosen_by = (entry or {}).get("chosen_by", "cache")
+    data = {"op": op, "tunable": True, "shape": list(shape), "dtype": dtype}
+    data |= {"config": repr(config), "chosen_by": chosen_by}
+    how = "timed on this GPU" if chosen_by == "measured" else "ranked by the model (no GPU)"
+    text = f"{op} {'x'.join(map(str, shape))} {dtype}: {config!r}, {how}; cached"
+    _emit(as_json, data, text)
 
 
 @main.command()

@@ -100,8 +100,18 @@ def test_bad_ops_shapes_and_dtypes_are_usage_errors(cli):
         assert "Usage: tessera-tile" in err and message in err, (args, err)
 
 
-def test_tune_says_there_is_nothing_to_tune(cli):
+def test_tune_fills_the_cache_of_tunable_ops_and_says_when_there_is_none(cli):
     assert "no tunable configs" in cli("tune", "softmax", "--shape", "64x64").stdout
+    got = json.loads(cli("tune", "matmul", "--shape", "512x256", "--json").stdout)
+    assert got["chosen_by"] == "model" and got["config"].startswith("TileConfig(")
+    half = json.loads(
+        cli("tune", "linear", "--shape", "512x256", "--dtype", "float16", "--json").stdout
+    )
+    assert "dtype='float16'" in half["config"]  # the tensor-core tile for float16
+    entries = json.loads(cli("cache", "list", "--json").stdout)["entries"]
+    assert sorted(e["key"]["launcher"][0] for e in entries) == [
+        "tessera_tile.tuned.linear", "tessera_tile.tuned.matmul",
+    ]  # fmt: skip
 
 
 def test_cache_list_and_clear(cli):

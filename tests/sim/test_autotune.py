@@ -177,23 +177,21 @@ def test_a_model_choice_is_tuned_again_where_a_gpu_can_measure(monkeypatch):
 
 
 @model_chooses
-def test_tuning_the_matmul_tile_config_with_the_analytic_model():
-    """The library's own configs: TileConfig candidates ranked by tile_config.estimate."""
-    from tessera_tile import ops, tile_config
-
-    def model(config, a, b):
-        (m, k), n = a.shape, b.shape[1]
-        return tile_config.estimate(m, n, k, 1, config, a.dtype.itemsize).seconds
-
-    @tt.autotune(tile_config.CANDIDATES, key=["a", "b"], model=model)
-    def tuned_matmul(a, b, *, config):
-        return ops.matmul(a, b, config=config)
+def test_tuned_ops_choose_tile_configs_with_the_analytic_model():
+    """tessera_tile.tuned: the matmul family's TileConfigs ranked by tile_config.estimate."""
+    from tessera_tile import tile_config, tuned
 
     rng = np.random.default_rng(3)
     a = rng.standard_normal((70, 40)).astype(np.float32)
     b = rng.standard_normal((40, 33)).astype(np.float32)
-    c = tuned_matmul(a, b)
-    chosen = tuned_matmul.choose(a, b)
-    scores = [model(cfg, a, b) for cfg in tile_config.CANDIDATES]
-    assert model(chosen, a, b) == min(scores) <= scores[0]
-    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)  # float32, K = 40
+    np.testing.assert_allclose(tuned.matmul(a, b), a @ b, rtol=1e-5, atol=1e-5)  # f32, K = 40
+    scores = [tuned.model(c, a, b) for c in tuned.CONFIGS]
+    assert tuned.model(tuned.matmul.choose(a, b), a, b) == min(scores) <= scores[0]
+    assert scores[-1] == float("inf")  # the tensor-core tile takes float16 only
+
+    x, w = a.astype(np.float16), b.astype(np.float16)
+    bias = np.linspace(-1, 1, 33).astype(np.float16)
+    assert tuned.linear.choose(x, w, bias, "relu") == tile_config.TENSOR_CORE_DEFAULT
+    expected = np.maximum(x.astype(np.float32) @ w.astype(np.float32) + bias, 0)
+    got = tuned.linear(x, w, bias, "relu").astype(np.float32)
+    np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)  # float16 result rounding
