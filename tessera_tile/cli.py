@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -58,11 +59,6 @@ def _shape(text: str) -> tuple[int, ...]:
     if shape is None or any(n < 0 for n in shape):
         raise click.BadParameter(f"{text!r} is not a shape like 4096x1024", param_hint="--shape")
     return shape
-
-
-def _call_args(name: str, shape: tuple, dtype: str):
-    args, kwargs = _roofline.stand_ins(name, shape, dtype)
-    return args, kwargs
 
 
 def _checked(fn, *args, **kwargs):
@@ -132,8 +128,6 @@ def _gpu_name() -> str | None:
 
 
 def _writable(directory: Path) -> bool:
-    import os
-
     probe = directory
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -217,7 +211,7 @@ def explain(op, shape, dtype, as_json) -> None:
 
     NumPy zeros stand in for the arrays (see docs/tuning.md for the weights and targets)."""
     fn, shape = _op(op), _shape(shape)
-    args, kwargs = _call_args(op, shape, dtype)
+    args, kwargs = _roofline.stand_ins(op, shape, dtype)
     report = _checked(fn.explain, *args, **kwargs)
     flops = profiling.explain_flops(fn, *args, **kwargs) or _roofline.hand_flops(op, shape)
     data = {
@@ -252,7 +246,7 @@ def tune(op, shape, dtype, as_json) -> None:
         message = f"{op} has no tunable configs: its launch is chosen from the data"
         _emit(as_json, {"op": op, "tunable": False}, f"{message}, nothing to tune (exit 0)")
         return
-    args, kwargs = _call_args(op, shape, dtype)
+    args, kwargs = _roofline.stand_ins(op, shape, dtype)
     if _config.gpu_present():  # timed on the device, as the tuned op's callers run it
         from numba import cuda
 
@@ -282,7 +276,7 @@ def bench(op_names, shape, dtype, device, repeat, as_json) -> None:
     if not _config.gpu_present():
         with profiling.profile(device=device) as prof:
             for name, fn in zip(names, fns, strict=True):
-                _checked(prof.add, fn, *_call_args(name, shape, dtype)[0])
+                _checked(prof.add, fn, *_roofline.stand_ins(name, shape, dtype)[0])
                 if not prof.records[-1].flops:  # a hand-written kernel: counted from its source
                     prof.records[-1].flops = _roofline.hand_flops(name, shape)
         _emit(as_json, {"measured": False, "rows": prof.rows()}, str(prof))
@@ -310,7 +304,7 @@ def _bench_gpu(cupy, name, fn, shape, dtype, device, repeat) -> dict:
     profile) and of CuPy's unfused chain of the same call (hand-written ops: the call)."""
     from ._bench_ref import REFERENCE, time_ms
 
-    args, kwargs = _call_args(name, shape, dtype)
+    args, kwargs = _roofline.stand_ins(name, shape, dtype)
     dev = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
     with profiling.suspended():
         _checked(fn, *dev, **kwargs)  # compiles, outside the timing
