@@ -21,6 +21,7 @@ import os
 import pickle
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,7 +199,31 @@ def build(name: str, source: str, sched: Schedule, helpers: dict, path_of=None) 
     kernel = namespace[name]
     if path is not None and hasattr(kernel, "enable_caching"):  # not in the simulator
         kernel.enable_caching()
+        guard_saves(kernel)
     return Generated(name, source, kernel, sched)
+
+
+def guard_saves(kernel) -> None:
+    """A kernel numba-cuda cannot save to its disk cache still launches: the failure is one
+    warning, not the launch's exception. numba-cuda saves at the first launch of a signature,
+    through the dispatcher's ``_cache`` (a private name; only this function uses it)."""
+    cache = getattr(kernel, "_cache", None)
+    save = getattr(cache, "save_overload", None)
+    if save is None:
+        return
+
+    def guarded(sig, data):
+        try:
+            save(sig, data)
+        except Exception as e:  # pickling, linking files: run uncached
+            warnings.warn(
+                f"tessera_tile: numba-cuda could not cache kernel {kernel.__name__} ({e}); "
+                "it runs, and compiles again in the next process",
+                _cache.CacheWarning,
+                stacklevel=2,
+            )
+
+    cache.save_overload = guarded
 
 
 def generate(stage: Stage, variant: Variant) -> Generated:

@@ -93,3 +93,23 @@ def test_a_second_process_loads_the_kernel_without_nvvm(tmp_path):
     assert second["info"]["traced"] == 0 and second["info"]["kernels_generated"] == 0
     assert second["info"]["kernels_from_disk"] == 1
     assert list(tmp_path.glob("kernels/src/__pycache__/*.nbi")), "numba-cuda's cache index"
+
+
+def test_a_kernel_numba_cannot_cache_still_launches_with_a_warning():
+    import pytest
+
+    from tessera_tile import _cache
+    from tessera_tile._fusion.compile import guard_saves
+
+    class Cache:
+        def save_overload(self, sig, data):
+            raise RuntimeError("Cannot pickle CUDACodeLibrary with linking files")
+
+    class Kernel:
+        __name__ = "fused_example"
+        _cache = Cache()
+
+    kernel = Kernel()
+    guard_saves(kernel)
+    with pytest.warns(_cache.CacheWarning, match="could not cache kernel fused_example"):
+        kernel._cache.save_overload(("sig",), object())  # returns: the launch goes on
