@@ -32,10 +32,17 @@ from ._matmul_geometry import (
     rows_aligned,
 )
 from ._prebuilt import PrebuiltOp, array_arg, check_out, source_of
+from .autotune import autotune
 from .kernels import epilogue
 from .kernels import matmul as simt
 from .kernels import matmul_tc as tc
-from .tile_config import TileConfig, default_config, estimate, waves_text
+from .tile_config import (
+    CANDIDATES,
+    TENSOR_CORE_DEFAULT,
+    TileConfig,
+    estimate,
+    waves_text,
+)
 
 __all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
 
@@ -161,10 +168,11 @@ class Product:
         return not (self.m and self.n and math.prod(self.batch))
 
     def tile_config(self) -> TileConfig:
+        """The given config, else the one :data:`TUNED_MATMUL` chooses for these operands
+        (the analytic model's without a GPU; timed once per shape bucket on one)."""
         if self.config is not None:
             return self.config
-        z = math.prod(self.batch)
-        return default_config(self.m, self.n, self.k, z, str(self.dtype))
+        return TUNED_MATMUL.choose(self.a, self.b)
 
     def _c_matrix(self, rec: arrays.Arg) -> Matrix:
         """The result as a (batch, M, N) stack, whatever 1-D squeezing its shape had."""
@@ -444,17 +452,13 @@ def _product(a, b, names, what, config, bias=None, activation=None, bias_name="b
         *(() if b_vector else (rb.shape[-1],)),
     )
     m = 1 if a_vector else ra.shape[-2]
-    n = 1 if b_vector else rb.shape[-1]
     cfg = _check_config(config)
     if cfg is not None and cfg.dtype == "float16" and ra.dtype != np.float16:
         raise ValueError(
             f"config has float16 tiles (the tensor-core kernel); {ra.dtype} inputs need "
             "TileConfig(..., dtype='float32')"
         )
-    tile_m = (cfg or default_config(m, n, k_a, math.prod(batch), str(ra.dtype))).tile_m
-    if -(-m // tile_m) > MAX_GRID_YZ:
-        raise ValueError(f"{names[0]} has {m} rows: more than {MAX_GRID_YZ} tiles of {tile_m}")
-    return Product(
+    product = Product(
         ra,
         rb,
         bias,
@@ -467,6 +471,47 @@ def _product(a, b, names, what, config, bias=None, activation=None, bias_name="b
         batch,
         out_shape,
     )
+    tile_m = product.tile_config().tile_m
+    if -(-m // tile_m) > MAX_GRID_YZ:
+        raise ValueError(f"{names[0]} has {m} rows: more than {MAX_GRID_YZ} tiles of {tile_m}")
+    return product
+
+
+# --------------------------------------------------------------------------------------------
+# the default config: tt.autotune over the candidates, ranked by the analytic model
+
+# The SIMT candidates (float32 tiles: float32 inputs, or float16 inputs widened) and the
+# tensor-core tile (float16 inputs only). The first is the shipped default of the sweep.
+TUNABLE = (*CANDIDATES, TENSOR_CORE_DEFAULT)
+
+
+def tile_model(config: TileConfig, a, b, *rest, **kwargs) -> float:
+    """The analytic model's seconds for ``a @ b`` (:func:`tessera_tile.tile_config.estimate`;
+    inf for a config the inputs cannot use). Equal times are told apart by the bytes moved, as
+    :func:`~tessera_tile.tile_config.default_config` does (a picosecond per gigabyte)."""
+    dtype = np.dtype(a.dtype)
+    if (config.dtype == "float16") != (dtype == np.float16):
+        return math.inf
+    m = int(np.prod(a.shape[:-1], dtype=np.int64)) if len(a.shape) > 1 else 1
+    k, n = a.shape[-1], b.shape[-1]
+    e = estimate(max(m, 1), max(n, 1), max(k, 1), 1, config, dtype.itemsize)
+    return e.seconds + e.bytes * 1e-21
+
+
+def _tuned_matmul(a, b, *, config):
+    return matmul(a, b, config=config)
+
+
+def _tuned_linear(x, w, bias=None, activation=None, *, config):
+    return linear(x, w, bias, activation, config=config)
+
+
+_tuned_matmul.__qualname__ = _tuned_matmul.__name__ = "matmul"
+_tuned_linear.__qualname__ = _tuned_linear.__name__ = "linear"
+# The ops' default configs come from these (``TUNED_MATMUL.choose``); ``tessera-tile tune``
+# fills their cache ahead of time.
+TUNED_MATMUL = autotune(TUNABLE, key=["a", "b"], model=tile_model)(_tuned_matmul)
+TUNED_LINEAR = autotune(TUNABLE, key=["x", "w"], model=tile_model)(_tuned_linear)
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
     tessera-tile doctor                                  versions, tools, GPU, CuPy, cache
     tessera-tile inspect kernels.py:axpy --signature "void(float32[::1], float32[::1])"
     tessera-tile explain softmax --shape 4096x1024 --dtype float16
-    tessera-tile tune matmul --shape 4096x1024           fills the cache tessera_tile.tuned reads
+    tessera-tile tune matmul --shape 4096x1024           fills the cache the matmul ops read
     tessera-tile cache list | cache clear
     tessera-tile bench [OP...]                           GPU: vs CuPy; else the static report
     tessera-tile report --device h100 --out roofline.png
@@ -235,8 +235,8 @@ def explain(op, shape, dtype, as_json) -> None:
 @dtype_option
 @json_option
 def tune(op, shape, dtype, as_json) -> None:
-    """Fill the tuning cache for OP at a shape (ops with tunable configs: matmul, linear; their
-    tuned versions in tessera_tile.tuned read it)."""
+    """Fill the tuning cache for OP at a shape (ops with tunable configs: matmul, linear; the
+    ops read it for their default configs)."""
     from . import tuned
 
     _op(op)

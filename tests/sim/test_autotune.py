@@ -122,10 +122,15 @@ def test_the_entry_records_a_model_choice(tmp_path):
     assert entry["value"]["index"] == 1 and entry["value"]["config"] == "Cfg(block=128, warps=4)"
 
 
-def test_a_progress_bar_shows_while_tuning(capsys):
-    make([Cfg(64), Cfg(128), Cfg(256)], counting({64: 1, 128: 2, 256: 3}), name="bar")(np.zeros(4))
+@pytest.mark.sim_only(reason="the GPU path with the simulator's events (equal times)")
+def test_a_progress_bar_shows_while_timing_and_ranking_is_quiet(capsys, monkeypatch):
+    scores = counting({64: 1, 128: 1, 256: 3})
+    make([Cfg(64), Cfg(128), Cfg(256)], scores, name="quiet")(np.zeros(4))
+    assert capsys.readouterr().err == ""  # the model ranks in microseconds: no bar
+    monkeypatch.setattr(_config, "gpu_present", lambda: True)
+    make([Cfg(64), Cfg(128), Cfg(256)], scores, name="bar")(np.zeros(4))
     err = capsys.readouterr().err
-    assert "autotune bar: ranking" in err and "3/3" in err and "━" in err
+    assert "autotune bar: timing" in err and "2/2" in err and "━" in err
 
 
 def test_bad_arguments_are_named():
@@ -195,3 +200,22 @@ def test_tuned_ops_choose_tile_configs_with_the_analytic_model():
     expected = np.maximum(x.astype(np.float32) @ w.astype(np.float32) + bias, 0)
     got = tuned.linear(x, w, bias, "relu").astype(np.float32)
     np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)  # float16 result rounding
+
+
+@model_chooses
+@pytest.mark.parametrize("shape", [(70, 40, 33), (4096, 1024, 4096), (2, 300, 512)])
+def test_ops_default_configs_come_from_the_tuner(shape):
+    """ops.matmul without config= takes the tuner's choice (recorded in its cache), which the
+    model makes as default_config does; an explicit config is used as given."""
+    from tessera_tile import ops, tile_config, tuned
+
+    m, k, n = shape
+    a, b = np.zeros((m, k), np.float32), np.zeros((k, n), np.float32)
+    before = tuned.matmul.stats["tuned"] + tuned.matmul.stats["memo_hits"]
+    ex = ops.matmul.explain(a, b)
+    assert tuned.matmul.stats["tuned"] + tuned.matmul.stats["memo_hits"] > before
+    chosen = tuned.matmul.choose(a, b)
+    assert chosen == tile_config.default_config(m, n, k)
+    assert str(chosen) in ex.stages[0]
+    given = tile_config.CANDIDATES[-1]
+    assert str(given) in ops.matmul.explain(a, b, config=given).stages[0]
