@@ -168,11 +168,12 @@ class Product:
         return not (self.m and self.n and math.prod(self.batch))
 
     def tile_config(self) -> TileConfig:
-        """The given config, else the one :data:`TUNED_MATMUL` chooses for these operands
-        (the analytic model's without a GPU; timed once per shape bucket on one)."""
+        """The given config, else :data:`TUNED_MATMUL`'s for these operands: the choice made
+        for their shape bucket, or the model's where none is yet (reports time nothing; a
+        launch tunes first, see :meth:`launch`)."""
         if self.config is not None:
             return self.config
-        return TUNED_MATMUL.choose(self.a, self.b)
+        return TUNED_MATMUL.expected(self.a, self.b)
 
     def _c_matrix(self, rec: arrays.Arg) -> Matrix:
         """The result as a (batch, M, N) stack, whatever 1-D squeezing its shape had."""
@@ -258,6 +259,8 @@ class Product:
         """Launch on device records ``a``, ``b``, ``bias`` (or None), ``c``."""
         if self.empty:
             return
+        if self.config is None:  # the first launch of a shape bucket tunes (times, on a GPU)
+            TUNED_MATMUL.choose(a, b)
         geo, (ma, mb, mc), launches = self.plan_launches(a, b, c)
         ha, hb, hc = (arrays.device_handle(r) for r in (a, b, c))
         hbias = arrays.device_handle(bias) if bias is not None else place.temp((1,), "f4").value

@@ -142,6 +142,24 @@ class Autotuned:
         self._memo[memo_key] = config
         return config
 
+    def expected(self, *args, **kwargs):
+        """The config a call would use, launching nothing: the choice already made for this key
+        (in memory or on disk), else the model's (not recorded). For reports such as
+        ``explain``, which must not time anything."""
+        got = self._memo.get(self._key(args, kwargs))
+        if got is not None:
+            return got
+        key = self.disk_key(args, kwargs)
+        got = self._buckets.get(_cache.digest(key))
+        if got is not None:
+            return got
+        entry = self.disk.get(key) if self.disk is not None else None
+        if entry is not None and 0 <= entry.get("index", -1) < len(self.configs):
+            return self.configs[entry["index"]]
+        scores = [float(self.model(c, *args, **kwargs)) for c in self.configs]
+        candidates = [i for i, s in enumerate(scores) if i == 0 or s <= scores[0]]
+        return self.configs[min(candidates, key=lambda i: (scores[i], i))]
+
     # a miss: the disk, then tuning ---------------------------------------------------------
     def disk_key(self, args, kwargs) -> dict:
         values = [
