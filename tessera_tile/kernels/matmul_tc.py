@@ -355,6 +355,8 @@ def _build(cfg: TensorCoreConfig, activation):
         ck_b // cp_b.per_row,
     )
 
+    epilogue = _epilogue(mt, nt, has_bias, async_copy, act)
+
     @cuda.jit(device=True)
     def reverse3(v):
         return ((v & 1) << 2) | (v & 2) | ((v >> 2) & 1)
@@ -556,41 +558,53 @@ def _build(cfg: TensorCoreConfig, activation):
                         kt = int32(kt + 1)
 
         # Epilogue: lane (g, t) holds rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile.
-        n = c.shape[2]
         col_base = n0 + wn0 + 2 * (lane & 3)
         row_base = m0 + wm0 + (lane >> 2)
-        for j in range(nt):
-            col = col_base + 8 * j
-            b0 = ZERO
-            b1 = ZERO
-            if has_bias:
-                if col < n:
-                    b0 = bias[col]
-                if col + 1 < n:
-                    b1 = bias[col + 1]
-            for i in range(mt):
-                for h in range(2):
-                    row = row_base + 16 * i + 8 * h
-                    v0 = acc[i, j, 2 * h]
-                    v1 = acc[i, j, 2 * h + 1]
-                    if has_bias:
-                        v0 += b0
-                        v1 += b1
-                    v0 = act(v0)
-                    v1 = act(v1)
-                    if row < m and col < n:
-                        if async_copy:  # N % 8 == 0: the pair is inside and 4-byte aligned
-                            store_f16x2(c, (bz, row, col), v0, v1)
-                        else:
-                            c[bz, row, col] = v0
-                            if col + 1 < n:
-                                c[bz, row, col + 1] = v1
+        epilogue(acc, c, bias, bz, row_base, col_base, m, c.shape[2])
 
     kernel.__name__ = kernel.__qualname__ = (
         f"matmul_tc_{tile_m}x{tile_n}x{tile_k}_w{cfg.num_warps}_s{stages}"
         f"{'_bias' if has_bias else ''}{'' if async_copy else '_sync'}"
     )
     return cuda.jit(kernel)
+
+
+def _epilogue(mt: int, nt: int, has_bias: bool, async_copy: bool, act):
+    """``epilogue(acc, c, bias, bz, row_base, col_base, m, n)``: ``act(acc + bias)`` rounded to
+    float16 and stored, masked, for every accumulator of the warp tile. Written out statement
+    by statement (generated source, inlined): as loops, LLVM leaves the outer one rolled once
+    the activation is large (gelu's erf), and the accumulators then go through local memory.
+    """
+    lines = ["def epilogue(acc, c, bias, bz, row_base, col_base, m, n):"]
+    for j in range(nt):
+        lines.append(f"    col = col_base + {8 * j}")
+        if has_bias:
+            lines += [
+                "    b0 = ZERO",
+                "    b1 = ZERO",
+                "    if col < n:",
+                "        b0 = bias[col]",
+                "    if col + 1 < n:",
+                "        b1 = bias[col + 1]",
+            ]
+        for i in range(mt):
+            for h in range(2):
+                lines.append(f"    row = row_base + {16 * i + 8 * h}")
+                for v, q in (("v0", 2 * h), ("v1", 2 * h + 1)):
+                    bias_term = f" + b{q % 2}" if has_bias else ""
+                    lines.append(f"    {v} = act(acc[{i}, {j}, {q}]{bias_term})")
+                lines.append("    if row < m and col < n:")
+                if async_copy:  # N % 8 == 0: the pair is inside and 4-byte aligned
+                    lines.append("        store_f16x2(c, (bz, row, col), v0, v1)")
+                else:
+                    lines += [
+                        "        c[bz, row, col] = v0",
+                        "        if col + 1 < n:",
+                        "            c[bz, row, col + 1] = v1",
+                    ]
+    namespace = {"ZERO": ZERO, "act": act, "store_f16x2": store_f16x2}
+    exec("\n".join(lines), namespace)  # noqa: S102 - our own generated code
+    return cuda.jit(device=True, **_INLINE)(namespace["epilogue"])
 
 
 # The configurations the compile tier builds (module-level kernels: one compile case each).
