@@ -9,14 +9,11 @@
 ``sass`` and ``compile`` need the real compiler and no GPU.
 """
 
-import argparse
-import os
-import subprocess
-import sys
 import time
 
 import numpy as np
 from _steady_state import marginal, streamed, whole
+from _steps import run
 from rich.console import Console
 from rich.table import Table
 
@@ -223,27 +220,7 @@ def compile_time() -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", nargs="?", choices=["traffic", "sass", "compile", "all"],
-                        default="all")  # fmt: skip
-    args = parser.parse_args()
-    simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-    if args.what == "all":
-        for what in ("traffic", "sass", "compile"):
-            env = dict(os.environ)
-            env.pop("NUMBA_ENABLE_CUDASIM", None)
-            if what == "traffic":
-                env["NUMBA_ENABLE_CUDASIM"] = "1"
-            subprocess.run([sys.executable, __file__, what], env=env, check=True)
-        return
-    if args.what == "traffic" and not simulated:
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-        os.execv(sys.executable, [sys.executable, __file__, "traffic"])
-    if args.what != "traffic" and simulated:
-        sys.exit(f"'{args.what}' needs the real compiler: unset NUMBA_ENABLE_CUDASIM")
-    {"traffic": traffic, "sass": sass, "compile": compile_time}[args.what]()
-
-
 if __name__ == "__main__":
-    main()
+    run(
+        __doc__, {"traffic": traffic, "sass": sass, "compile": compile_time}, frozenset({"traffic"})
+    )

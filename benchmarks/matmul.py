@@ -13,12 +13,8 @@ The peer figures are static SASS counts of expert hand-written CUDA C++ kernels 
 kernels compiled offline with ptxas/nvdisasm 13.5 (not timings).
 """
 
-import argparse
-import os
-import subprocess
-import sys
-
 import numpy as np
+from _steps import run
 from rich.console import Console
 from rich.table import Table
 
@@ -216,26 +212,9 @@ def gpu() -> None:
             console.print(f"{label:12} {n}^3 float32: {2 * n**3 / seconds / 1e12:.1f} TFLOP/s")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "what", nargs="?", choices=["model", "sass", "traffic", "gpu", "all"], default="all"
-    )
-    what = parser.parse_args().what
-    simulated = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
-    if what == "all":
-        for step in ("model", "sass", "traffic", "gpu"):
-            env = dict(os.environ)
-            env.pop("NUMBA_ENABLE_CUDASIM", None)
-            if step == "traffic":
-                env["NUMBA_ENABLE_CUDASIM"] = "1"
-            subprocess.run([sys.executable, __file__, step], env=env, check=True)
-        return
-    if what == "traffic" and not simulated:
-        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-        sys.exit(subprocess.run([sys.executable, __file__, "traffic"], env=env).returncode)
-    {"model": model, "sass": sass, "traffic": traffic, "gpu": gpu}[what]()
-
-
 if __name__ == "__main__":
-    main()
+    run(
+        __doc__,
+        {"model": model, "sass": sass, "traffic": traffic, "gpu": gpu},
+        frozenset({"traffic"}),
+    )

@@ -9,14 +9,11 @@
 (hand-written CUDA C++ and Triton 3.9, ptxas 13.5, static counts, not timings).
 """
 
-import argparse
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 from _steady_state import marginal, whole
+from _steps import run
 from rich.console import Console
 from rich.table import Table
 
@@ -165,27 +162,5 @@ def sass() -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", nargs="?", choices=["traffic", "sass", "all"], default="all")
-    args = parser.parse_args()
-    if args.what == "all":
-        for what in ("traffic", "sass"):
-            env = dict(os.environ)
-            env.pop("NUMBA_ENABLE_CUDASIM", None)
-            if what == "traffic":
-                env["NUMBA_ENABLE_CUDASIM"] = "1"
-            subprocess.run([sys.executable, __file__, what], env=env, check=True)
-        return
-    simulated = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-    if args.what == "traffic" and not simulated:
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-        os.execv(sys.executable, [sys.executable, __file__, "traffic"])
-    if args.what == "sass" and simulated:
-        env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-        os.execve(sys.executable, [sys.executable, __file__, "sass"], env)
-    {"traffic": traffic, "sass": sass}[args.what]()
-
-
 if __name__ == "__main__":
-    main()
+    run(__doc__, {"traffic": traffic, "sass": sass}, frozenset({"traffic"}))

@@ -36,13 +36,7 @@ from .autotune import autotune
 from .kernels import epilogue
 from .kernels import matmul as simt
 from .kernels import matmul_tc as tc
-from .tile_config import (
-    CANDIDATES,
-    TENSOR_CORE_DEFAULT,
-    TileConfig,
-    estimate,
-    waves_text,
-)
+from .tile_config import CHOICES, TileConfig, estimate, score, waves_text
 
 __all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
 
@@ -294,16 +288,11 @@ class Product:
         return list(self._inputs().values())
 
     # reports --------------------------------------------------------------------------------
-    def launched_config(self) -> TileConfig:
-        """The config the kernel runs with (float16 on unaligned rows: :data:`TC_UNALIGNED`)."""
-        launches, _ = self.explain_parts()
-        return launches[0][3].config if launches else self.tile_config()
-
-    def predicted_bytes(self) -> int:
-        """Global bytes of the kernel(s): A once per column of C tiles, B once per row of
-        them, C written once; the bias once per row of C tiles (SIMT: staged per block), or
-        by each of the 8 lane groups of each warp row (tensor cores: read in the epilogue)."""
-        cfg = self.launched_config()
+    def predicted_bytes(self, cfg: TileConfig) -> int:
+        """Global bytes of the kernel(s) launched with ``cfg``: A once per column of C tiles,
+        B once per row of them, C written once; the bias once per row of C tiles (SIMT: staged
+        per block), or by each of the 8 lane groups of each warp row (tensor cores: read in
+        the epilogue)."""
         z = math.prod(self.batch)
         m, n, k = self.m, self.n, self.k
         rows, cols = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
@@ -322,16 +311,16 @@ class Product:
     def flops(self) -> int:
         return 2 * math.prod(self.batch) * self.m * self.n * self.k
 
-    def unfused_bytes(self) -> int:
-        """The same product, then the bias add and the activation as kernels of their own
-        (each reads C and writes it back)."""
+    def unfused_bytes(self, fused: int) -> int:
+        """The same product (``fused`` bytes), then the bias add and the activation as
+        kernels of their own (each reads C and writes it back)."""
         mn = math.prod(self.batch) * self.m * self.n * self.dtype.itemsize
         extra = 0
         if self.bias is not None:
             extra += 2 * mn + self.n * self.bias.dtype.itemsize
         if self.activation is not None:
             extra += 2 * mn
-        return self.predicted_bytes() + extra
+        return fused + extra
 
     def stage_text(self, launches) -> list[str]:
         cfg = launches[0][3].config
@@ -369,12 +358,14 @@ class Product:
 
         launches, reasons = self.explain_parts()
         kernels = [] if self.empty else self.distinct(launches)
+        # the config the kernel runs with (float16 on unaligned rows: TC_UNALIGNED)
+        fused = self.predicted_bytes(launches[0][3].config if launches else self.tile_config())
         return Explain(
             kernels=len(kernels),
             ir=f"hand-written {self.name} (no Tile IR)",
             source="\n\n".join(source_of(c.kernel) for c in kernels[:1]),
-            bytes_fused=self.predicted_bytes(),
-            bytes_unfused=self.unfused_bytes(),
+            bytes_fused=fused,
+            bytes_unfused=self.unfused_bytes(fused),
             reasons=reasons,
             stages=self.stage_text(launches) if kernels else [],
         )
@@ -483,22 +474,12 @@ def _product(a, b, names, what, config, bias=None, activation=None, bias_name="b
 # --------------------------------------------------------------------------------------------
 # the default config: tt.autotune over the candidates, ranked by the analytic model
 
-# The SIMT candidates (float32 tiles: float32 inputs, or float16 inputs widened) and the
-# tensor-core tile (float16 inputs only). The first is the shipped default of the sweep.
-TUNABLE = (*CANDIDATES, TENSOR_CORE_DEFAULT)
-
 
 def tile_model(config: TileConfig, a, b, *rest, **kwargs) -> float:
-    """The analytic model's seconds for ``a @ b`` (:func:`tessera_tile.tile_config.estimate`;
-    inf for a config the inputs cannot use). Equal times are told apart by the bytes moved, as
-    :func:`~tessera_tile.tile_config.default_config` does (a picosecond per gigabyte)."""
-    dtype = np.dtype(a.dtype)
-    if (config.dtype == "float16") != (dtype == np.float16):
-        return math.inf
+    """The analytic model's score of ``config`` for ``a @ b``
+    (:func:`tessera_tile.tile_config.score`, which ``default_config`` minimises)."""
     m = int(np.prod(a.shape[:-1], dtype=np.int64)) if len(a.shape) > 1 else 1
-    k, n = a.shape[-1], b.shape[-1]
-    e = estimate(max(m, 1), max(n, 1), max(k, 1), 1, config, dtype.itemsize)
-    return e.seconds + e.bytes * 1e-21
+    return score(config, m, b.shape[-1], a.shape[-1], 1, np.dtype(a.dtype).name)
 
 
 def _tuned_matmul(a, b, *, config):
@@ -513,8 +494,8 @@ _tuned_matmul.__qualname__ = _tuned_matmul.__name__ = "matmul"
 _tuned_linear.__qualname__ = _tuned_linear.__name__ = "linear"
 # The ops' default configs come from these (``TUNED_MATMUL.choose``); ``tessera-tile tune``
 # fills their cache ahead of time.
-TUNED_MATMUL = autotune(TUNABLE, key=["a", "b"], model=tile_model)(_tuned_matmul)
-TUNED_LINEAR = autotune(TUNABLE, key=["x", "w"], model=tile_model)(_tuned_linear)
+TUNED_MATMUL = autotune(CHOICES, key=["a", "b"], model=tile_model)(_tuned_matmul)
+TUNED_LINEAR = autotune(CHOICES, key=["x", "w"], model=tile_model)(_tuned_linear)
 
 
 # --------------------------------------------------------------------------------------------

@@ -156,9 +156,14 @@ class Autotuned:
         entry = self.disk.get(key) if self.disk is not None else None
         if entry is not None and 0 <= entry.get("index", -1) < len(self.configs):
             return self.configs[entry["index"]]
-        scores = [float(self.model(c, *args, **kwargs)) for c in self.configs]
-        candidates = [i for i, s in enumerate(scores) if i == 0 or s <= scores[0]]
+        scores, candidates = self._rank(args, kwargs)
         return self.configs[min(candidates, key=lambda i: (scores[i], i))]
+
+    def _rank(self, args, kwargs) -> tuple[list, list]:
+        """The model's scores of every config, and the configs it does not rank worse than
+        the shipped default (``configs[0]``). Ranking takes microseconds: no progress bar."""
+        scores = [float(self.model(c, *args, **kwargs)) for c in self.configs]
+        return scores, [i for i, s in enumerate(scores) if i == 0 or s <= scores[0]]
 
     # a miss: the disk, then tuning ---------------------------------------------------------
     def disk_key(self, args, kwargs) -> dict:
@@ -207,10 +212,7 @@ class Autotuned:
     def tune(self, args, kwargs) -> tuple[int, str, list, list | None]:
         """(winner index, "measured" or "model", model scores, median times in ms or None)."""
         name = getattr(self.launch, "__qualname__", "launcher")
-        # ranking by the model takes microseconds: no bar (the prebuilt matmul ops rank at the
-        # first call of every shape bucket); timing on a GPU shows one
-        scores = [float(self.model(c, *args, **kwargs)) for c in self.configs]
-        candidates = [i for i, s in enumerate(scores) if i == 0 or s <= scores[0]]
+        scores, candidates = self._rank(args, kwargs)
         if not _config.gpu_present() or len(candidates) == 1:
             best = min(candidates, key=lambda i: (scores[i], i))
             return best, "model", scores, None

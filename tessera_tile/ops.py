@@ -121,12 +121,12 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
         None if v is None else _row_param(v, name, a, "layer_norm")
         for v, name in ((weight, "weight"), (bias, "bias"))
     )
-    params = [p for p in (w, b) if p is not None]
-    fn = _norms.layer_norm(w is not None, b is not None)
+    eps = eps_value(eps)
+    fused = Fused(_norms.layer_norm(w is not None, b is not None), (a, *filter(None, (w, b)), eps))
     rows = _layer_norm_long.rows_view(a)
     if rows is not None and not _layer_norm_long.on_chip(a.shape[-1], a.dtype):
-        return _LayerNormLong(a, rows, w, b, eps_value(eps), Fused(fn, (a, *params, eps)))
-    return Fused(fn, (a, *params, eps_value(eps)))
+        return _LayerNormLong(a, rows, w, b, eps, fused)
+    return fused
 
 
 def rms_norm(x, weight=None, eps=1e-6):

@@ -45,6 +45,7 @@ tile, listed first).
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import astuple, dataclass, fields
 
 __all__ = [
@@ -280,18 +281,26 @@ def estimate(m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: i
 TENSOR_CORE_DEFAULT = TileConfig(128, 128, 32, 4, 3, dtype="float16")
 
 
+# Every config the matmul ops choose among: the SIMT candidates (float32 tiles), then the
+# tensor-core tile (float16 inputs only). The first is the shipped default.
+CHOICES = (*CANDIDATES, TENSOR_CORE_DEFAULT)
+
+
+def score(config: TileConfig, m: int, n: int, k: int, batch: int = 1, dtype="float32") -> float:
+    """The model's seconds for ``config`` on this problem, inf where the inputs' dtype cannot
+    use its tiles (float16 inputs take the tensor-core tile, float32 the SIMT ones); equal
+    times are told apart by the bytes moved (a picosecond per gigabyte)."""
+    half = str(dtype) == "float16"
+    if (config.dtype == "float16") != half:
+        return math.inf
+    e = estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), config, 2 if half else 4)
+    return e.seconds + e.bytes * 1e-21
+
+
 def default_config(m: int, n: int, k: int, batch: int = 1, dtype: str = "float32") -> TileConfig:
-    """The candidate the model says is fastest for this problem (see the module docstring);
-    float16 inputs get :data:`TENSOR_CORE_DEFAULT`."""
-    if dtype == "float16":
-        return TENSOR_CORE_DEFAULT
-    itemsize = 4
-
-    def cost(c: TileConfig) -> tuple[float, int]:
-        e = estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), c, itemsize)
-        return e.seconds, e.bytes  # equal times: the one that moves fewer bytes
-
-    return min(CANDIDATES, key=cost)
+    """The config the model says is fastest for this problem (see the module docstring):
+    among :data:`CANDIDATES` for float32, :data:`TENSOR_CORE_DEFAULT` for float16."""
+    return min(CHOICES, key=lambda c: score(c, m, n, k, batch, dtype))
 
 
 def waves_text(e: Estimate) -> str:

@@ -19,9 +19,9 @@ command: ``(M, K) @ (K, K)``).
 
 from __future__ import annotations
 
-from ._matmul_ops import TUNABLE as CONFIGS
 from ._matmul_ops import TUNED_LINEAR as linear
 from ._matmul_ops import TUNED_MATMUL as matmul
 from ._matmul_ops import tile_model as model
+from .tile_config import CHOICES as CONFIGS
 
 __all__ = ["CONFIGS", "linear", "matmul", "model"]
