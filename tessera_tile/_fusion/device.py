@@ -127,6 +127,11 @@ exp_approx = _make_approx(
     math.log2(math.e),
     lambda x: _flush(np.exp2(np.float32(x) * _LOG2E)),
 )
+# 2**x in one MUFU.EX2, for callers that fold log2(e) into a scale they apply anyway (flash
+# attention's scores: one FFMA gives s * scale * log2(e) - max); .ftz as exp_approx
+exp2_approx = _make_approx(
+    "exp2_approx", "ex2.approx.ftz.f32", 1.0, lambda x: _flush(np.exp2(np.float32(x)))
+)
 # 1 / sqrt(x) in one MUFU.RSQ (instead of an IEEE square root and division), once per row
 rsqrt_approx = _make_approx(
     "rsqrt_approx", "rsqrt.approx.f32", 1.0, lambda x: np.float32(1) / np.sqrt(np.float32(x))
