@@ -50,6 +50,9 @@ Intrinsics
 ``ldmatrix_x1/x2/x4_trans(smem, index)``    the same, each matrix transposed (``.trans``)
 ``mma_m16n8k16(a, b, c) -> d``              ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16
                                             .f32``: ``d = a @ b + c``
+``pack_f16x2(lo, hi) -> uint32``          ``cvt.rn.f16x2.f32``: two float32 rounded to float16
+                                            in one register (``lo`` in the low half), e.g. an
+                                            accumulator pair as an A-fragment register
 ``store_f16x2(out, index, x0, x1)``         ``out[index], out[index + 1] = x0, x1`` rounded to
                                             float16 in one 4-byte store (``.global``; use
                                             ``store_f16x2_shared`` for shared memory)
@@ -105,6 +108,7 @@ __all__ = [
     "ldmatrix_x4",
     "ldmatrix_x4_trans",
     "mma_m16n8k16",
+    "pack_f16x2",
     "store_accumulator",
     "store_f16x2",
     "store_f16x2_shared",
@@ -255,6 +259,12 @@ def _pair_twin(space: str):
     return twin
 
 
+def _pack_twin(lo, hi):
+    with np.errstate(over="ignore"):  # beyond float16's range: inf, as cvt.rn does
+        halves = np.array([lo, hi], np.float32).astype(np.float16).view(np.uint16)
+    return narrow(_pack(halves[0], halves[1]))
+
+
 # --------------------------------------------------------------------------------------------
 # Intrinsics (inline PTX)
 # --------------------------------------------------------------------------------------------
@@ -401,6 +411,29 @@ def _make_pair_store(space: str):
         "``st.b32``). ``&out[index]`` must be 4-byte aligned (the twin checks)."
     )
     return fn
+
+
+@sim.twin(_pack_twin)
+@intrinsic
+def pack_f16x2(typingctx, lo, hi):
+    """``pack_f16x2(lo, hi) -> uint32``: ``lo`` and ``hi`` rounded to float16 (nearest even) in
+    one register, ``lo`` in the low 16 bits (``cvt.rn.f16x2.f32``, one ``F2FP`` in SASS). Two
+    neighbouring accumulators ``(c0, c1)`` of a 16 x 8 tile packed this way are an A-fragment
+    register of the next product (flash attention's ``P @ V``)."""
+    for x in (lo, hi):
+        if not isinstance(x, types.Number):
+            raise NumbaTypeError(f"pack_f16x2 packs numbers, got {x}")
+
+    def codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        lo_v = context.cast(builder, args[0], sig.args[0], types.float32)
+        hi_v = context.cast(builder, args[1], sig.args[1], types.float32)
+        fnty = ir.FunctionType(_I32, [f32, f32])
+        # cvt packs its first source in the upper half.
+        asm = ir.InlineAsm(fnty, "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f")
+        return builder.call(asm, [lo_v, hi_v])
+
+    return types.uint32(lo, hi), codegen
 
 
 store_f16x2 = _make_pair_store("global")
