@@ -511,6 +511,18 @@ def element_address(array, index) -> int:
     return address(array) + sum(int(i) * s for i, s in zip(key, array.strides, strict=True))
 
 
+def in_allocation(array, index, nbytes: int) -> bool:
+    """Whether the ``nbytes`` bytes from the address of ``array[index]`` (an int or one int per
+    dimension; no bounds check) lie inside the allocation ``array`` is a view of: what a GPU
+    needs of a vector access besides its alignment (for twins that check before they copy)."""
+    addr = element_address(array, index)
+    if isinstance(array, TrackedArray):
+        lo, memory = array._space.memory()
+    else:
+        lo, memory = allocation_bytes(array)
+    return lo <= addr and addr + nbytes <= lo + len(memory)
+
+
 def load(array, idx):
     """Read ``array[idx]`` as one access (for intrinsic twins); returns a copy.
 

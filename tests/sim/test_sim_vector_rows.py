@@ -287,3 +287,17 @@ def test_store_f16x2_crossing_a_row_end_writes_the_next_row():
     x = aligned_host((2, 3), np.float16, 0)  # 6-byte rows: (0, 2) is byte 4, 4-byte aligned
     pair_store[1, 1](x, 0, 2)
     np.testing.assert_array_equal(x, [[0, 0, 1.5], [-2.5, 0, 0]])
+
+
+@SIM_ONLY
+def test_in_allocation_follows_the_base_allocation():
+    x = cuda.to_device(np.zeros((3, 12), np.float16))._ary  # 72 bytes
+    view = x[:, 4:]
+    assert sim.in_allocation(x, (0, 8), 16)  # crosses row 0's end: bytes 16..31
+    assert sim.in_allocation(view, (1, 4), 16)  # bytes 40..55, past the view's row end
+    assert not sim.in_allocation(view, (2, 4), 16)  # bytes 64..79, past the allocation
+    assert sim.in_allocation(view, (2, 4), 8)  # bytes 64..71, its last 8
+    assert sim.in_allocation(view, (0, -4), 2)  # byte 0: x[0, 0], before the view, inside x
+    assert not sim.in_allocation(view, (0, -5), 2)  # byte -2: before the allocation
+    host = aligned_host((6, 12), np.float16, 0)[:5]  # a view: its allocation is the whole buffer
+    assert sim.in_allocation(host, (4, 8), 16)  # (inside a kernel it would be its own)
