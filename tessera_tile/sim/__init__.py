@@ -40,6 +40,7 @@ from .profiler import (
     TrackedArray,
     address,
     element_address,
+    in_allocation,
     load,
     store,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "current_thread",
     "element_address",
     "enabled",
+    "in_allocation",
     "in_shared_memory",
     "install",
     "installed",

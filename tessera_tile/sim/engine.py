@@ -24,7 +24,7 @@ from numba.cuda import types
 
 from . import compat, ints
 from ._base import SimulationError, format_site, user_site
-from .profiler import Profile, TrackedArray, active
+from .profiler import Profile, TrackedArray, active, own_allocation
 from .warp_ops import (
     FULL_MASK,
     SHUFFLE_MODES,
@@ -373,7 +373,10 @@ class Launch:
                 # A GPU launch copies a host array as one block and refuses a strided view
                 # (broadcast views pass): the same check, the same ValueError.
                 compat.sentry_contiguous(arg)
-            return ints.typed_view(arg)  # run on the array itself: no copy
+            # Run on the array itself (no copy), seen as an allocation of its own, as its device
+            # copy would be: a vector access past its end is out of bounds even where the
+            # NumPy array it is a view of goes on.
+            return ints.typed_view(own_allocation(arg))
         if isinstance(arg, compat.ArgHint):
             arg = arg.to_device(self.retr)
         if isinstance(arg, compat.FakeCUDAArray) and arg._ary.dtype.fields is None:
@@ -444,7 +447,7 @@ def _aligned_empty(shape, dtype: np.dtype, alignment: int) -> np.ndarray:
     raw = np.empty(count * dtype.itemsize + alignment, np.uint8)
     start = -raw.__array_interface__["data"][0] % alignment
     flat = raw[start : start + count * dtype.itemsize].view(dtype)
-    return flat.reshape(shape)
+    return own_allocation(flat).reshape(shape)  # its allocation ends where the array does
 
 
 class _Local(compat.FakeCUDALocal):

@@ -25,7 +25,7 @@ import numpy as np
 from greenlet import getcurrent
 
 from ..banks import wavefronts
-from ._base import format_site, user_site
+from ._base import SimulationError, format_site, user_site
 
 _active: Profile | None = None
 
@@ -179,12 +179,16 @@ class Profile:
 class _Space:
     """The memory behind one tracked array: a kernel argument or a shared allocation."""
 
-    __slots__ = ("profile", "name", "root_ptr", "counters", "recorder", "key", "shared")
+    __slots__ = (
+        "profile", "name", "root", "root_ptr", "counters", "recorder", "key", "shared", "_memory"
+    )  # fmt: skip
 
     def __init__(self, profile, name, root, counters=None, recorder=None, key=None):
         self.profile = profile
         self.name = name
+        self.root = root
         self.root_ptr = root.__array_interface__["data"][0]
+        self._memory = None
         self.counters = counters
         self.recorder = recorder
         self.key = key
@@ -206,6 +210,12 @@ class _Space:
                     write,
                 )
             )
+
+    def memory(self) -> tuple[int, np.ndarray]:
+        """(address, bytes) of the allocation this array lives in (computed once)."""
+        if self._memory is None:
+            self._memory = allocation_bytes(self.root)
+        return self._memory
 
     def touch(self, offsets, itemsize: int, write: bool, site, vector: bool = False) -> None:
         nbytes = len(offsets) * itemsize
@@ -304,10 +314,33 @@ class TrackedArray:
     def vector_access(self, idx, value=None, write: bool = False):
         """One access of a contiguous run (a 4/8/16-byte vector load or store) for twins.
 
-        Unlike a slice in Python, a run that crosses the end of the array is out of bounds:
-        it is reported, a read returns zeros and a write is dropped.
+        A run ``(i, ..., slice(j, j + n))`` is what the GPU makes of it: the ``n * itemsize``
+        bytes from the address of ``[i, ..., j]``, valid when they lie inside the allocation the
+        array is a view of, so a run that crosses a row end reads the bytes that follow (the
+        next row of a contiguous array). A run that leaves the allocation is out of bounds: it
+        is reported, a read returns zeros and a write is dropped. Other indices must stay inside
+        the array (unlike a slice in Python, which clips).
         """
         site = user_site(3)
+        a = self._a
+        run = _run(a, idx, self._space.root_ptr + self._base)
+        if run is None:
+            return self._indexed_access(idx, value, write, site)
+        addr, count = run
+        lo, memory = self._space.memory()
+        start, nbytes = addr - lo, count * a.itemsize
+        if start < 0 or start + nbytes > len(memory):
+            self._space.out_of_bounds(idx, a.shape, write, site)
+            return None if write else np.zeros(count, a.dtype)
+        first = addr - self._space.root_ptr
+        offsets = list(range(first, first + nbytes, a.itemsize))
+        self._space.touch(offsets, a.itemsize, write, site, True)
+        if write:
+            _write_run(memory[start : start + nbytes], value, a.dtype, count)
+            return None
+        return _read_run(memory[start : start + nbytes], a)
+
+    def _indexed_access(self, idx, value, write: bool, site):
         count = _run_length(idx, self._a.shape)
         sub = None if count is None else self._a[idx]
         if sub is None or np.size(sub) != count:
@@ -348,6 +381,122 @@ def _run_length(idx, shape) -> int | None:
     return count
 
 
+_INTS = (int, np.integer)
+
+
+def _run(array, idx, ptr: int) -> tuple[int, int] | None:
+    """``(address, count)`` when ``idx`` asks for one run along the last axis, ``(i, ...,
+    slice(j, j + count))`` (an int per leading axis), else None. The address is the one compiled
+    code computes for ``[i, ..., j]`` from the array's address ``ptr`` (no wraparound, no bounds
+    check)."""
+    key = idx if isinstance(idx, tuple) else (idx,)
+    last = key[-1] if len(key) == array.ndim else None
+    if not isinstance(last, slice) or last.stop is None or last.step not in (None, 1):
+        return None
+    first = 0 if last.start is None else int(last.start)
+    count = int(last.stop) - first
+    if count < 0:
+        return None
+    strides = array.strides
+    addr = ptr + first * strides[-1]
+    for i, s in zip(key[:-1], strides, strict=False):
+        if not isinstance(i, _INTS):
+            return None
+        addr += int(i) * s
+    return addr, count
+
+
+def _in_row(array, idx) -> bool:
+    """Whether ``idx`` is a run inside the array's last axis, contiguous, with its leading
+    indices in range: then NumPy's ``array[idx]`` is exactly the run's memory (the common case,
+    which needs no look at the allocation)."""
+    if type(idx) is not tuple:
+        idx = (idx,)
+    shape = array.shape
+    if len(idx) != len(shape):
+        return False
+    last = idx[-1]
+    if type(last) is not slice or last.step not in (None, 1):
+        return False
+    first, stop = last.start or 0, last.stop
+    if stop is None or first < 0 or stop > shape[-1]:
+        return False
+    if stop - first > 1 and array.strides[-1] != array.itemsize:
+        return False
+    for k in range(len(shape) - 1):
+        i = idx[k]
+        if not isinstance(i, _INTS) or not 0 <= i < shape[k]:
+            return False
+    return True
+
+
+class _Allocation:
+    """Stands for one simulated allocation: an array made from it (``np.asarray``) has it as its
+    ``base``, so the array and its views find the allocation's extent in :func:`allocation`
+    instead of the NumPy buffer the memory was taken from."""
+
+    __slots__ = ("__array_interface__", "_keep")
+
+    def __init__(self, interface: dict, keep) -> None:
+        self.__array_interface__ = interface
+        self._keep = keep
+
+
+def own_allocation(array: np.ndarray) -> np.ndarray:
+    """``array``'s memory as an allocation of its own (no copy): a host array a GPU would copy
+    alone to the device, or a shared array cut out of a larger buffer."""
+    return np.asarray(_Allocation(dict(array.__array_interface__), array))
+
+
+def allocation(array: np.ndarray) -> np.ndarray:
+    """The array whose memory ``array`` is a view of: the last array of its ``base`` chain."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def allocation_bytes(array: np.ndarray) -> tuple[int, np.ndarray]:
+    """(address, bytes) of the allocation ``array`` lives in, as a ``uint8`` array over it."""
+    owner = allocation(array)
+    ptr, readonly = owner.__array_interface__["data"]
+    lo = hi = ptr
+    for n, s in zip(owner.shape, owner.strides, strict=True):
+        if n == 0:
+            hi = lo - owner.itemsize
+            break
+        if s < 0:
+            lo += (n - 1) * s
+        else:
+            hi += (n - 1) * s
+    size = hi + owner.itemsize - lo
+    interface = {"data": (lo, readonly), "shape": (size,), "typestr": "|u1", "version": 3}
+    return lo, np.asarray(_Allocation(interface, owner))
+
+
+def _read_run(raw: np.ndarray, array) -> np.ndarray:
+    """A copy of a run's bytes as ``array``'s elements (keeping Numba's integer typing)."""
+    out = raw.view(array.dtype).copy()
+    return out if type(array) is np.ndarray else out.view(type(array))
+
+
+def _write_run(raw: np.ndarray, value, dtype, count: int) -> None:
+    values = np.broadcast_to(np.asarray(value, dtype), (count,))
+    raw[:] = np.ascontiguousarray(values).view(np.uint8)
+
+
+def _memory_run(array, idx, addr: int, count: int) -> np.ndarray:
+    """The bytes of a run that leaves its row (unprofiled); raises when they leave the
+    allocation (the GPU faults or reads memory the program does not own)."""
+    lo, memory = allocation_bytes(array)
+    start, nbytes = addr - lo, count * array.itemsize
+    if start < 0 or start + nbytes > len(memory):
+        raise SimulationError(
+            f"a {nbytes}-byte access at index {idx} of an array of shape {array.shape} leaves "
+            "its allocation (run under tessera_tile.sim.profile() to have it reported)"
+        )
+    return memory[start : start + nbytes]
+
+
 def address(array) -> int:
     """Address of an array's first element, seen through the profiler's wrapper (for twins
     that check alignment)."""
@@ -362,19 +511,48 @@ def element_address(array, index) -> int:
     return address(array) + sum(int(i) * s for i, s in zip(key, array.strides, strict=True))
 
 
+def in_allocation(array, index, nbytes: int) -> bool:
+    """Whether the ``nbytes`` bytes from the address of ``array[index]`` (an int or one int per
+    dimension; no bounds check) lie inside the allocation ``array`` is a view of: what a GPU
+    needs of a vector access besides its alignment (for twins that check before they copy)."""
+    addr = element_address(array, index)
+    if isinstance(array, TrackedArray):
+        lo, memory = array._space.memory()
+    else:
+        lo, memory = allocation_bytes(array)
+    return lo <= addr and addr + nbytes <= lo + len(memory)
+
+
 def load(array, idx):
-    """Read ``array[idx]`` as one access (for intrinsic twins); returns a copy."""
+    """Read ``array[idx]`` as one access (for intrinsic twins); returns a copy.
+
+    A run ``(i, ..., slice(j, j + n))`` reads the bytes at the address of ``[i, ..., j]`` as the
+    GPU does: across a row end into the bytes that follow, inside the array's allocation."""
     if isinstance(array, TrackedArray):
         return array.vector_access(idx)
-    return np.array(array[idx], subok=True)
+    run = None if _in_row(array, idx) else _plain_run(array, idx)
+    if run is None:
+        return np.array(array[idx], subok=True)
+    return _read_run(_memory_run(array, idx, *run), array)
 
 
 def store(array, idx, values) -> None:
-    """Write ``array[idx] = values`` as one access (for intrinsic twins)."""
+    """Write ``array[idx] = values`` as one access (for intrinsic twins); a run is written to
+    the bytes at its address, as :func:`load` reads them."""
     if isinstance(array, TrackedArray):
         array.vector_access(idx, values, write=True)
-    else:
+        return
+    run = None if _in_row(array, idx) else _plain_run(array, idx)
+    if run is None:
         array[idx] = values
+    else:
+        _write_run(_memory_run(array, idx, *run), values, array.dtype, run[1])
+
+
+def _plain_run(array, idx) -> tuple[int, int] | None:
+    if not isinstance(array, np.ndarray):
+        return None
+    return _run(array, idx, array.__array_interface__["data"][0])
 
 
 class _BlockRecorder:
