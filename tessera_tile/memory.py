@@ -352,9 +352,10 @@ def _aligned16_twin(array, index):
 load16 = sim.twin(_load16_twin)(_make_load("global"))
 load16.__doc__ = """``load16(array, index) -> tuple``: one 16-byte global load (``LDG.E.128``).
 
-Returns the ``16 // itemsize`` elements starting at ``array[index]`` (4 float32/int32, 8 float16,
-2 float64) along the last axis, which must be contiguous there, at a 16-byte aligned address
-(check with :func:`aligned16`) and inside the array. On the GPU a misaligned address faults
+Returns the 16 bytes at the address of ``array[index]`` as ``16 // itemsize`` elements (4
+float32/int32, 8 float16, 2 float64): the last axis must be contiguous, the address 16-byte
+aligned (check with :func:`aligned16`) and the bytes inside the array's allocation (they may
+cross a row end: the next row's first elements). On the GPU a misaligned address faults
 (the launch fails) and nothing else is checked; the simulator twin raises
 :class:`tessera_tile.sim.SimulationError` for a misaligned address or a non-contiguous last axis.
 """

@@ -79,7 +79,8 @@ Every intrinsic is warp-wide and ``.aligned``: all 32 lanes of the warp must exe
 call convergently (not under a condition some lanes take and others do not). The twins run as
 warp collectives of :mod:`tessera_tile.sim` and raise :class:`tessera_tile.sim.SimulationError`
 for a partial warp, exited lanes or a divergent call, and for an ldmatrix row address that is
-not 16-byte aligned, runs past the array's last axis or is out of bounds. Shared-memory traffic
+not 16-byte aligned, out of bounds, or whose 16 bytes leave the shared array (a row may cross a
+row end of the array: it is an address, as on the GPU). Shared-memory traffic
 of ``ldmatrix`` is recorded per lane (one 16-byte row each), so the profiler counts its bank
 conflicts as the hardware serves it: a quarter-warp (one 8 x 8 matrix) per 128-byte phase.
 
@@ -198,10 +199,15 @@ def _ldmatrix_twin(count: int, trans: bool):
                     f"{kind}: lane {lane}'s row address (index {key}) is not 16-byte aligned "
                     "(ldmatrix needs 16-byte aligned rows)"
                 )
-            if key[-1] + 8 > smem.shape[-1] or smem.strides[-1] != 2:
+            if smem.strides[-1] != 2:
                 raise sim.SimulationError(
-                    f"{kind}: lane {lane}'s row {key} is not 8 contiguous elements of the last "
-                    f"axis (shape {smem.shape}); the simulator reads rows along the last axis only"
+                    f"{kind}: the last axis of {smem.shape} is not contiguous"
+                )
+            # a row is 16 bytes at an address: it may cross a row end of the array, not its end
+            if not sim.in_allocation(smem, key, ROW_BYTES):
+                raise sim.SimulationError(
+                    f"{kind}: lane {lane}'s row {key} runs past the end of the shared array "
+                    f"(shape {smem.shape})"
                 )
             values = sim.load(smem, (*key[:-1], slice(key[-1], key[-1] + 8)))
             row = np.asarray(values).view(np.uint16).copy()
@@ -243,9 +249,9 @@ def _pair_twin(space: str):
         key = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
         if out.dtype != np.float16:
             raise sim.SimulationError(f"store_f16x2: needs a float16 array, got {out.dtype}")
-        if key[-1] + 2 > out.shape[-1] or out.strides[-1] != 2:
+        if out.strides[-1] != 2:
             raise sim.SimulationError(
-                f"store_f16x2: index {key} is not 2 contiguous elements of the last axis"
+                f"store_f16x2: the last axis of {out.shape} is not contiguous"
             )
         if sim.element_address(out, key) % 4:
             raise sim.SimulationError(f"store_f16x2: index {key} is not 4-byte aligned")

@@ -148,16 +148,18 @@ def _run(array, index, n: int, what: str, size: int):
             raise sim.SimulationError(
                 f"cp.async {what}: index {key} out of bounds for shape {tuple(shape)}"
             )
-    if key[-1] + n > shape[-1]:
-        raise sim.SimulationError(
-            f"cp.async {what}: {size} bytes from index {key} run past the last axis "
-            f"(shape {tuple(shape)}); the simulator copies along the last axis only"
-        )
     if n > 1 and array.strides[-1] != array.itemsize:
         raise sim.SimulationError(f"cp.async {what}: the last axis is not contiguous")
     if sim.element_address(array, key) % size:
         raise sim.SimulationError(
             f"cp.async {what}: address of index {key} is not {size}-byte aligned"
+        )
+    # The copy is an address range: it may cross a row end (the next row of a contiguous
+    # array), not the end of the allocation.
+    if not sim.in_allocation(array, key, n * array.itemsize):
+        raise sim.SimulationError(
+            f"cp.async {what}: {n * array.itemsize} bytes from index {key} leave the "
+            f"array's allocation (shape {tuple(shape)})"
         )
     return (*key[:-1], slice(key[-1], key[-1] + n))
 

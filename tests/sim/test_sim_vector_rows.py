@@ -253,16 +253,6 @@ def pair_store(out, r, c):
     store_f16x2(out, (r, c), float32(1.5), float32(-2.5))
 
 
-CROSSING_TWINS = pytest.mark.xfail(
-    strict=True,
-    raises=sim.SimulationError,
-    reason="this twin checks the run along the last axis itself before it reaches sim.load/"
-    "sim.store (tessera_tile/pipeline.py, tessera_tile/mma.py), so it still refuses a run "
-    "across a row end",
-)
-
-
-@CROSSING_TWINS
 @pytest.mark.parametrize("side", SIDES)
 def test_cp_async_crossing_a_row_end_copies_the_next_row(side):
     x = aligned_host((3, 6), np.float32, np.arange(18).reshape(3, 6))
@@ -271,7 +261,6 @@ def test_cp_async_crossing_a_row_end_copies_the_next_row(side):
     np.testing.assert_array_equal(out, x.ravel()[4:8])
 
 
-@CROSSING_TWINS
 def test_ldmatrix_row_crossing_a_row_end_reads_the_next_row():
     x = (np.arange(192) % 251).astype(np.float16).reshape(16, 12)
     out = np.zeros(32, np.uint32)
@@ -282,7 +271,6 @@ def test_ldmatrix_row_crossing_a_row_end_reads_the_next_row():
     np.testing.assert_array_equal(out, expected)
 
 
-@CROSSING_TWINS
 def test_store_f16x2_crossing_a_row_end_writes_the_next_row():
     x = aligned_host((2, 3), np.float16, 0)  # 6-byte rows: (0, 2) is byte 4, 4-byte aligned
     pair_store[1, 1](x, 0, 2)
