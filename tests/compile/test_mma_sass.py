@@ -41,6 +41,38 @@ def every_fragment(x, out, out16):
     out16[lane, 2] = s[(lane + 1) % 32, 2]
 
 
+@cuda.jit
+def tf32_fragments(x, out):
+    """ldmatrix on a float32 tile (A), scalar loads (B), to_tf32, two TF32 mma."""
+    s = cuda.shared.array((32, 8), float32)
+    lane = cuda.threadIdx.x
+    for j in range(8):
+        s[lane, j] = x[lane, j]
+    cuda.syncthreads()
+    fa = mma.ldmatrix_x4(s, (lane % 16, 4 * (lane // 16)))
+    g, t = lane >> 2, lane & 3
+    z = float32(0)
+    d = mma.mma_m16n8k8_tf32(fa, (s[t, g], s[t + 4, g]), (z, z, z, z))
+    rounded = (mma.to_tf32(s[t + 8, g]), mma.to_tf32(s[t + 12, g]))
+    d = mma.mma_m16n8k8_tf32(fa, rounded, d)
+    mma.store_accumulator(d, out, 0, 0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tf32_fragments_compile_to_tf32_tensor_core_instructions(arch):
+    report = inspect.compile(
+        tf32_fragments, "void(float32[:, ::1], float32[:, ::1])", arch=arch, block=32
+    )
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    assert report.count("HMMA.1688.F32.TF32") == 2, report
+    assert report.histogram.get("LDSM.16.M88.4", 0) == 1, report  # ldmatrix on float32
+    # ptxas has no cvt.rna.tf32 instruction: each is a finiteness test (FSETP), an integer add
+    # of half a TF32 ulp and a mask; nothing in float64
+    assert report.count("FSETP") == 2 and report.count("F2F") == 0, report
+    assert not any(op.startswith("D") and op[1:4] in ("ADD", "MUL", "FMA") for op in
+                   report.histogram), report  # fmt: skip
+
+
 def loop_facts(report):
     """The main loop, its HMMA, ldmatrix and scalar shared loads (guards that never run,
     ``@!PT``, excluded), and the instructions the loop body holds."""
