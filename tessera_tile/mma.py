@@ -76,6 +76,8 @@ Intrinsics
 ``store_f16x2(out, index, x0, x1)``         ``out[index], out[index + 1] = x0, x1`` rounded to
                                             float16 in one 4-byte store (``.global``; use
                                             ``store_f16x2_shared`` for shared memory)
+``store_f32x2(out, index, x0, x1)``          ``out[index], out[index + 1] = x0, x1`` (float32)
+                                            in one 8-byte global store (``st.global.v2.f32``)
 ``store_accumulator(acc, out, row0, col0)``  the 16 x 8 tile ``acc`` at ``out[row0:, col0:]``,
                                             masked by ``out.shape`` (plain stores, any dtype)
 ==========================================  ================================================
@@ -137,6 +139,7 @@ __all__ = [
     "store_accumulator",
     "store_f16x2",
     "store_f16x2_shared",
+    "store_f32x2",
     "to_tf32",
 ]
 
@@ -583,6 +586,47 @@ def _make_pair_store(space: str):
 
 store_f16x2 = _make_pair_store("global")
 store_f16x2_shared = _make_pair_store("shared")
+
+
+def _f32x2_twin(out, index, x0, x1):
+    key = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
+    if out.dtype != np.float32:
+        raise sim.SimulationError(f"store_f32x2: needs a float32 array, got {out.dtype}")
+    if key[-1] + 2 > out.shape[-1] or out.strides[-1] != 4:
+        raise sim.SimulationError(
+            f"store_f32x2: index {key} is not 2 contiguous elements of the last axis"
+        )
+    if sim.element_address(out, key) % 8:
+        raise sim.SimulationError(f"store_f32x2: index {key} is not 8-byte aligned")
+    if sim.in_shared_memory(out):
+        raise sim.SimulationError("store_f32x2 (global): got a shared array")
+    sim.store(out, (*key[:-1], slice(key[-1], key[-1] + 2)), np.array([x0, x1], np.float32))
+
+
+@sim.twin(_f32x2_twin)
+@intrinsic
+def store_f32x2(typingctx, out, index, x0, x1):
+    """``store_f32x2(out, index, x0, x1)``: ``out[index]``, the next element = ``x0``, ``x1``
+    in one 8-byte global store (``st.global.v2.f32``, ``STG.E.64``). ``&out[index]`` must be
+    8-byte aligned (the twin checks; the GPU faults)."""
+    check_index("store_f32x2", out, index)
+    if out.dtype != types.float32:
+        raise NumbaTypeError(f"store_f32x2 stores into a float32 array, got {out.dtype}")
+    for x in (x0, x1):
+        if not isinstance(x, types.Number):
+            raise NumbaTypeError(f"store_f32x2 stores numbers, got {x}")
+
+    def codegen(context, builder, sig, args):
+        ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        lo = context.cast(builder, args[2], sig.args[2], types.float32)
+        hi = context.cast(builder, args[3], sig.args[3], types.float32)
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, f32, f32])
+        asm = "st.global.v2.f32 [$0], {$1, $2};"
+        builder.call(ir.InlineAsm(fnty, asm, "l,f,f,~{memory}", side_effect=True), [ptr, lo, hi])
+        return context.get_dummy_value()
+
+    return types.void(out, types.unliteral(index), x0, x1), codegen
 
 
 @cuda.jit(device=True)

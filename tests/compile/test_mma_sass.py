@@ -10,9 +10,11 @@ from numba.types import float16
 
 from tessera_tile import inspect, mma
 from tessera_tile.kernels import matmul_tc as tc
+from tessera_tile.kernels import matmul_tf32 as tf
 
 ARCHS = ("sm_80", "sm_90")
 MATMUL_SIG = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
+TF32_SIG = "void(float32[:, :, ::1], float32[:, :, ::1], float32[::1], float32[:, :, ::1])"
 
 
 @cuda.jit
@@ -150,3 +152,40 @@ def test_fallback_loads_synchronously(arch):
     assert sync.count("LDGSTS") == 0, sync
     assert sync.count("STS.128") >= 1 and sync.count("LDSM") >= 12, sync
     assert sync.spill_stores == sync.spill_loads == 0 and not sync.uses_local_memory
+
+
+# (kernel, threads, HMMA per k-tile and warp): 2 k8 steps of a 64 x 32 warp tile = 32 HMMA,
+# from 8 ldmatrix (A) and 16 scalar shared loads (B, two per n8 tile and k8 step)
+TF32_LOOPS = [
+    (tf.matmul_tf32_anchor, 256, 32),  # 128 x 128 x 16, 8 warps
+    (tf.matmul_tf32_4warps, 128, 32),  # 128 x 64 x 16, 4 warps
+    (tf.linear_tf32_gelu_bias, 256, 32),  # the default tile with bias + exact gelu
+]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("kernel", "threads", "per_tile"), TF32_LOOPS,
+                         ids=["8-warps", "4-warps", "gelu"])  # fmt: skip
+def test_tf32_main_loop(kernel, threads, per_tile, arch, record_property):
+    report = inspect.compile(kernel, TF32_SIG, arch=arch, block=threads)
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    loop, hmma, ldsm, scalar_lds = loop_facts(report)
+    tiles = hmma // per_tile  # the loop is unrolled over the stages
+    assert hmma == per_tile * tiles and tiles >= 1, loop.key_opcodes()
+    assert loop.count("HMMA.1688.F32.TF32") == hmma
+    assert ldsm == 8 * tiles, loop.key_opcodes()  # A only: 4 ldmatrix.x4 per k8 step
+    assert len(scalar_lds) == 16 * tiles, loop.key_opcodes()  # B: 2 per n8 tile and k8 step
+    assert all(i.opcode == "LDS" for i in scalar_lds), scalar_lds  # 32-bit, no wider
+    assert loop.count("BAR.SYNC") == tiles, loop.key_opcodes()  # one barrier per k-tile
+    assert loop.count("LDGSTS.E.BYPASS.128") >= tiles, loop.key_opcodes()
+    per_hmma = loop.instructions / hmma
+    record_property(
+        "resources",
+        f"{report.name:45} {arch}  regs {report.registers}  HMMA/LDSM {hmma / ldsm:.2f}  "
+        f"LDS/HMMA {len(scalar_lds) / hmma:.2f}  instr/HMMA {per_hmma:.2f}",
+    )
+    assert per_hmma <= 4.0, f"{per_hmma:.2f} instructions per HMMA: {loop.key_opcodes()}"
+    # the epilogue stores C two float32 at a time (8 bytes), never one
+    assert report.count("STG.E.64") >= hmma // tiles and report.histogram.get("STG.E", 0) == 0, (
+        report
+    )
