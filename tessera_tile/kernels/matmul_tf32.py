@@ -17,7 +17,7 @@ copies and generated epilogue it shares) in float32:
 Precision: the tensor core reads the upper 19 bits of each float32 input (TF32: 8 exponent
 bits, 10 mantissa bits) and ignores the low 13, which truncates toward zero (relative error
 below ``2**-10`` per input; rounding to nearest first would halve it but costs an emulated
-``cvt.rna`` per element in the main loop: 32 more instructions per 32 HMMA); products are
+``cvt.rna``, 3-4 instructions, per fragment register: 24 per 16 HMMA in the main loop); products are
 exact and sums float32. So ``|C - A @ B| <= (2**-9 + K * 2**-23) |A| @ |B|`` elementwise, up to
 the second-order term. ``docs/matmul.md`` compares it with the exact float32 path.
 
