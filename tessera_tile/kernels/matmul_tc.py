@@ -48,6 +48,11 @@ strides); ``async_copy=False`` makes the fallback for any layout: synchronous, g
 single elements (any alignment, any K and N), one 16-byte shared store per chunk, scalar C
 stores. Use the fallback with 8 warps and 2 stages (``matmul_tc_sync``, no spills): with 4
 warps its 128 accumulators per thread and the guarded loads in flight spill (~90 B).
+
+The same builder makes the float32 TF32 kernel of :mod:`tessera_tile.kernels.matmul_tf32`
+(``TensorCoreConfig(..., tf32=True)``): float32 tiles (4 per 16-byte chunk), ``mma.m16n8k8``
+k steps of 8, A still by ``ldmatrix``, B by scalar shared loads from a tile swizzled for them,
+float32 pair stores (``store_f32x2``); that module's doc says why.
 """
 
 from __future__ import annotations

@@ -229,3 +229,25 @@ def test_ldmatrix_trans_refuses_32bit_elements():
 
     with pytest.raises(sim.SimulationError, match="16-bit elements"):
         trans_on_float32[1, 32](np.zeros(32, np.uint32))
+
+
+@cuda.jit
+def pair_store(out, col):
+    i = cuda.threadIdx.x
+    mma.store_f32x2(out, (i, col), float32(i), float32(-i))
+
+
+def test_store_f32x2_writes_pairs():
+    out = np.zeros((32, 6), np.float32)
+    pair_store[1, 32](out, 2)
+    np.testing.assert_array_equal(out[:, 2], np.arange(32))
+    np.testing.assert_array_equal(out[:, 3], -np.arange(32))
+    assert not out[:, [0, 1, 4, 5]].any()
+
+
+@pytest.mark.sim_only(reason="the GPU faults on a misaligned vector store; the twin refuses it")
+def test_store_f32x2_refuses_misaligned_pairs():
+    from tessera_tile import sim
+
+    with pytest.raises(sim.SimulationError, match="8-byte aligned"):
+        pair_store[1, 32](np.zeros((32, 6), np.float32), 1)
