@@ -131,6 +131,22 @@ def test_default_tf32_config_once(side):
     assert str(chosen) in " ".join(ops.matmul.explain(a, b, precision="tf32").stages)
 
 
+@pytest.mark.sim_only(reason="measures traffic and bank conflicts with the simulator's profiler")
+def test_measured_traffic_equals_prediction(side):
+    from tessera_tile import sim
+
+    rng = np.random.default_rng(9)
+    x, w, bias = rand(rng, (2, 33, 40)), rand(rng, (40, 36)), rand(rng, 36)
+    args = on(side, x, w, bias)
+    ex = ops.linear.explain(*args, "relu", config=TINY, precision="tf32")
+    with sim.profile() as prof:
+        got = back(ops.linear(*args, "relu", config=TINY, precision="tf32"), side)
+    check(got, x, w, bias, "relu")
+    assert ex.stages[0].startswith("matmul_tf32_")
+    assert prof.bytes_read + prof.bytes_written == ex.bytes_fused
+    assert prof.bank_conflicts == 0
+
+
 # --------------------------------------------------------------------------------------------
 # layouts the TF32 kernel cannot take: the exact kernel, and explain says so
 
