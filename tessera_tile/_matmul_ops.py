@@ -93,7 +93,9 @@ def choose_kernel(
     ``cp.async`` kernel; ``"contiguous"``: inner axes contiguous, the synchronous variant with
     :data:`TC_UNALIGNED`); otherwise, and for a float32 ``config``, to the SIMT kernel, which
     widens float16 into float32 tiles. float32 runs on the SIMT kernel, with 16-byte copies
-    where ``copy_a``/``copy_b`` say the rows allow them.
+    where ``copy_a``/``copy_b`` say the rows allow them; with a tf32 ``config``
+    (``precision="tf32"``) on the TF32 tensor-core kernel where ``tensor_rows`` is
+    ``"aligned"``, else exactly on the SIMT kernel with :data:`TF32_FALLBACK` (a reason says so).
     """
     reasons = []
     if config.dtype == "tf32":
