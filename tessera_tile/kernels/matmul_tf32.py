@@ -16,10 +16,12 @@ copies and generated epilogue it shares) in float32:
 
 Precision: the tensor core reads the upper 19 bits of each float32 input (TF32: 8 exponent
 bits, 10 mantissa bits) and ignores the low 13, which truncates toward zero (relative error
-below ``2**-10`` per input; rounding to nearest first would halve it but costs an emulated
-``cvt.rna``, 3-4 instructions, per fragment register: 24 per 16 HMMA in the main loop); products are
-exact and sums float32. So ``|C - A @ B| <= (2**-9 + K * 2**-23) |A| @ |B|`` elementwise, up to
-the second-order term. ``docs/matmul.md`` compares it with the exact float32 path.
+below ``2**-10`` per input; rounding to nearest first would halve it, but ``cvt.rna`` is
+emulated, 3-4 instructions per fragment register, 24 registers per 16 HMMA in the main loop).
+Products are exact and sums float32, so elementwise
+``|C - A @ B| <= (2**-9 + 2**-20 + 2 (K + 2) 2**-24) |A| @ |B|`` (the factor 2 on the float32
+term because the tensor core's internal sums are not specified to round to nearest).
+``docs/matmul.md`` compares it with the exact float32 path.
 
 The main loop, per k-tile (``tile_k = 16``: two k8 steps; 8 warps of 64 x 32)::
 
