@@ -5,7 +5,9 @@ allocation, launch geometry, dispatch, ``explain`` and ``inspect``).
 :func:`choose_kernel` (dtype, config, activation, bias, operand layouts -> kernel factory and
 launch): float16 runs on the tensor-core kernel (:mod:`tessera_tile.kernels.matmul_tc`) where
 the operands' inner axes are contiguous, else on the float32 SIMT kernel (computing in float32
-and rounding once at the store; ``explain`` says so).
+and rounding once at the store; ``explain`` says so). float32 runs exactly on the SIMT kernel,
+or, where the caller opts in with ``precision="tf32"`` and the rows allow ``cp.async``, on the
+TF32 tensor-core kernel (:mod:`tessera_tile.kernels.matmul_tf32`).
 
 Batches, strides and launches: :mod:`tessera_tile._matmul_geometry`.
 """
@@ -36,7 +38,16 @@ from .autotune import autotune
 from .kernels import epilogue
 from .kernels import matmul as simt
 from .kernels import matmul_tc as tc
-from .tile_config import CHOICES, TileConfig, estimate, score, waves_text
+from .kernels import matmul_tf32 as tf32
+from .tile_config import (
+    CANDIDATES,
+    CHOICES,
+    PRECISIONS,
+    TileConfig,
+    estimate,
+    score,
+    waves_text,
+)
 
 __all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
 
@@ -65,6 +76,9 @@ class KernelChoice:
 # float16 operands whose rows are not 16-byte aligned: the tensor-core kernel's synchronous
 # variant, with 8 warps and 2 stages (with 4 warps its guarded loads spill)
 TC_UNALIGNED = TileConfig(128, 128, 32, 8, 2, dtype="float16")
+# precision="tf32" on operands the TF32 kernel cannot take (rows not 16-byte aligned, or an
+# inner axis strided): the exact SIMT kernel with its shipped default tile
+TF32_FALLBACK = CANDIDATES[0]
 
 
 def choose_kernel(
@@ -79,9 +93,31 @@ def choose_kernel(
     ``cp.async`` kernel; ``"contiguous"``: inner axes contiguous, the synchronous variant with
     :data:`TC_UNALIGNED`); otherwise, and for a float32 ``config``, to the SIMT kernel, which
     widens float16 into float32 tiles. float32 runs on the SIMT kernel, with 16-byte copies
-    where ``copy_a``/``copy_b`` say the rows allow them.
+    where ``copy_a``/``copy_b`` say the rows allow them; with a tf32 ``config``
+    (``precision="tf32"``) on the TF32 tensor-core kernel where ``tensor_rows`` is
+    ``"aligned"``, else exactly on the SIMT kernel with :data:`TF32_FALLBACK` (a reason says so).
     """
     reasons = []
+    if config.dtype == "tf32":
+        if tensor_rows == "aligned":
+            c = config
+            kernel = tf32.tf32_matmul(
+                c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias
+            )
+            reasons.append(
+                "precision='tf32': float32 on TF32 tensor cores (mma m16n8k8; each input read "
+                "with 10 mantissa bits, the low 13 ignored; float32 accumulation)"
+            )
+            signature = f"void({', '.join(types)})"
+            return KernelChoice(kernel, config, config.threads, signature, tuple(reasons))
+        reasons.append(
+            "precision='tf32' asked for, but "
+            + ("an operand's inner axis is strided" if tensor_rows is None else
+               "rows are not 16-byte aligned (K or N not a multiple of 4, or an offset view)")
+            + ": the exact float32 SIMT kernel instead (TF32 is an opt-in to speed; the "
+            f"fallback computes exactly, tile {TF32_FALLBACK})"
+        )  # fmt: skip
+        config = TF32_FALLBACK
     if dtype == np.float16 and config.dtype == "float16" and tensor_rows is not None:
         if tensor_rows == "contiguous":
             reasons.append(
@@ -139,6 +175,7 @@ class Product:
     b_vector: str | None = None
     batch: tuple[int, ...] = ()
     out_shape: tuple[int, ...] = field(default=())
+    precision: str | None = None  # None: exact float32 (SIMT); "tf32": TF32 tensor cores
 
     @property
     def dtype(self) -> np.dtype:
@@ -167,7 +204,10 @@ class Product:
         launch tunes first, see :meth:`launch`)."""
         if self.config is not None:
             return self.config
-        return TUNED_MATMUL.expected(self.a, self.b)
+        return self._tuner().expected(self.a, self.b)
+
+    def _tuner(self):
+        return TUNED_MATMUL_TF32 if self.precision == "tf32" else TUNED_MATMUL
 
     def _c_matrix(self, rec: arrays.Arg) -> Matrix:
         """The result as a (batch, M, N) stack, whatever 1-D squeezing its shape had."""
@@ -222,8 +262,9 @@ class Product:
                 addresses = (first_address(a, ma, index), first_address(b, mb, index),
                              first_address(c, mc, index))  # fmt: skip
                 z = (0, 0, 0) if one else (za, zb, zc)
+                chunk = 16 // self.dtype.itemsize  # elements per 16-byte cp.async
                 aligned = all(
-                    rows_aligned(x, zs, ad) and x.cols % tc.CHUNK == 0
+                    rows_aligned(x, zs, ad) and x.cols % chunk == 0
                     for x, zs, ad in zip(mats, z, addresses, strict=True)
                 )
                 tensor_rows = "aligned" if aligned else "contiguous"
@@ -254,7 +295,7 @@ class Product:
         if self.empty:
             return
         if self.config is None:  # the first launch of a shape bucket tunes (times, on a GPU)
-            TUNED_MATMUL.choose(a, b)
+            self._tuner().choose(a, b)
         geo, (ma, mb, mc), launches = self.plan_launches(a, b, c)
         ha, hb, hc = (arrays.device_handle(r) for r in (a, b, c))
         hbias = arrays.device_handle(bias) if bias is not None else place.temp((1,), "f4").value
@@ -302,7 +343,7 @@ class Product:
         nbytes = z * item * (m * k * cols + k * n * rows + m * n)
         if self.bias is not None:
             reads = 1
-            if cfg.dtype == "float16":
+            if cfg.dtype != "float32":  # the tensor-core kernels' epilogue
                 c = cfg
                 reads = 8 * tc.TensorCoreConfig(c.tile_m, c.tile_n, c.tile_k, c.num_warps).warps_m
             nbytes += z * rows * n * self.bias.dtype.itemsize * reads
@@ -408,10 +449,39 @@ def _check_config(config) -> TileConfig | None:
         return None
     if not isinstance(config, TileConfig):
         raise TypeError(f"config must be a TileConfig or None, got {type(config).__name__}")
-    if config.dtype == "float16":  # the tensor-core kernel's own limits
-        c = config
+    c = config
+    if config.dtype == "float16":  # the tensor-core kernels' own limits
         tc.tensor_core_matmul(c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages)
+    elif config.dtype == "tf32":
+        tf32.tf32_matmul(c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages)
     return config
+
+
+def _check_precision(precision, dtype: np.dtype, config: TileConfig | None):
+    """``precision``: None (exact) or ``"tf32"`` (float32 inputs only), consistent with a
+    given ``config``'s tiles."""
+    if precision is not None and not isinstance(precision, str):
+        raise TypeError(f"precision must be None or a str, got {type(precision).__name__}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "tf32" and dtype == np.float16:
+        raise ValueError(
+            "precision='tf32' is for float32 inputs; float16 inputs already run on tensor "
+            "cores (leave precision=None)"
+        )
+    if config is None:
+        return precision
+    if config.dtype == "tf32" and precision != "tf32":
+        raise ValueError(
+            "config has tf32 tiles (the TF32 tensor-core kernel), which run float32 inputs "
+            f"with precision='tf32'; got precision={precision!r} on {dtype} inputs"
+        )
+    if precision == "tf32" and config.dtype != "tf32":
+        raise ValueError(
+            f"precision='tf32' runs on tf32 tiles; config has {config.dtype} tiles: pass "
+            "TileConfig(..., dtype='tf32'), or leave precision=None for the exact kernel"
+        )
+    return precision
 
 
 def _check_activation(activation):
@@ -420,7 +490,9 @@ def _check_activation(activation):
     return activation
 
 
-def _product(a, b, names, what, config, bias=None, activation=None, bias_name="bias") -> Product:
+def _product(
+    a, b, names, what, config, bias=None, activation=None, bias_name="bias", precision=None
+) -> Product:
     ra, rb = _operand(a, names[0], what), _operand(b, names[1], what)
     if rb.dtype != ra.dtype:
         raise TypeError(
@@ -447,6 +519,7 @@ def _product(a, b, names, what, config, bias=None, activation=None, bias_name="b
     )
     m = 1 if a_vector else ra.shape[-2]
     cfg = _check_config(config)
+    _check_precision(precision, ra.dtype, cfg)
     if cfg is not None and cfg.dtype == "float16" and ra.dtype != np.float16:
         raise ValueError(
             f"config has float16 tiles (the tensor-core kernel); {ra.dtype} inputs need "
@@ -464,6 +537,7 @@ def _product(a, b, names, what, config, bias=None, activation=None, bias_name="b
         b_vector,
         batch,
         out_shape,
+        precision,
     )
     tile_m = product.tile_config().tile_m
     if -(-m // tile_m) > MAX_GRID_YZ:
@@ -475,11 +549,16 @@ def _product(a, b, names, what, config, bias=None, activation=None, bias_name="b
 # the default config: tt.autotune over the candidates, ranked by the analytic model
 
 
-def tile_model(config: TileConfig, a, b, *rest, **kwargs) -> float:
+def tile_model(config: TileConfig, a, b, *rest, precision=None, **kwargs) -> float:
     """The analytic model's score of ``config`` for ``a @ b``
     (:func:`tessera_tile.tile_config.score`, which ``default_config`` minimises)."""
     m = int(np.prod(a.shape[:-1], dtype=np.int64)) if len(a.shape) > 1 else 1
-    return score(config, m, b.shape[-1], a.shape[-1], 1, np.dtype(a.dtype).name)
+    return score(config, m, b.shape[-1], a.shape[-1], 1, np.dtype(a.dtype).name, precision)
+
+
+def tile_model_tf32(config: TileConfig, a, b, *rest, **kwargs) -> float:
+    """:func:`tile_model` with ``precision="tf32"`` (the TF32 tiles)."""
+    return tile_model(config, a, b, precision="tf32")
 
 
 def _tuned_matmul(a, b, *, config):
@@ -490,19 +569,26 @@ def _tuned_linear(x, w, bias=None, activation=None, *, config):
     return linear(x, w, bias, activation, config=config)
 
 
+def _tuned_matmul_tf32(a, b, *, config):
+    return matmul(a, b, config=config, precision="tf32")
+
+
 _tuned_matmul.__qualname__ = _tuned_matmul.__name__ = "matmul"
+_tuned_matmul_tf32.__qualname__ = _tuned_matmul_tf32.__name__ = "matmul_tf32"
 _tuned_linear.__qualname__ = _tuned_linear.__name__ = "linear"
 # The ops' default configs come from these (``TUNED_MATMUL.choose``); ``tessera-tile tune``
 # fills their cache ahead of time.
 TUNED_MATMUL = autotune(CHOICES, key=["a", "b"], model=tile_model)(_tuned_matmul)
 TUNED_LINEAR = autotune(CHOICES, key=["x", "w"], model=tile_model)(_tuned_linear)
+# float32 with precision="tf32": the same choices and model, ranking the TF32 tiles
+TUNED_MATMUL_TF32 = autotune(CHOICES, key=["a", "b"], model=tile_model_tf32)(_tuned_matmul_tf32)
 
 
 # --------------------------------------------------------------------------------------------
 # the ops
 
 
-def matmul(a, b, *, config=None):
+def matmul(a, b, *, config=None, precision=None):
     """``a @ b`` with NumPy's ``matmul`` semantics: 2-D, batched (leading dimensions broadcast,
     without copies) and 1-D operands (a vector on the left is a row, on the right a column;
     its dimension is dropped from the result).
@@ -510,23 +596,28 @@ def matmul(a, b, *, config=None):
     a, b: float32 (computed exactly in float32 SIMT) or float16 (on the tensor cores,
     accumulated in float32 and rounded once); one dtype for both; host or device, any strides.
     config: a :class:`tessera_tile.TileConfig`, or None for the analytic model's default.
+    precision: None (float32 computed exactly) or ``"tf32"``: float32 inputs on TF32 tensor
+    cores, each input read with 10 mantissa bits (relative error up to ``2**-10`` per input;
+    float32 accumulation), where rows are 16-byte aligned (else the exact kernel; ``explain``
+    says which). ValueError for float16 inputs, which already run on tensor cores.
     One kernel (one launch per batch run; see ``docs/matmul.md``).
     """
-    return _product(a, b, ("a", "b"), "matmul", config)
+    return _product(a, b, ("a", "b"), "matmul", config, precision=precision)
 
 
-def linear(x, w, bias=None, activation=None, *, config=None):
+def linear(x, w, bias=None, activation=None, *, config=None, precision=None):
     """``activation(x @ w + bias)`` in one kernel: the bias and the activation run on the
     accumulator tile in registers before its single store.
 
     x: (..., K); w: (K, N); bias: None or (N,), all of one dtype (float32 or float16).
     activation: None, ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (tanh approximation)
     or ``"silu"``, as in PyTorch. K = 0 gives ``activation(bias)``.
+    precision: None (exact) or ``"tf32"`` (float32 on TF32 tensor cores), as in :func:`matmul`.
     """
-    return _linear(x, w, bias, activation, config, ("x", "w", "bias"), "linear")
+    return _linear(x, w, bias, activation, config, ("x", "w", "bias"), "linear", precision)
 
 
-def _linear(x, w, bias, activation, config, names, what) -> Product:
+def _linear(x, w, bias, activation, config, names, what, precision=None) -> Product:
     x_name, w_name, bias_name = names
     rw = _operand(w, w_name, what)
     if len(rw.shape) != 2:
@@ -542,7 +633,7 @@ def _linear(x, w, bias, activation, config, names, what) -> Product:
                 f"{bias_name} has dtype {rbias.dtype}; it must match {w_name}'s dtype {rw.dtype}"
             )
         arrays.check_one_side([rw, rbias], [w_name, bias_name])
-    return _product(x, w, (x_name, w_name), what, config, rbias, activation, bias_name)
+    return _product(x, w, (x_name, w_name), what, config, rbias, activation, bias_name, precision)
 
 
 @dataclass
@@ -598,16 +689,17 @@ class _Mlp:
         return self.first.inspect(arch) + self.second.inspect(arch)
 
 
-def mlp(x, w1, b1, w2, b2, activation="gelu"):
+def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
     """``activation(x @ w1 + b1) @ w2 + b2``: two ``linear`` kernels, the first with the
     activation in its epilogue, the second with the bias in its epilogue.
 
     x: (..., K); w1: (K, H); b1: (H,) or None; w2: (H, N); b2: (N,) or None; one dtype.
     The hidden activation (..., H) goes through device memory: written once, read once per
     column of output tiles of the second kernel (``docs/matmul.md`` says when keeping it on
-    chip would pay).
+    chip would pay). precision: None (exact) or ``"tf32"`` for both products, as in
+    :func:`matmul`.
     """
-    first = _linear(x, w1, b1, activation, None, ("x", "w1", "b1"), "mlp")
+    first = _linear(x, w1, b1, activation, None, ("x", "w1", "b1"), "mlp", precision)
     rw2 = _operand(w2, "w2", "mlp")
     if len(rw2.shape) != 2 or rw2.shape[0] != first.n:
         raise ValueError(f"w2 has shape {rw2.shape}; mlp needs ({first.n}, N) after w1")
@@ -630,7 +722,7 @@ def mlp(x, w1, b1, w2, b2, activation="gelu"):
     second = Product(
         hidden, rw2, rb2, None, None, "mlp", ("hidden", "w2", "b2"),
         first.a_vector, None, first.batch,
-        (*first.out_shape[:-1], rw2.shape[1]),
+        (*first.out_shape[:-1], rw2.shape[1]), precision,
     )  # fmt: skip
     return _Mlp(first, second)
 

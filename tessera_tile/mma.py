@@ -1,5 +1,6 @@
 """Warp-level tensor-core fragments: ``ldmatrix``, ``mma.sync.m16n8k16`` (float16 in, float32
-accumulate) and accumulator stores, as Numba CUDA device functions (inline PTX, sm_80+).
+accumulate), ``mma.sync.m16n8k8`` (TF32 in, float32 accumulate) and accumulator stores, as Numba
+CUDA device functions (inline PTX, sm_80+).
 
 numba-cuda has no tensor-core API; these intrinsics reach the tensor cores through inline PTX
 and each has a simulator twin that reproduces the PTX ISA's fragment layouts lane by lane, so
@@ -36,6 +37,24 @@ C and D: 16 x 8 float32, ``UniTuple(float32, 4)`` = (c0, c1, c2, c3)::
     rows 0..7   | c0 c1 at (g, 2t), (g, 2t+1)         |
     rows 8..15  | c2 c3 at (g+8, 2t), (g+8, 2t+1)     |
 
+TF32 (``mma_m16n8k8_tf32``): A 16 x 8, B 8 x 8 [k, n], C and D as above. Each register holds one
+32-bit value (a float32 bit pattern; the tensor core reads it as TF32)::
+
+    A, UniTuple(uint32 or float32, 4) = (a0, a1, a2, a3):
+    a_i at row = groupID + 8 * (i & 1),  col = tig + 4 * (i >> 1)
+
+            cols 0..3   cols 4..7
+    0..7  |   a0     |   a2     |       lane 4g+t holds rows g, g+8, columns t, t+4
+    8..15 |   a1     |   a3     |
+
+    B, UniTuple(uint32 or float32, 2) = (b0, b1):   b_i at k = tig + 4 * i,  n = groupID
+
+An A fragment of a row-major float32 tile is one ``ldmatrix_x4`` on the float32 array (each
+float32 a pair of b16: lane ``4g + t`` receives row ``g``, float32 column ``t`` of each 8 x 4
+matrix): ``ldmatrix_x4(s, (r0 + lane % 16, c0 + 4 * (lane // 16)))``. ``.trans`` moves 16-bit
+halves, so it cannot transpose 32-bit elements: B fragments of a row-major [k, n] tile are two
+scalar loads, ``s[k0 + t, n0 + g]`` and ``s[k0 + t + 4, n0 + g]``.
+
 This representation compiles to registers (HMMA.16816.F32 takes them directly): no local
 memory, no packing instructions. Keep many fragments (a warp's accumulator tile) in
 ``cuda.local.array`` indexed only by constants (loops over constants, which LLVM unrolls).
@@ -50,18 +69,25 @@ Intrinsics
 ``ldmatrix_x1/x2/x4_trans(smem, index)``    the same, each matrix transposed (``.trans``)
 ``mma_m16n8k16(a, b, c) -> d``              ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16
                                             .f32``: ``d = a @ b + c``
-``pack_f16x2(lo, hi) -> uint32``          ``cvt.rn.f16x2.f32``: two float32 rounded to float16
+``mma_m16n8k8_tf32(a, b, c) -> d``         ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32
+                                            .f32``: ``d = a @ b + c`` on TF32 inputs
+``to_tf32(x)``                              ``cvt.rna.tf32.f32``: ``x`` rounded to TF32
+                                            (nearest, ties away from zero), as float32
+``pack_f16x2(lo, hi) -> uint32``            ``cvt.rn.f16x2.f32``: two float32 rounded to float16
                                             in one register (``lo`` in the low half), e.g. an
                                             accumulator pair as an A-fragment register
 ``store_f16x2(out, index, x0, x1)``         ``out[index], out[index + 1] = x0, x1`` rounded to
                                             float16 in one 4-byte store (``.global``; use
                                             ``store_f16x2_shared`` for shared memory)
+``store_f32x2(out, index, x0, x1)``          ``out[index], out[index + 1] = x0, x1`` (float32)
+                                            in one 8-byte global store (``st.global.v2.f32``)
 ``store_accumulator(acc, out, row0, col0)``  the 16 x 8 tile ``acc`` at ``out[row0:, col0:]``,
                                             masked by ``out.shape`` (plain stores, any dtype)
 ==========================================  ================================================
 
 ldmatrix addressing: lane ``8 * j + r`` gives the address of row ``r`` of matrix ``j``
-(``&smem[index]``: 8 consecutive 16-bit elements, 16 bytes, 16-byte aligned, in shared memory);
+(``&smem[index]``: 8 consecutive 16-bit elements, or 4 32-bit ones, 16 bytes, 16-byte aligned,
+in shared memory);
 ``.x1`` uses lanes 0..7, ``.x2`` lanes 0..15 and ``.x4`` all 32 (the other lanes' addresses are
 ignored). Register ``j`` of lane ``4 * g + t`` receives row ``g``, columns ``2t, 2t + 1`` of
 matrix ``j`` (with ``.trans``: column ``g``, rows ``2t, 2t + 1``)::
@@ -87,6 +113,10 @@ conflicts as the hardware serves it: a quarter-warp (one 8 x 8 matrix) per 128-b
 The simulated ``mma`` computes in float64 from the float16 inputs and rounds once to float32;
 the tensor core keeps at least float32 precision in its sums, so results agree to float32
 rounding of the accumulation (tests allow ``1e-6`` relative to the sum of absolute products).
+The simulated TF32 ``mma`` does the same with the inputs' TF32 values: the tensor core reads only
+the upper 19 bits of each 32-bit input (sign, 8 exponent bits, 10 mantissa bits) and ignores the
+low 13, so a float32 that is not a TF32 value is truncated toward zero; the twin masks the low 13
+bits the same way. Round first with ``to_tf32`` for round-to-nearest.
 """
 
 from __future__ import annotations
@@ -109,10 +139,13 @@ __all__ = [
     "ldmatrix_x4",
     "ldmatrix_x4_trans",
     "mma_m16n8k16",
+    "mma_m16n8k8_tf32",
     "pack_f16x2",
     "store_accumulator",
     "store_f16x2",
     "store_f16x2_shared",
+    "store_f32x2",
+    "to_tf32",
 ]
 
 WARP_SIZE = 32
@@ -136,6 +169,34 @@ def _b_coord(lane: int, i: int) -> tuple[int, int]:
 def _c_coord(lane: int, i: int) -> tuple[int, int]:
     g, t = lane >> 2, lane & 3
     return g + 8 * (i >> 1), 2 * t + (i & 1)
+
+
+def _a_coord_tf32(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane & 3
+    return g + 8 * (i & 1), t + 4 * (i >> 1)
+
+
+def _b_coord_tf32(lane: int, i: int) -> tuple[int, int]:
+    g, t = lane >> 2, lane & 3
+    return t + 4 * i, g
+
+
+TF32_MASK = np.uint32(0xFFFFE000)  # the bits a TF32 operand keeps: sign, exponent, 10 mantissa
+
+
+def _tf32_values(registers, count: int) -> np.ndarray:
+    """The TF32 values the tensor core reads from ``count`` 32-bit registers (uint32 bit
+    patterns or float32): the low 13 bits dropped (truncation toward zero)."""
+    words = np.array(
+        [
+            np.float32(r).view(np.uint32) if isinstance(r, float | np.floating) else int(r)
+            for r in registers
+        ],
+        dtype=np.int64,
+    ).astype("<u4")
+    if words.size != count:
+        raise sim.SimulationError(f"expected a fragment of {count} registers, got {words.size}")
+    return (words & TF32_MASK).view("<f4").astype(np.float64)
 
 
 def _halves(registers, count: int) -> np.ndarray:
@@ -182,8 +243,12 @@ def _ldmatrix_twin(count: int, trans: bool):
         row = None
         if lane < 8 * count:  # only these lanes' addresses are used
             key = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
-            if smem.itemsize != 2:
-                raise sim.SimulationError(f"{kind}: needs 16-bit elements, got {smem.dtype}")
+            if smem.itemsize not in (2, 4) or (trans and smem.itemsize != 2):
+                raise sim.SimulationError(
+                    f"{kind}: needs 16-bit elements{'' if trans else ' (or 32-bit ones)'}, got "
+                    f"{smem.dtype}"
+                )
+            per_row = ROW_BYTES // smem.itemsize
             if not sim.in_shared_memory(smem):
                 raise sim.SimulationError(
                     f"{kind}: reads shared memory; lane {lane} passed another array"
@@ -199,7 +264,7 @@ def _ldmatrix_twin(count: int, trans: bool):
                     f"{kind}: lane {lane}'s row address (index {key}) is not 16-byte aligned "
                     "(ldmatrix needs 16-byte aligned rows)"
                 )
-            if smem.strides[-1] != 2:
+            if smem.strides[-1] != smem.itemsize:
                 raise sim.SimulationError(
                     f"{kind}: the last axis of {smem.shape} is not contiguous"
                 )
@@ -209,7 +274,7 @@ def _ldmatrix_twin(count: int, trans: bool):
                     f"{kind}: lane {lane}'s row {key} runs past the end of the shared array "
                     f"(shape {smem.shape})"
                 )
-            values = sim.load(smem, (*key[:-1], slice(key[-1], key[-1] + 8)))
+            values = sim.load(smem, (*key[:-1], slice(key[-1], key[-1] + per_row)))
             row = np.asarray(values).view(np.uint16).copy()
         return sim.aligned_collective(kind, row)
 
@@ -244,24 +309,65 @@ def _mma_twin(a, b, c):
     return sim.aligned_collective("mma.m16n8k16", (tuple(a), tuple(b), c32))
 
 
-def _pair_twin(space: str):
+def _mma_tf32_compute(args: dict) -> dict:
+    a = np.empty((16, 8), np.float64)
+    b = np.empty((8, 8), np.float64)
+    c = np.empty((16, 8), np.float64)
+    for lane, (ra, rb, rc) in args.items():
+        for i, v in enumerate(_tf32_values(ra, 4)):
+            a[_a_coord_tf32(lane, i)] = v
+        for i, v in enumerate(_tf32_values(rb, 2)):
+            b[_b_coord_tf32(lane, i)] = v
+        for i in range(4):
+            c[_c_coord(lane, i)] = rc[i]
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = (a @ b + c).astype(np.float32)  # exact products, float64 sums, one rounding
+    return {lane: tuple(d[_c_coord(lane, i)] for i in range(4)) for lane in args}
+
+
+sim.register_aligned("mma.m16n8k8.tf32", _mma_tf32_compute)
+
+
+def _mma_tf32_twin(a, b, c):
+    if len(a) != 4 or len(b) != 2 or len(c) != 4:
+        raise sim.SimulationError(
+            f"mma_m16n8k8_tf32 takes 4 A, 2 B and 4 C registers, got {len(a)}, {len(b)}, {len(c)}"
+        )
+    c32 = tuple(np.float32(x) for x in c)
+    return sim.aligned_collective("mma.m16n8k8.tf32", (tuple(a), tuple(b), c32))
+
+
+def _to_tf32_twin(x):
+    """``cvt.rna.tf32.f32``: round the low 13 bits away, to nearest, ties away from zero
+    (adding half a TF32 ulp to the magnitude bits, then masking); inf and NaN pass."""
+    v = np.float32(x)
+    if not np.isfinite(v):
+        return v
+    bits = (int(v.view(np.uint32)) + 0x1000) & 0xFFFFE000  # may round up to inf, as cvt does
+    return np.uint32(bits).view(np.float32)
+
+
+def _pair_twin(name: str, dtype, space: str):
+    """The twin of a two-element vector store ``name`` of ``dtype`` into ``space`` memory."""
+    size = 2 * np.dtype(dtype).itemsize
+
     def twin(out, index, x0, x1):
         key = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
-        if out.dtype != np.float16:
-            raise sim.SimulationError(f"store_f16x2: needs a float16 array, got {out.dtype}")
-        if out.strides[-1] != 2:
-            raise sim.SimulationError(
-                f"store_f16x2: the last axis of {out.shape} is not contiguous"
-            )
-        if sim.element_address(out, key) % 4:
-            raise sim.SimulationError(f"store_f16x2: index {key} is not 4-byte aligned")
+        if out.dtype != dtype:
+            raise sim.SimulationError(f"{name}: needs a {np.dtype(dtype)} array, got {out.dtype}")
+        if out.strides[-1] != out.itemsize:
+            raise sim.SimulationError(f"{name}: the last axis of {out.shape} is not contiguous")
+        if sim.element_address(out, key) % size:
+            raise sim.SimulationError(f"{name}: index {key} is not {size}-byte aligned")
         if sim.in_shared_memory(out) != (space == "shared"):
             other = "a global" if space == "shared" else "a shared"
-            raise sim.SimulationError(f"store_f16x2 ({space}): got {other} array")
-        values = np.array([x0, x1], np.float32).astype(np.float16)
+            raise sim.SimulationError(f"{name} ({space}): got {other} array")
+        with np.errstate(over="ignore"):  # beyond float16's range: inf, as cvt.rn does
+            values = np.array([x0, x1], np.float32).astype(dtype)
+        # an address range: it may cross a row end of the array, not its allocation
         sim.store(out, (*key[:-1], slice(key[-1], key[-1] + 2)), values)
 
-    twin.__name__ = twin.__qualname__ = f"store_f16x2_{space}_twin"
+    twin.__name__ = twin.__qualname__ = f"{name}_{space}_twin"
     return twin
 
 
@@ -297,8 +403,9 @@ def _make_ldmatrix(count: int, trans: bool):
 
     def impl(typingctx, smem, index):
         check_index(name, smem, index)
-        if smem.dtype.bitwidth != 16:
-            raise NumbaTypeError(f"{name} reads 16-bit elements (float16), got {smem.dtype}")
+        if smem.dtype.bitwidth != 16 and (trans or smem.dtype.bitwidth != 32):
+            wanted = "16-bit elements" if trans else "16- or 32-bit elements"
+            raise NumbaTypeError(f"{name} reads {wanted}, got {smem.dtype}")
 
         def codegen(context, builder, sig, args):
             ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
@@ -343,11 +450,11 @@ _MMA_ASM = (
 _MMA_CONSTRAINTS = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"
 
 
-def _registers(what: str, tup, count: int, kind) -> None:
+def _registers(what: str, tup, count: int, kind, name: str = "mma_m16n8k16") -> None:
     if not isinstance(tup, types.BaseTuple) or len(tup) != count:
-        raise NumbaTypeError(f"mma_m16n8k16: {what} must be a tuple of {count}, got {tup}")
+        raise NumbaTypeError(f"{name}: {what} must be a tuple of {count}, got {tup}")
     if not all(isinstance(t, kind) for t in tup):
-        raise NumbaTypeError(f"mma_m16n8k16: {what} holds {tup}, expected {kind.__name__}s")
+        raise NumbaTypeError(f"{name}: {what} holds {tup}, expected {kind.__name__}s")
 
 
 @sim.twin(_mma_twin)
@@ -381,6 +488,82 @@ def mma_m16n8k16(typingctx, a, b, c):
     return types.UniTuple(types.float32, 4)(a, b, c), codegen
 
 
+_MMA_TF32_ASM = (
+    "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+)
+
+
+def _tf32_operand(builder, value, ty):
+    """A 32-bit operand register: uint32 as is, float32 reinterpreted (a bitcast, no move)."""
+    if isinstance(ty, types.Float):
+        if ty.bitwidth != 32:
+            raise NumbaTypeError(f"mma_m16n8k8_tf32 takes float32 or 32-bit integers, got {ty}")
+        return builder.bitcast(value, _I32)
+    if ty.bitwidth != 32:
+        raise NumbaTypeError(f"mma_m16n8k8_tf32 takes float32 or 32-bit integers, got {ty}")
+    return value
+
+
+@sim.twin(_mma_tf32_twin)
+@intrinsic
+def mma_m16n8k8_tf32(typingctx, a, b, c):
+    """``mma_m16n8k8_tf32(a, b, c) -> d``: ``d = a @ b + c`` on the tensor cores with TF32
+    inputs (``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``).
+
+    ``a``: 4 32-bit registers (the 16 x 8 A fragment), ``b``: 2 (8 x 8 B), each ``uint32`` (a
+    float32 bit pattern, as ``ldmatrix`` on a float32 tile gives) or ``float32`` (reinterpreted,
+    no instruction); ``c``: 4 ``float32`` (16 x 8 accumulators); returns 4 ``float32``. Layouts in
+    the module doc. The tensor core ignores the low 13 bits of each input (truncation toward
+    zero for a float32 that is not a TF32 value; ``to_tf32`` rounds to nearest first). A
+    warp-wide ``.aligned`` collective: all 32 lanes call it together.
+    """
+    name = "mma_m16n8k8_tf32"
+    _registers("a", a, 4, types.Number, name)
+    _registers("b", b, 2, types.Number, name)
+    _registers("c", c, 4, types.Number, name)
+    for t in (*a, *b):
+        if t.bitwidth != 32 or not isinstance(t, types.Integer | types.Float):
+            raise NumbaTypeError(f"{name}: a and b take float32 or 32-bit integers, got {t}")
+
+    def codegen(context, builder, sig, args):
+        ops = []
+        for k, (tup_t, arg) in enumerate(zip(sig.args, args, strict=True)):
+            for i, t in enumerate(tup_t):
+                value = builder.extract_value(arg, i)
+                if k == 2:
+                    ops.append(context.cast(builder, value, t, types.float32))
+                else:
+                    ops.append(_tf32_operand(builder, value, t))
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [_I32] * 6 + [f32] * 4)
+        res = builder.call(ir.InlineAsm(fnty, _MMA_TF32_ASM, _MMA_CONSTRAINTS), ops)
+        values = [builder.extract_value(res, i) for i in range(4)]
+        return context.make_tuple(builder, sig.return_type, values)
+
+    return types.UniTuple(types.float32, 4)(a, b, c), codegen
+
+
+@sim.twin(_to_tf32_twin)
+@intrinsic
+def to_tf32(typingctx, x):
+    """``to_tf32(x)``: float32 ``x`` rounded to TF32 (``cvt.rna.tf32.f32``: to nearest, ties
+    away from zero; the low 13 bits of the result are 0), returned as a float32 (its bit
+    pattern is the TF32 operand ``mma_m16n8k8_tf32`` reads). Finite values past the TF32 range
+    round to infinity; inf and NaN stay inf and NaN."""
+    if not isinstance(x, types.Number):
+        raise NumbaTypeError(f"to_tf32 takes a float32, got {x}")
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[0], sig.args[0], types.float32)
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(_I32, [f32])
+        res = builder.call(ir.InlineAsm(fnty, "cvt.rna.tf32.f32 $0, $1;", "=r,f"), [value])
+        return builder.bitcast(res, f32)
+
+    return types.float32(x), codegen
+
+
 def _make_pair_store(space: str):
     def impl(typingctx, out, index, x0, x1):
         check_index("store_f16x2", out, index)
@@ -410,7 +593,7 @@ def _make_pair_store(space: str):
         return types.void(out, types.unliteral(index), x0, x1), codegen
 
     impl.__name__ = impl.__qualname__ = f"store_f16x2{'_shared' if space == 'shared' else ''}"
-    fn = sim.twin(_pair_twin(space))(intrinsic(impl))
+    fn = sim.twin(_pair_twin("store_f16x2", np.float16, space))(intrinsic(impl))
     fn.__doc__ = (
         f"``{impl.__name__}(out, index, x0, x1)``: ``out[index]``, the next element = ``x0``, "
         f"``x1`` rounded to float16, in one 4-byte {space} store (``cvt.rn.f16x2.f32`` + "
@@ -444,6 +627,32 @@ def pack_f16x2(typingctx, lo, hi):
 
 store_f16x2 = _make_pair_store("global")
 store_f16x2_shared = _make_pair_store("shared")
+
+
+@sim.twin(_pair_twin("store_f32x2", np.float32, "global"))
+@intrinsic
+def store_f32x2(typingctx, out, index, x0, x1):
+    """``store_f32x2(out, index, x0, x1)``: ``out[index]``, the next element = ``x0``, ``x1``
+    in one 8-byte global store (``st.global.v2.f32``, ``STG.E.64``). ``&out[index]`` must be
+    8-byte aligned (the twin checks; the GPU faults)."""
+    check_index("store_f32x2", out, index)
+    if out.dtype != types.float32:
+        raise NumbaTypeError(f"store_f32x2 stores into a float32 array, got {out.dtype}")
+    for x in (x0, x1):
+        if not isinstance(x, types.Number):
+            raise NumbaTypeError(f"store_f32x2 stores numbers, got {x}")
+
+    def codegen(context, builder, sig, args):
+        ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        lo = context.cast(builder, args[2], sig.args[2], types.float32)
+        hi = context.cast(builder, args[3], sig.args[3], types.float32)
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, f32, f32])
+        asm = "st.global.v2.f32 [$0], {$1, $2};"
+        builder.call(ir.InlineAsm(fnty, asm, "l,f,f,~{memory}", side_effect=True), [ptr, lo, hi])
+        return context.get_dummy_value()
+
+    return types.void(out, types.unliteral(index), x0, x1), codegen
 
 
 @cuda.jit(device=True)

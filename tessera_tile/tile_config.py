@@ -21,8 +21,10 @@ or 8 x 8 and the
 thread grid must divide the warp layout (``threads_n`` 8, 16 or 32 lanes per tile row, so a
 quarter-warp never spans two rows of the C tile), ``tile_k`` a multiple of 4 (one ``LDS.128``
 of A holds 4 k values); for ``dtype="float16"`` (the tensor-core kernel's tiles) ``tile_m`` and
-``tile_k`` multiples of 16 and ``tile_n`` of 8 (mma.sync m16n8k16), the exact warp arrangement
-being that kernel's to check.
+``tile_k`` multiples of 16 and ``tile_n`` of 8 (mma.sync m16n8k16); for ``dtype="tf32"`` (float32
+tiles read as TF32 by the tensor cores, ``precision="tf32"``) ``tile_m`` a multiple of 16,
+``tile_k`` of 8 and ``tile_n`` of 32 (mma.sync m16n8k8; 8 chunks per B row for its conflict-free
+swizzle); the exact warp arrangement being the tensor-core kernels' to check.
 
 **Shared memory.** The architectures allow more than our kernels can use: a block may have up to
 163 KiB of *dynamic* shared memory on sm_80 and 227 KiB on sm_90 (CUDA C++ Programming Guide,
@@ -52,6 +54,7 @@ __all__ = [
     "ARCH_SHARED_LIMIT",
     "CANDIDATES",
     "STATIC_SHARED_LIMIT",
+    "TF32_CANDIDATES",
     "TileConfig",
     "default_config",
     "estimate",
@@ -61,12 +64,17 @@ STATIC_SHARED_LIMIT = 48 * 1024  # bytes of static shared memory per block, any 
 ARCH_SHARED_LIMIT = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}  # dynamic, with opt-in
 WARP = 32
 REGISTER_TILES = ((4, 4), (4, 8), (8, 4), (8, 8))  # (thread_m, thread_n) the SIMT kernel supports
-STAGED_BYTES = {"float32": 4, "float16": 2}
+STAGED_BYTES = {"float32": 4, "float16": 2, "tf32": 4}
+TENSOR_STEPS = {  # tile dtype -> (tile_m, tile_n, tile_k) multiples, and the mma shape
+    "float16": ((16, 8, 16), "m16n8k16"),
+    "tf32": ((16, 32, 8), "m16n8k8 TF32"),
+}
 
 # The machine the default model is written for: an H100 SXM.
 SMS = 132
 FP32_FLOPS = 67e12  # float32 FFMA, SIMT
 FP16_TENSOR_FLOPS = 989e12  # dense float16 on tensor cores, float32 accumulation
+TF32_TENSOR_FLOPS = 494e12  # dense TF32 on tensor cores (half the float16 rate)
 DRAM_BYTES_PER_S = 3.35e12
 SM_REGISTERS = 65536
 SM_SHARED = 228 * 1024  # per SM usable by blocks (sm_90), each block also reserves 1 KiB
@@ -100,7 +108,8 @@ class TileConfig:
     dtype:
         the dtype of the staged tiles: ``"float32"`` for the SIMT kernel (float32 inputs, or
         float16 inputs widened into float32 tiles), ``"float16"`` for the tensor-core kernel
-        (float16 inputs; their default).
+        (float16 inputs; their default), ``"tf32"`` for the TF32 tensor-core kernel (float32
+        inputs with ``precision="tf32"``).
     """
 
     tile_m: int
@@ -124,11 +133,12 @@ class TileConfig:
         if self.dtype == "float32":
             self._check_simt_layout()
         else:
-            for name, step in (("tile_m", 16), ("tile_n", 8), ("tile_k", 16)):
+            steps, shape = TENSOR_STEPS[self.dtype]
+            for name, step in zip(("tile_m", "tile_n", "tile_k"), steps, strict=True):
                 if getattr(self, name) % step:
                     raise ValueError(
-                        f"TileConfig {name} must be a multiple of {step} for float16 "
-                        f"tensor-core tiles (mma m16n8k16), got {getattr(self, name)}"
+                        f"TileConfig {name} must be a multiple of {step} for {self.dtype} "
+                        f"tensor-core tiles (mma {shape}), got {getattr(self, name)}"
                     )
         if self.shared_bytes > STATIC_SHARED_LIMIT:
             raise ValueError(
@@ -221,7 +231,7 @@ def estimated_registers(config: TileConfig) -> int:
     tier checks the estimate against ptxas, within 25%). Tensor cores: the float32
     accumulators, a quarter as many fragment registers, and 64 for addresses (224 for the
     128 x 128 tile of 4 warps, which ptxas fits in 222-224)."""
-    if config.dtype == "float16":
+    if config.dtype != "float32":  # the tensor-core kernels (TF32: 164 for 128 x 128, 8 warps)
         acc = config.tile_m * config.tile_n // config.threads
         return acc + acc // 4 + 64
     tm, tn = config.register_tile
@@ -270,7 +280,7 @@ def estimate(m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: i
     warps = min(resident, per_sm) * config.num_warps
     issue = min(1.0, warps / 4)
     tile_flops = 2 * config.tile_m * config.tile_n * k
-    peak = FP16_TENSOR_FLOPS if config.dtype == "float16" else FP32_FLOPS
+    peak = {"float16": FP16_TENSOR_FLOPS, "tf32": TF32_TENSOR_FLOPS}.get(config.dtype, FP32_FLOPS)
     compute = per_sm * tile_flops / (peak / SMS) / issue
     nbytes = traffic_bytes(m, n, k, batch, config, itemsize)
     return Estimate(config, tiles, waves, resident, nbytes, compute, nbytes / DRAM_BYTES_PER_S)
@@ -281,26 +291,52 @@ def estimate(m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: i
 TENSOR_CORE_DEFAULT = TileConfig(128, 128, 32, 4, 3, dtype="float16")
 
 
+# float32 with precision="tf32": the TF32 tensor-core kernel's tiles, 128 x 128 x 16 (8 warps of
+# 64 x 32, 3 stages, 48 KiB: 164 registers; 4 warps of 64 x 64 spill) and 128 x 64 x 16 (4 warps)
+TF32_CANDIDATES = (
+    TileConfig(128, 128, 16, 8, 3, dtype="tf32"),
+    TileConfig(128, 64, 16, 4, 3, dtype="tf32"),
+)
+
 # Every config the matmul ops choose among: the SIMT candidates (float32 tiles), then the
-# tensor-core tile (float16 inputs only). The first is the shipped default.
-CHOICES = (*CANDIDATES, TENSOR_CORE_DEFAULT)
+# tensor-core tiles (float16 inputs; float32 inputs with precision="tf32"). The first is the
+# shipped default.
+CHOICES = (*CANDIDATES, TENSOR_CORE_DEFAULT, *TF32_CANDIDATES)
+PRECISIONS = (None, "tf32")
 
 
-def score(config: TileConfig, m: int, n: int, k: int, batch: int = 1, dtype="float32") -> float:
-    """The model's seconds for ``config`` on this problem, inf where the inputs' dtype cannot
-    use its tiles (float16 inputs take the tensor-core tile, float32 the SIMT ones); equal
-    times are told apart by the bytes moved (a picosecond per gigabyte)."""
-    half = str(dtype) == "float16"
-    if (config.dtype == "float16") != half:
+def tile_dtype(dtype="float32", precision: str | None = None) -> str:
+    """The tile dtype that inputs of ``dtype`` run on: ``"float16"`` for float16 (tensor
+    cores), ``"tf32"`` for float32 with ``precision="tf32"``, else ``"float32"`` (SIMT)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if str(dtype) == "float16":
+        return "float16"
+    return "tf32" if precision == "tf32" else "float32"
+
+
+def score(
+    config: TileConfig, m: int, n: int, k: int, batch: int = 1, dtype="float32",
+    precision: str | None = None,
+) -> float:  # fmt: skip
+    """The model's seconds for ``config`` on this problem, inf where the inputs cannot use its
+    tiles (:func:`tile_dtype`: float16 inputs take the tensor-core tile, float32 the SIMT ones,
+    or the TF32 ones with ``precision="tf32"``); equal times are told apart by the bytes moved
+    (a picosecond per gigabyte)."""
+    if config.dtype != tile_dtype(dtype, precision):
         return math.inf
-    e = estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), config, 2 if half else 4)
+    item = 2 if config.dtype == "float16" else 4
+    e = estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), config, item)
     return e.seconds + e.bytes * 1e-21
 
 
-def default_config(m: int, n: int, k: int, batch: int = 1, dtype: str = "float32") -> TileConfig:
+def default_config(
+    m: int, n: int, k: int, batch: int = 1, dtype: str = "float32", precision: str | None = None
+) -> TileConfig:
     """The config the model says is fastest for this problem (see the module docstring):
-    among :data:`CANDIDATES` for float32, :data:`TENSOR_CORE_DEFAULT` for float16."""
-    return min(CHOICES, key=lambda c: score(c, m, n, k, batch, dtype))
+    among :data:`CANDIDATES` for float32, :data:`TENSOR_CORE_DEFAULT` for float16,
+    :data:`TF32_CANDIDATES` for float32 with ``precision="tf32"``."""
+    return min(CHOICES, key=lambda c: score(c, m, n, k, batch, dtype, precision))
 
 
 def waves_text(e: Estimate) -> str:

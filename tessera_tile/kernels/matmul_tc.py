@@ -48,6 +48,11 @@ strides); ``async_copy=False`` makes the fallback for any layout: synchronous, g
 single elements (any alignment, any K and N), one 16-byte shared store per chunk, scalar C
 stores. Use the fallback with 8 warps and 2 stages (``matmul_tc_sync``, no spills): with 4
 warps its 128 accumulators per thread and the guarded loads in flight spill (~90 B).
+
+The same builder makes the float32 TF32 kernel of :mod:`tessera_tile.kernels.matmul_tf32`
+(``TensorCoreConfig(..., tf32=True)``): float32 tiles (4 per 16-byte chunk), ``mma.m16n8k8``
+k steps of 8, A still by ``ldmatrix``, B by scalar shared loads from a tile swizzled for them,
+float32 pair stores (``store_f32x2``); that module's doc says why.
 """
 
 from __future__ import annotations
@@ -62,7 +67,14 @@ from numba.types import float16
 
 from .. import _arrays, _config
 from ..memory import store16_shared
-from ..mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, store_f16x2
+from ..mma import (
+    ldmatrix_x4,
+    ldmatrix_x4_trans,
+    mma_m16n8k8_tf32,
+    mma_m16n8k16,
+    store_f16x2,
+    store_f32x2,
+)
 from ..pipeline import (
     SHARED_ALIGN,
     cp_async_cg_16_zfill,
@@ -88,7 +100,9 @@ ZERO = float32(0.0)
 
 
 class TensorCoreConfig(NamedTuple):
-    """One kernel configuration (block tile, warps, stages, epilogue, load path)."""
+    """One kernel configuration (block tile, warps, stages, epilogue, load path, and the
+    operands: float16 with ``mma.m16n8k16``, or float32 read as TF32 with ``mma.m16n8k8``,
+    :mod:`tessera_tile.kernels.matmul_tf32`)."""
 
     tile_m: int = 128
     tile_n: int = 128
@@ -97,6 +111,22 @@ class TensorCoreConfig(NamedTuple):
     num_stages: int = 3
     has_bias: bool = False
     async_copy: bool = True
+    tf32: bool = False
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of A, B, C and the shared tiles."""
+        return 4 if self.tf32 else 2
+
+    @property
+    def chunk(self) -> int:
+        """Elements per 16-byte chunk (one cp.async, one ldmatrix row)."""
+        return 16 // self.itemsize
+
+    @property
+    def mma_k(self) -> int:
+        """The k of one mma: 16 (m16n8k16, float16) or 8 (m16n8k8, TF32)."""
+        return 8 if self.tf32 else 16
 
     @property
     def warps_m(self) -> int:
@@ -114,11 +144,12 @@ class TensorCoreConfig(NamedTuple):
     def mma_per_k_tile(self) -> int:
         """mma.sync instructions a warp issues per k-tile (its 16 x 8 tiles x k16 steps)."""
         tiles = (self.tile_m // self.warps_m // 16) * (self.tile_n // self.warps_n // 8)
-        return tiles * (self.tile_k // 16)
+        return tiles * (self.tile_k // self.mma_k)
 
     @property
     def shared_bytes(self) -> int:
-        return 2 * self.num_stages * (self.tile_m * self.tile_k + self.tile_k * self.tile_n)
+        ring = self.num_stages * (self.tile_m * self.tile_k + self.tile_k * self.tile_n)
+        return self.itemsize * ring
 
 
 ANCHOR = TensorCoreConfig()  # 128 x 128 x 32, 4 warps of 64 x 64, 3 stages
@@ -139,8 +170,9 @@ def _check(cfg: TensorCoreConfig, activation) -> None:
         raise ValueError(f"num_warps must be 1, 2, 4 or 8, got {cfg.num_warps}")
     if cfg.num_stages not in (2, 3, 4):
         raise ValueError(f"num_stages must be 2, 3 or 4, got {cfg.num_stages}")
-    if cfg.tile_k not in (16, 32, 64):
-        raise ValueError(f"tile_k must be 16, 32 or 64, got {cfg.tile_k}")
+    k_tiles = (8, 16, 32) if cfg.tf32 else (16, 32, 64)  # 2 to 8 chunks of 16 bytes per row
+    if cfg.tile_k not in k_tiles:
+        raise ValueError(f"tile_k must be one of {k_tiles}, got {cfg.tile_k}")
     wm, wn = cfg.tile_m // cfg.warps_m, cfg.tile_n // cfg.warps_n
     if cfg.tile_m % cfg.warps_m or wm % 16:
         raise ValueError(
@@ -150,13 +182,20 @@ def _check(cfg: TensorCoreConfig, activation) -> None:
         raise ValueError(
             f"tile_n {cfg.tile_n} must split into {cfg.warps_n} warp columns of a multiple of 16"
         )
-    chunks_n = cfg.tile_n // CHUNK
+    chunks_n = cfg.tile_n // cfg.chunk
     if chunks_n & (chunks_n - 1):
-        raise ValueError(f"tile_n must be 8 times a power of two (swizzle), got {cfg.tile_n}")
+        raise ValueError(
+            f"tile_n must be {cfg.chunk} times a power of two (swizzle), got {cfg.tile_n}"
+        )
+    if cfg.tf32 and chunks_n < 8:
+        # B fragments are scalar loads of 4 k-rows x 8 columns: conflict free when the
+        # swizzle spreads each row's 8 chunks over a whole 128-byte line (module doc)
+        raise ValueError(f"tile_n must be at least 32 for TF32 tiles, got {cfg.tile_n}")
     if cfg.shared_bytes > MAX_STATIC_SHARED:
+        what = "float32" if cfg.tf32 else "float16"
         raise ValueError(
             f"{cfg.num_stages} stages of {cfg.tile_m}x{cfg.tile_k} + {cfg.tile_k}x{cfg.tile_n} "
-            f"float16 tiles need {cfg.shared_bytes} B of shared memory, over the "
+            f"{what} tiles need {cfg.shared_bytes} B of shared memory, over the "
             f"{MAX_STATIC_SHARED} B static limit"
         )
     if activation is not None and not _is_device_function(activation):
@@ -217,33 +256,37 @@ def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = ANCHOR) 
     tiles_m = -(-m // config.tile_m)
     tiles_n = -(-n // config.tile_n)
     bias = 4 * batch * tiles_m * n * 8 * config.warps_m if config.has_bias else 0
+    item = config.itemsize
     return Plan(
         grid=(tiles_n, tiles_m, batch),
         block=(config.threads, 1, 1),
-        bytes_a=2 * batch * m * k * tiles_n,
-        bytes_b=2 * batch * k * n * tiles_m,
+        bytes_a=item * batch * m * k * tiles_n,
+        bytes_b=item * batch * k * n * tiles_m,
         bytes_bias=bias,
-        bytes_c=2 * batch * m * n,
+        bytes_c=item * batch * m * n,
     )
 
 
 def aligned_rows(a, b, c) -> bool:
     """Whether the ``cp.async`` kernel (``async_copy=True``) can take these arrays: every row
-    of A, B and C starts on 16 bytes (K and N multiples of 8, 16-byte aligned base addresses,
-    row and batch strides multiples of 16 bytes). Otherwise use ``async_copy=False``."""
+    of A, B and C starts on 16 bytes (K and N multiples of 8 for float16, of 4 for float32,
+    16-byte aligned base addresses, row and batch strides multiples of 16 bytes). Otherwise
+    use ``async_copy=False``."""
     for name, x in (("a", a), ("b", b), ("c", c)):
         arg = x if isinstance(x, _arrays.Arg) else _arrays.read(x, name, scalars=False)
         if len(arg.shape) != 3:
             raise ValueError(f"{name} must be 3-d (batch, rows, cols), got shape {arg.shape}")
-        if arg.shape[2] % CHUNK or arg.address % 16 or any(s % 16 for s in arg.strides[:2]):
+        chunk = 16 // arg.dtype.itemsize
+        if arg.shape[2] % chunk or arg.address % 16 or any(s % 16 for s in arg.strides[:2]):
             return False
     return True
 
 
-def check_operands(a, b, bias, c) -> bool:
+def check_operands(a, b, bias, c, dtype=np.float16) -> bool:
     """Validate the kernel's arguments before a launch; returns :func:`aligned_rows`.
 
-    TypeError or ValueError naming the argument: ``a``, ``b``, ``c`` float16 and 3-d with the
+    TypeError or ValueError naming the argument: ``a``, ``b``, ``c`` of ``dtype`` (float16;
+    float32 for the TF32 kernel) and 3-d with the
     inner dimension contiguous, ``(batch, M, K) @ (batch, K, N) -> (batch, M, N)`` with one
     batch size (broadcast a single matrix with a stride-0 view), ``bias`` float32 1-d (``(N,)``
     when the kernel uses it: the caller checks that, it knows ``has_bias``).
@@ -252,13 +295,14 @@ def check_operands(a, b, bias, c) -> bool:
         name: x if isinstance(x, _arrays.Arg) else _arrays.read(x, name, scalars=False)
         for name, x in (("a", a), ("b", b), ("bias", bias), ("c", c))
     }
+    dtype = np.dtype(dtype)
     for name in ("a", "b", "c"):
         arg = args[name]
-        if arg.dtype != np.float16:
-            raise TypeError(f"{name} must be float16, got {arg.dtype}")
+        if arg.dtype != dtype:
+            raise TypeError(f"{name} must be {dtype}, got {arg.dtype}")
         if len(arg.shape) != 3:
             raise ValueError(f"{name} must be 3-d (batch, rows, cols), got shape {arg.shape}")
-        if arg.shape[2] > 1 and arg.strides[2] != 2:
+        if arg.shape[2] > 1 and arg.strides[2] != dtype.itemsize:
             raise ValueError(f"{name}: the inner dimension must be contiguous ([:, :, ::1])")
     if args["bias"].dtype != np.float32 or len(args["bias"].shape) != 1:
         raise TypeError(f"bias must be a 1-d float32 array, got {args['bias'].dtype}")
@@ -321,14 +365,23 @@ def _identity(x):
 
 
 @functools.cache
-def _build(cfg: TensorCoreConfig, activation):
+def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
+    """The kernel of ``cfg``; ``module`` names the module that ships it (its ``__module__``)."""
     tile_m, tile_n, tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
     stages, threads = cfg.num_stages, cfg.threads
     warps_n = cfg.warps_n
     wm_tile, wn_tile = tile_m // cfg.warps_m, tile_n // warps_n
     mt, nt = wm_tile // 16, wn_tile // 8  # mma tiles per warp
     nt2 = nt // 2  # ldmatrix.x4.trans per k16 step: the B fragments of two n8 tiles each
-    ksteps = tile_k // 16
+    ksteps = tile_k // cfg.mma_k
+    tf32 = cfg.tf32
+    CHUNK = cfg.chunk  # noqa: N806 - the module constant's name, this element size's value
+    elem = float32 if tf32 else float16
+    # B offsets: float16, one per ldmatrix.x4.trans; TF32, one per n8 tile modulo 4 (its
+    # swizzle repeats every 4 n8 tiles, 32 columns, and is the same in rows t and t + 4)
+    nb = min(nt, 4)
+    b_off_shape = nb if tf32 else nt2
+    frag_b = float32 if tf32 else uint32
     ahead = stages - 1
     lag = stages - 2
     has_bias, async_copy = cfg.has_bias, cfg.async_copy
@@ -355,7 +408,7 @@ def _build(cfg: TensorCoreConfig, activation):
         ck_b // cp_b.per_row,
     )
 
-    epilogue = _epilogue(mt, nt, has_bias, async_copy, act)
+    epilogue = _epilogue(mt, nt, has_bias, async_copy, act, store_f32x2 if tf32 else store_f16x2)
 
     @cuda.jit(device=True)
     def reverse3(v):
@@ -367,8 +420,46 @@ def _build(cfg: TensorCoreConfig, activation):
         return c ^ (reverse3((r // lines_a) % period_a) >> shift_a)
 
     @cuda.jit(device=True)
-    def chunk_b(r, c):
+    def chunk_b_f16(r, c):
         return c ^ (reverse3((r // lines_b) % period_b) >> shift_b)
+
+    @cuda.jit(device=True)
+    def chunk_b_tf32(r, c):
+        """TF32 B rows (8 or more chunks): chunk ``c ^ 2 (r % 4)``. A scalar load of rows
+        t (+ 4) reads chunks 2 j + (g >= 4) of rows t = 0..3: 8 distinct 16-byte bank groups;
+        rows t and t + 4 share the pattern, so one offset serves both."""
+        return c ^ ((r & 3) << 1)
+
+    chunk_b = chunk_b_tf32 if tf32 else chunk_b_f16
+
+    @cuda.jit(device=True)
+    def sync_chunk_f16(dst, offset, src, bz, gr, gk):
+        """Guarded loads of single elements (any alignment), one 16-byte shared store."""
+        rows = src.shape[1]
+        cols = src.shape[2]
+        ok = gr < rows
+        x0 = src[bz, gr, gk] if ok and gk < cols else float16(0)
+        x1 = src[bz, gr, gk + 1] if ok and gk + 1 < cols else float16(0)
+        x2 = src[bz, gr, gk + 2] if ok and gk + 2 < cols else float16(0)
+        x3 = src[bz, gr, gk + 3] if ok and gk + 3 < cols else float16(0)
+        x4 = src[bz, gr, gk + 4] if ok and gk + 4 < cols else float16(0)
+        x5 = src[bz, gr, gk + 5] if ok and gk + 5 < cols else float16(0)
+        x6 = src[bz, gr, gk + 6] if ok and gk + 6 < cols else float16(0)
+        x7 = src[bz, gr, gk + 7] if ok and gk + 7 < cols else float16(0)
+        store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
+
+    @cuda.jit(device=True)
+    def sync_chunk_f32(dst, offset, src, bz, gr, gk):
+        rows = src.shape[1]
+        cols = src.shape[2]
+        ok = gr < rows
+        x0 = src[bz, gr, gk] if ok and gk < cols else ZERO
+        x1 = src[bz, gr, gk + 1] if ok and gk + 1 < cols else ZERO
+        x2 = src[bz, gr, gk + 2] if ok and gk + 2 < cols else ZERO
+        x3 = src[bz, gr, gk + 3] if ok and gk + 3 < cols else ZERO
+        store16_shared(dst, offset, (x0, x1, x2, x3))
+
+    sync_chunk = sync_chunk_f32 if tf32 else sync_chunk_f16
 
     @cuda.jit(device=True)
     def copy_chunk(dst, offset, src, bz, gr, gk, ok):
@@ -379,18 +470,7 @@ def _build(cfg: TensorCoreConfig, activation):
             # a copy of 0 source bytes reads nothing, so its address may lie outside src.
             cp_async_cg_16_zfill(dst, offset, src, (bz, gr, gk), 16 if ok else 0)
         else:
-            rows = src.shape[1]
-            cols = src.shape[2]
-            ok = gr < rows
-            x0 = src[bz, gr, gk] if ok and gk < cols else float16(0)
-            x1 = src[bz, gr, gk + 1] if ok and gk + 1 < cols else float16(0)
-            x2 = src[bz, gr, gk + 2] if ok and gk + 2 < cols else float16(0)
-            x3 = src[bz, gr, gk + 3] if ok and gk + 3 < cols else float16(0)
-            x4 = src[bz, gr, gk + 4] if ok and gk + 4 < cols else float16(0)
-            x5 = src[bz, gr, gk + 5] if ok and gk + 5 < cols else float16(0)
-            x6 = src[bz, gr, gk + 6] if ok and gk + 6 < cols else float16(0)
-            x7 = src[bz, gr, gk + 7] if ok and gk + 7 < cols else float16(0)
-            store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
+            sync_chunk(dst, offset, src, bz, gr, gk)
 
     @cuda.jit(device=True, **_INLINE)
     def load_tile(
@@ -431,7 +511,31 @@ def _build(cfg: TensorCoreConfig, activation):
         cuda.syncthreads()
 
     @cuda.jit(device=True, **_INLINE)
-    def k_step(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
+    def k_step_tf32(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
+        """One k8 step of the warp tile: A fragments by ldmatrix on the float32 tile, B by
+        scalar loads (ldmatrix.trans moves 16-bit halves and cannot transpose 32-bit
+        elements; cp.async cannot transpose either, so staging B transposed would cost a
+        register round trip per element and the asynchronous ring), then mt x nt mma."""
+        for i in range(mt):
+            f = ldmatrix_x4(sa, a_base + a_off[ks] + 16 * tile_k * i)
+            for q in range(4):
+                fa[i, q] = f[q]
+        for j in range(nt):
+            for h in range(2):
+                row = 8 * ks + 4 * h
+                fb[j, h] = sb[b_base + b_off[j % 4] + 32 * (j // 4) + tile_n * row]
+        for i in range(mt):
+            for j in range(nt):
+                d = mma_m16n8k8_tf32(
+                    (fa[i, 0], fa[i, 1], fa[i, 2], fa[i, 3]),
+                    (fb[j, 0], fb[j, 1]),
+                    (acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3]),
+                )
+                for q in range(4):
+                    acc[i, j, q] = d[q]
+
+    @cuda.jit(device=True, **_INLINE)
+    def k_step_f16(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
         """One k16 step of the warp tile: A and B fragments by ldmatrix, then mt x nt mma."""
         for i in range(mt):
             f = ldmatrix_x4(sa, a_base + a_off[ks] + 16 * tile_k * i)
@@ -453,6 +557,28 @@ def _build(cfg: TensorCoreConfig, activation):
                 for q in range(4):
                     acc[i, j, q] = d[q]
 
+    k_step = k_step_tf32 if tf32 else k_step_f16
+
+    # This lane's B offsets in a stage (the swizzle repeats every 8 rows, so the k-step terms
+    # are constants added to these).
+    @cuda.jit(device=True)
+    def b_offsets_tf32(lane, wn0, b_off):
+        # lane (g, t) reads k-rows t and t + 4 (+ 8 ks), column wn0 + 8 j + g
+        g = lane >> 2
+        r = lane & 3
+        for j in range(nb):
+            b_off[j] = r * tile_n + chunk_b(r, (wn0 + 8 * j + g) // CHUNK) * CHUNK + g % CHUNK
+
+    @cuda.jit(device=True)
+    def b_offsets_f16(lane, wn0, b_off):
+        # ldmatrix.x4.trans rows lane % 8 + 8 (lane // 8 % 2) (+ 16 ks), chunk
+        # (wn0 + 16 j) / 8 + lane // 16
+        r = lane % 8 + 8 * (lane // 8 % 2)
+        for j in range(nt2):
+            b_off[j] = r * tile_n + chunk_b(r, wn0 // CHUNK + 2 * j + lane // 16) * CHUNK
+
+    b_offsets = b_offsets_tf32 if tf32 else b_offsets_f16
+
     @cuda.jit(device=True, **_INLINE)
     def tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, s, fa, fb, acc, a_off, b_off, a_dst,
                   a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c):  # fmt: skip
@@ -463,7 +589,7 @@ def _build(cfg: TensorCoreConfig, activation):
             load_tile(sa, sb, a, b, bz, m0, n0, kt + ahead, (s + ahead) % stages,
                       a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
         commit()
-        # The k16 steps written out (LLVM does not unroll a loop this large) and inlined, so
+        # The k steps written out (LLVM does not unroll a loop this large) and inlined, so
         # the fragments and accumulators stay constant-indexed registers.
         a_base = s * a_stage
         b_base = s * b_stage
@@ -476,14 +602,14 @@ def _build(cfg: TensorCoreConfig, activation):
             k_step(sa, sb, a_base, b_base, 3, fa, fb, acc, a_off, b_off)
 
     def kernel(a, b, bias, c):
-        sa = cuda.shared.array(a_ring, float16, alignment=SHARED_ALIGN)
-        sb = cuda.shared.array(b_ring, float16, alignment=SHARED_ALIGN)
+        sa = cuda.shared.array(a_ring, elem, alignment=SHARED_ALIGN)
+        sb = cuda.shared.array(b_ring, elem, alignment=SHARED_ALIGN)
         # Local arrays indexed only by constants (loops over constants, unrolled): registers.
         acc = cuda.local.array((mt, nt, 4), float32)
         fa = cuda.local.array((mt, 4), uint32)
-        fb = cuda.local.array((nt, 2), uint32)
+        fb = cuda.local.array((nt, 2), frag_b)
         a_off = cuda.local.array(ksteps, int32)
-        b_off = cuda.local.array(nt2, int32)
+        b_off = cuda.local.array(b_off_shape, int32)
         a_dst = cuda.local.array((passes_a, per_a), int32)
         b_dst = cuda.local.array((passes_b, per_b), int32)
         a_ok = cuda.local.array(passes_a, boolean)
@@ -520,15 +646,13 @@ def _build(cfg: TensorCoreConfig, activation):
         for i in range(per_b):
             b_ok[i] = n0 + (b_c + q_b * i) * CHUNK < c.shape[2]
         # This lane's ldmatrix rows: A rows wm0 + lane % 16 (+ 16 i), logical chunk
-        # 2 ks + lane // 16; B k-rows lane % 8 + 8 (lane // 8 % 2) (+ 16 ks), chunk
-        # (wn0 + 16 j) / 8 + lane // 16. The swizzle repeats every 8 rows, so the i and ks
-        # terms are constants added to these offsets.
+        # 2 ks + lane // 16 (16 bytes: 8 float16 or 4 float32; one k step is two chunks).
+        # The swizzle repeats every 8 rows, so the i and ks terms are constants added to
+        # these offsets.
         r = wm0 + lane % 16
         for ks in range(ksteps):
             a_off[ks] = r * tile_k + chunk_a(r, 2 * ks + lane // 16) * CHUNK
-        r = lane % 8 + 8 * (lane // 8 % 2)
-        for j in range(nt2):
-            b_off[j] = r * tile_n + chunk_b(r, wn0 // CHUNK + 2 * j + lane // 16) * CHUNK
+        b_offsets(lane, wn0, b_off)
 
         for kt in range(ahead):  # prologue: tiles 0 .. stages-2 in flight, a group each
             if kt < tiles:
@@ -562,16 +686,19 @@ def _build(cfg: TensorCoreConfig, activation):
         row_base = m0 + wm0 + (lane >> 2)
         epilogue(acc, c, bias, bz, row_base, col_base, m, c.shape[2])
 
+    kernel.__module__ = module
     kernel.__name__ = kernel.__qualname__ = (
-        f"matmul_tc_{tile_m}x{tile_n}x{tile_k}_w{cfg.num_warps}_s{stages}"
+        f"matmul_{'tf32' if tf32 else 'tc'}_{tile_m}x{tile_n}x{tile_k}_w{cfg.num_warps}_s{stages}"
         f"{'_bias' if has_bias else ''}{'' if async_copy else '_sync'}"
     )
     return cuda.jit(kernel)
 
 
-def _epilogue(mt: int, nt: int, has_bias: bool, async_copy: bool, act):
-    """``epilogue(acc, c, bias, bz, row_base, col_base, m, n)``: ``act(acc + bias)`` rounded to
-    float16 and stored, masked, for every accumulator of the warp tile. Written out statement
+def _epilogue(mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pair=store_f16x2):
+    """``epilogue(acc, c, bias, bz, row_base, col_base, m, n)``: ``act(acc + bias)`` stored,
+    masked, for every accumulator of the warp tile (``store_pair``: two columns in one store,
+    ``store_f16x2`` rounding to float16 or ``store_f32x2``, where rows are aligned; else one
+    element at a time, converted to C's dtype). Written out statement
     by statement (generated source, inlined): as loops, LLVM leaves the outer one rolled once
     the activation is large (gelu's erf), and the accumulators then go through local memory.
     """
@@ -594,15 +721,15 @@ def _epilogue(mt: int, nt: int, has_bias: bool, async_copy: bool, act):
                     bias_term = f" + b{q % 2}" if has_bias else ""
                     lines.append(f"    {v} = act(acc[{i}, {j}, {q}]{bias_term})")
                 lines.append("    if row < m and col < n:")
-                if async_copy:  # N % 8 == 0: the pair is inside and 4-byte aligned
-                    lines.append("        store_f16x2(c, (bz, row, col), v0, v1)")
+                if async_copy:  # N a multiple of the chunk: the pair is inside and aligned
+                    lines.append("        store_pair(c, (bz, row, col), v0, v1)")
                 else:
                     lines += [
                         "        c[bz, row, col] = v0",
                         "        if col + 1 < n:",
                         "            c[bz, row, col + 1] = v1",
                     ]
-    namespace = {"ZERO": ZERO, "act": act, "store_f16x2": store_f16x2}
+    namespace = {"ZERO": ZERO, "act": act, "store_pair": store_pair}
     exec("\n".join(lines), namespace)  # noqa: S102 - our own generated code
     return cuda.jit(device=True, **_INLINE)(namespace["epilogue"])
 

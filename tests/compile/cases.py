@@ -208,4 +208,36 @@ CASES = [
         32,
         {"HMMA.16816.F32": 8, "LDSM": 4, "LDGSTS.E.BYPASS.128": 2},
     ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tf32",
+        "matmul_tf32_anchor",
+        BATCHED,
+        {"sm_80": 176, "sm_90": 176},
+        256,
+        {"HMMA.1688.F32.TF32": 32, "LDSM": 8, "LDGSTS.E.BYPASS.128": 4, "STG.E.64": 32},
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tf32",
+        "matmul_tf32_4warps",
+        BATCHED,
+        {"sm_80": 176, "sm_90": 176},
+        128,
+        {"HMMA.1688.F32.TF32": 32, "LDSM": 8, "LDGSTS.E.BYPASS.128": 6},
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tf32",
+        "matmul_tf32_small_bias",
+        BATCHED,
+        {"sm_80": 136, "sm_90": 136},
+        32,
+        {"HMMA.1688.F32.TF32": 16, "LDSM": 4, "LDGSTS.E.BYPASS.128": 8},
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tf32",
+        "linear_tf32_gelu_bias",
+        BATCHED,
+        {"sm_80": 176, "sm_90": 176},
+        256,
+        {"HMMA.1688.F32.TF32": 32, "LDSM": 8, "LDGSTS.E.BYPASS.128": 4},
+    ),  # fmt: skip
 ]

@@ -108,3 +108,23 @@ def test_float16_linear_runs_on_tensor_cores(k, n, arch, record_property):
     loop = report.loop_with("HMMA")
     assert loop.count("HMMA.16816.F32") >= 32 and loop.count("LDSM") >= 8
     assert (report.count("LDGSTS") > 0) == (k % 8 == 0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("k, n", [(4096, 4096), (4098, 4096)], ids=["aligned", "unaligned"])
+def test_tf32_linear_inspects_the_kernel_explain_names(k, n, arch, record_property):
+    # precision="tf32": the TF32 tensor-core kernel where rows are 16-byte aligned (K and N
+    # multiples of 4), with exact gelu and a bias in registers; the exact SIMT kernel otherwise
+    x, w, b = np.zeros((256, k), "f4"), np.zeros((k, n), "f4"), np.zeros(n, "f4")
+    (report,) = ops.linear.inspect(x, w, b, "gelu", arch=arch, precision="tf32")
+    explained = ops.linear.explain(x, w, b, "gelu", precision="tf32")
+    assert report.name in explained.stages[0]
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    loop = report.loop_with("HMMA" if k % 4 == 0 else "FFMA")
+    if k % 4 == 0:
+        record_property("resources", f"linear tf32 gelu {k}x{n} {arch}: regs {report.registers}")
+        assert report.name.startswith("matmul_tf32_")
+        assert loop.count("HMMA.1688.F32.TF32") >= 32 and loop.count("LDSM") >= 8
+        assert report.count("LDGSTS") > 0
+    else:
+        assert loop.count("FFMA") >= 512 and report.count("HMMA") == 0

@@ -10,9 +10,11 @@ from numba.types import float16
 
 from tessera_tile import inspect, mma
 from tessera_tile.kernels import matmul_tc as tc
+from tessera_tile.kernels import matmul_tf32 as tf
 
 ARCHS = ("sm_80", "sm_90")
 MATMUL_SIG = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
+TF32_SIG = "void(float32[:, :, ::1], float32[:, :, ::1], float32[::1], float32[:, :, ::1])"
 
 
 @cuda.jit
@@ -39,6 +41,38 @@ def every_fragment(x, out, out16):
     mma.store_f16x2_shared(s, (lane, 2), d[2], d[3])
     cuda.syncthreads()
     out16[lane, 2] = s[(lane + 1) % 32, 2]
+
+
+@cuda.jit
+def tf32_fragments(x, out):
+    """ldmatrix on a float32 tile (A), scalar loads (B), to_tf32, two TF32 mma."""
+    s = cuda.shared.array((32, 8), float32)
+    lane = cuda.threadIdx.x
+    for j in range(8):
+        s[lane, j] = x[lane, j]
+    cuda.syncthreads()
+    fa = mma.ldmatrix_x4(s, (lane % 16, 4 * (lane // 16)))
+    g, t = lane >> 2, lane & 3
+    z = float32(0)
+    d = mma.mma_m16n8k8_tf32(fa, (s[t, g], s[t + 4, g]), (z, z, z, z))
+    rounded = (mma.to_tf32(s[t + 8, g]), mma.to_tf32(s[t + 12, g]))
+    d = mma.mma_m16n8k8_tf32(fa, rounded, d)
+    mma.store_accumulator(d, out, 0, 0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tf32_fragments_compile_to_tf32_tensor_core_instructions(arch):
+    report = inspect.compile(
+        tf32_fragments, "void(float32[:, ::1], float32[:, ::1])", arch=arch, block=32
+    )
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    assert report.count("HMMA.1688.F32.TF32") == 2, report
+    assert report.histogram.get("LDSM.16.M88.4", 0) == 1, report  # ldmatrix on float32
+    # ptxas has no cvt.rna.tf32 instruction: each is a finiteness test (FSETP), an integer add
+    # of half a TF32 ulp and a mask; nothing in float64
+    assert report.count("FSETP") == 2 and report.count("F2F") == 0, report
+    assert not any(op.startswith("D") and op[1:4] in ("ADD", "MUL", "FMA") for op in
+                   report.histogram), report  # fmt: skip
 
 
 def loop_facts(report):
@@ -118,3 +152,40 @@ def test_fallback_loads_synchronously(arch):
     assert sync.count("LDGSTS") == 0, sync
     assert sync.count("STS.128") >= 1 and sync.count("LDSM") >= 12, sync
     assert sync.spill_stores == sync.spill_loads == 0 and not sync.uses_local_memory
+
+
+# (kernel, threads, HMMA per k-tile and warp): 2 k8 steps of a 64 x 32 warp tile = 32 HMMA,
+# from 8 ldmatrix (A) and 16 scalar shared loads (B, two per n8 tile and k8 step)
+TF32_LOOPS = [
+    (tf.matmul_tf32_anchor, 256, 32),  # 128 x 128 x 16, 8 warps
+    (tf.matmul_tf32_4warps, 128, 32),  # 128 x 64 x 16, 4 warps
+    (tf.linear_tf32_gelu_bias, 256, 32),  # the default tile with bias + exact gelu
+]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("kernel", "threads", "per_tile"), TF32_LOOPS,
+                         ids=["8-warps", "4-warps", "gelu"])  # fmt: skip
+def test_tf32_main_loop(kernel, threads, per_tile, arch, record_property):
+    report = inspect.compile(kernel, TF32_SIG, arch=arch, block=threads)
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    loop, hmma, ldsm, scalar_lds = loop_facts(report)
+    tiles = hmma // per_tile  # the loop is unrolled over the stages
+    assert hmma == per_tile * tiles and tiles >= 1, loop.key_opcodes()
+    assert loop.count("HMMA.1688.F32.TF32") == hmma
+    assert ldsm == 8 * tiles, loop.key_opcodes()  # A only: 4 ldmatrix.x4 per k8 step
+    assert len(scalar_lds) == 16 * tiles, loop.key_opcodes()  # B: 2 per n8 tile and k8 step
+    assert all(i.opcode == "LDS" for i in scalar_lds), scalar_lds  # 32-bit, no wider
+    assert loop.count("BAR.SYNC") == tiles, loop.key_opcodes()  # one barrier per k-tile
+    assert loop.count("LDGSTS.E.BYPASS.128") >= tiles, loop.key_opcodes()
+    per_hmma = loop.instructions / hmma
+    record_property(
+        "resources",
+        f"{report.name:45} {arch}  regs {report.registers}  HMMA/LDSM {hmma / ldsm:.2f}  "
+        f"LDS/HMMA {len(scalar_lds) / hmma:.2f}  instr/HMMA {per_hmma:.2f}",
+    )
+    assert per_hmma <= 4.0, f"{per_hmma:.2f} instructions per HMMA: {loop.key_opcodes()}"
+    # the epilogue stores C two float32 at a time (8 bytes), never one
+    assert report.count("STG.E.64") >= hmma // tiles and report.histogram.get("STG.E", 0) == 0, (
+        report
+    )

@@ -1,0 +1,106 @@
+"""float32 matmul on TF32 tensor cores ``C = act(A @ B + bias)``: ``mma.sync.m16n8k8`` (TF32
+inputs, float32 accumulation), ``ldmatrix`` on swizzled float32 tiles, a multi-stage
+``cp.async`` pipeline.
+
+:func:`tf32_matmul` makes the kernel ``kernel(a, b, bias, c)`` of one configuration, with the
+contract of the float16 kernel (:mod:`tessera_tile.kernels.matmul_tc`, whose pipeline, swizzle,
+copies and generated epilogue it shares) in float32:
+
+* ``a``: float32 ``(batch, M, K)``, ``b``: float32 ``(batch, K, N)``, ``c``: float32
+  ``(batch, M, N)``, the inner dimension contiguous, any batch strides (0 broadcasts);
+  every row 16-byte aligned (:func:`aligned_rows`: K and N multiples of 4, aligned bases and
+  strides); other layouts go to the exact float32 SIMT kernel (the ops say so);
+* ``bias``: float32 ``(N,)`` (ignored unless ``has_bias``: pass any 1-element float32 array);
+* launch ``grid = (ceil(N / tile_n), ceil(M / tile_m), batch)`` blocks of ``32 * num_warps``
+  threads (:func:`plan` gives both and the global bytes the launch moves).
+
+Precision: the tensor core reads the upper 19 bits of each float32 input (TF32: 8 exponent
+bits, 10 mantissa bits) and ignores the low 13, which truncates toward zero (relative error
+below ``2**-10`` per input; rounding to nearest first would halve it, but ``cvt.rna`` is
+emulated, 3-4 instructions per fragment register, 24 registers per 16 HMMA in the main loop).
+Products are exact and sums float32, so elementwise
+``|C - A @ B| <= (2**-9 + 2**-20 + 2 (K + 2) 2**-24) |A| @ |B|`` (the factor 2 on the float32
+term because the tensor core's internal sums are not specified to round to nearest).
+``docs/matmul.md`` compares it with the exact float32 path.
+
+The main loop, per k-tile (``tile_k = 16``: two k8 steps; 8 warps of 64 x 32)::
+
+    cp.async.wait_group(stages - 2); __syncthreads()     1 barrier per k-tile
+    cp.async tile k + stages - 1 into the freed stage
+    for each k8 step (2):
+      A: 4 ldmatrix.x4 on the float32 tile   (lane 4g+t gets row g, float32 column t of each
+                                              8 x 4 matrix: a0..a3 of a 16 x 8 A fragment)
+      B: 8 scalar shared loads               (lane (g, t): k-rows t and t + 4 of column g of
+                                              each of the 4 n8 tiles)
+      16 mma.sync.m16n8k8 TF32
+
+B needs scalar loads: the fragment wants lane ``(g, t)`` to hold ``B[t, g]`` and ``B[t + 4, g]``
+of a row-major ``[k, n]`` tile, a transpose that ``ldmatrix.trans`` (which moves 16-bit halves)
+cannot do on 32-bit elements, and ``cp.async`` cannot transpose into shared memory (staging B
+transposed would take every element through registers, giving up the asynchronous ring). The
+A tile uses the float16 kernel's swizzle (16-byte chunks XOR-ed within each 128-byte line; an
+ldmatrix reads 16-byte rows, whatever their elements). The B tile (at least 8 chunks per row,
+``tile_n >= 32``) puts chunk ``c`` of row ``r`` at ``c ^ 2 (r % 4)``: a warp's scalar load reads
+rows ``t = 0..3`` (or ``t + 4``), chunks ``2j`` and ``2j + 1`` of each, which land in 8 distinct
+16-byte bank groups; rows ``t`` and ``t + 4`` share the pattern, so a lane needs one offset per
+n8 tile (mod 4) for both. Both reads are conflict free (the simulator's profiler counts 0), and
+so are the cp.async writes (each quarter-warp writes 8 chunks of one row, a permutation of a
+line).
+
+Three stages of 128 x 16 + 16 x 128 float32 tiles fill the 48 KiB of static shared memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import matmul_tc as tc
+from .epilogue import ACTIVATIONS
+from .matmul_tc import Plan, TensorCoreConfig, aligned_rows
+
+__all__ = ["ANCHOR", "Plan", "aligned_rows", "check_operands", "plan", "tf32_matmul"]
+
+# 128 x 128 x 16, 8 warps of 64 x 32, 3 stages: 48 KiB of shared memory. (4 warps of 64 x 64,
+# the float16 kernel's arrangement, needs 255 registers and spills 72-80 B here.)
+ANCHOR = TensorCoreConfig(128, 128, 16, 8, 3, tf32=True)
+
+
+def tf32_matmul(
+    tile_m: int = 128,
+    tile_n: int = 128,
+    tile_k: int = 16,
+    num_warps: int = 8,
+    num_stages: int = 3,
+    activation=None,
+    has_bias: bool = False,
+):
+    """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` for
+    float32 operands on TF32 tensor cores, float32 accumulation (memoised per configuration).
+
+    ``tile_k`` 8, 16 or 32; ``tile_n`` at least 32; warp tiles multiples of 16 x 16. Needs
+    :func:`aligned_rows`. See the module doc for the launch, the layouts and the precision.
+    """
+    cfg = TensorCoreConfig(
+        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), True, True
+    )
+    tc._check(cfg, activation)
+    return tc._build(cfg, activation, __name__)
+
+
+def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = ANCHOR) -> Plan:
+    """Grid, block and the global bytes a launch reads and writes (float32 elements)."""
+    return tc.plan(batch, m, n, k, config._replace(tf32=True))
+
+
+def check_operands(a, b, bias, c) -> bool:
+    """Validate the kernel's arguments before a launch (as
+    :func:`tessera_tile.kernels.matmul_tc.check_operands`, in float32); returns
+    :func:`aligned_rows`, which the kernel needs."""
+    return tc.check_operands(a, b, bias, c, np.float32)
+
+
+# The configurations the compile tier builds (module-level kernels: one compile case each).
+matmul_tf32_anchor = tf32_matmul()  # 128 x 128 x 16, 8 warps, 3 stages
+matmul_tf32_4warps = tf32_matmul(128, 64, 16, 4, 3)
+matmul_tf32_small_bias = tf32_matmul(32, 32, 16, 1, 2, has_bias=True)
+linear_tf32_gelu_bias = tf32_matmul(activation=ACTIVATIONS["gelu"], has_bias=True)  # exact erf

@@ -1,0 +1,253 @@
+"""TF32 tensor-core fragments (``mma_m16n8k8_tf32``, ``to_tf32``, ``ldmatrix`` on float32 tiles)
+lane by lane against the PTX ISA's tables.
+
+The layouts are written from the PTX ISA ("Matrix Fragments for mma.m16n8k8", the ``.tf32``
+floating point type; "ldmatrix") as tables per register, independently of the implementation's
+formulas.
+"""
+
+import numpy as np
+import pytest
+from numba import cuda, float32
+
+from tessera_tile import mma
+
+LANES = np.arange(32)
+GROUP = LANES >> 2  # groupID
+TIG = LANES % 4  # threadID_in_group
+
+# A (16 x 8): register r covers the 8 x 4 block at (row offset, col offset); inside it, lane
+# (groupID, threadID_in_group) holds row groupID, column threadID_in_group.
+A_BLOCKS = [(0, 0), (8, 0), (0, 4), (8, 4)]  # a0, a1, a2, a3
+# B (8 x 8, [k, n]): register r holds k = threadID_in_group + 4 r, n = groupID.
+B_KROWS = [0, 4]
+# C/D (16 x 8): (c0, c1) rows groupID, columns 2 tig, 2 tig + 1; (c2, c3) the same 8 rows down.
+C_QUARTERS = [(0, 0), (8, 0)]
+
+
+def a_coords():
+    return np.stack(
+        [np.stack([GROUP + r0, TIG + c0], axis=1) for r0, c0 in A_BLOCKS], axis=1
+    )  # (32, 4, 2)
+
+
+def b_coords():
+    return np.stack([np.stack([TIG + k0, GROUP], axis=1) for k0 in B_KROWS], axis=1)
+
+
+def c_coords():
+    out = np.empty((32, 4, 2), int)
+    for reg, (r0, c0) in enumerate(C_QUARTERS):
+        for half in range(2):
+            out[:, 2 * reg + half] = np.stack([GROUP + r0, 2 * TIG + half + c0], axis=1)
+    return out
+
+
+def gather(matrix, coords):
+    return matrix[coords[..., 0], coords[..., 1]]
+
+
+def truncate_tf32(x):
+    """The TF32 value the tensor core reads from float32 ``x``: the low 13 bits dropped."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+    return bits.view(np.float32)
+
+
+def round_tf32(x):
+    """cvt.rna.tf32.f32 from its definition: the nearest TF32 value, ties away from zero
+    (computed on the value in float64, not on the bits)."""
+    x = np.asarray(x, np.float32)
+    out = np.empty_like(x)
+    for i, v in np.ndenumerate(x):
+        if not np.isfinite(v):
+            out[i] = v
+            continue
+        lo = truncate_tf32(np.array([v]))[0]  # toward zero
+        # TF32's step above |lo|: float32's times 2**13 (subnormals too: 2**-149 * 2**13)
+        ulp = np.float64(np.spacing(np.float32(abs(lo)))) * 2**13
+        hi = np.float64(lo) + np.copysign(ulp, v)  # away from zero
+        d_lo, d_hi = abs(np.float64(v) - np.float64(lo)), abs(hi - np.float64(v))
+        out[i] = np.float32(hi) if d_hi <= d_lo else lo  # ties away from zero
+    return out
+
+
+@cuda.jit
+def mma_from_bits(fa, fb, fc, out):
+    """A and B as uint32 bit patterns (what ldmatrix gives)."""
+    lane = cuda.threadIdx.x
+    d = mma.mma_m16n8k8_tf32(
+        (fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3]),
+        (fb[lane, 0], fb[lane, 1]),
+        (fc[lane, 0], fc[lane, 1], fc[lane, 2], fc[lane, 3]),
+    )
+    for i in range(4):
+        out[lane, i] = d[i]
+
+
+@cuda.jit
+def mma_from_floats(fa, fb, fc, out):
+    """A and B as float32 values (what scalar shared loads give)."""
+    lane = cuda.threadIdx.x
+    d = mma.mma_m16n8k8_tf32(
+        (fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3]),
+        (fb[lane, 0], fb[lane, 1]),
+        (fc[lane, 0], fc[lane, 1], fc[lane, 2], fc[lane, 3]),
+    )
+    for i in range(4):
+        out[lane, i] = d[i]
+
+
+def run_mma(a, b, c, as_bits):
+    fa, fb = gather(a, a_coords()), gather(b, b_coords())
+    if as_bits:
+        fa, fb = fa.view(np.uint32), fb.view(np.uint32)
+    out = np.zeros((32, 4), np.float32)
+    (mma_from_bits if as_bits else mma_from_floats)[1, 32](
+        np.ascontiguousarray(fa), np.ascontiguousarray(fb), gather(c, c_coords()), out
+    )
+    return out
+
+
+@pytest.mark.parametrize("as_bits", [True, False], ids=["uint32", "float32"])
+def test_mma_tf32_layout_exact_on_integers(as_bits):
+    rng = np.random.default_rng(0)
+    a = rng.integers(-64, 65, (16, 8)).astype(np.float32)  # TF32-exact, exact products/sums
+    b = rng.integers(-64, 65, (8, 8)).astype(np.float32)
+    c = rng.integers(-1000, 1001, (16, 8)).astype(np.float32)
+    out = run_mma(a, b, c, as_bits)
+    np.testing.assert_array_equal(out, gather(a @ b + c, c_coords()))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_mma_tf32_reads_only_the_upper_19_bits(seed):
+    """float32 inputs with mantissa bits below TF32's: the result is the product of the
+    truncated values (summed exactly, rounded once), not of the float32 values."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((16, 8)).astype(np.float32)
+    b = rng.standard_normal((8, 8)).astype(np.float32)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    out = run_mma(a, b, c, as_bits=seed % 2 == 0)
+    at, bt = truncate_tf32(a).astype(np.float64), truncate_tf32(b).astype(np.float64)
+    want = (at @ bt + c).astype(np.float32)  # exact in float64: 22-bit products, 9 terms
+    np.testing.assert_array_equal(out, gather(want, c_coords()))
+    # and it differs from the float32 product: the truncation is real
+    full = a.astype(np.float64) @ b.astype(np.float64) + c
+    assert np.any(out != gather(full.astype(np.float32), c_coords()))
+
+
+@cuda.jit
+def round_kernel(x, out):
+    i = cuda.grid(1)
+    if i < x.size:
+        out[i] = mma.to_tf32(x[i])
+
+
+def test_to_tf32_rounds_to_nearest_ties_away():
+    rng = np.random.default_rng(4)
+    one = np.float32(1.0).view(np.uint32)
+    special = np.array(
+        [one + 0x1000, one + 0x0FFF, one + 0x1001, one + 0x3000, one + 0x1FFF],  # ties, near
+        np.uint32,
+    ).view(np.float32)
+    x = np.concatenate(
+        [
+            rng.standard_normal(40).astype(np.float32),
+            special,
+            -special,
+            np.array([0.0, -0.0, np.inf, -np.inf, 3.4e38, 1e-40], np.float32),
+        ]
+    )
+    out = np.zeros_like(x)
+    round_kernel[2, 32](x, out)
+    want = round_tf32(x)
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(out[40:45], [1 + 2**-10, 1, 1 + 2**-10, 1 + 2**-9, 1 + 2**-10])
+    assert np.all(out.view(np.uint32)[np.isfinite(out)] & 0x1FFF == 0)
+
+
+@cuda.jit
+def round_nan(out):
+    out[0] = mma.to_tf32(float32(np.nan))
+
+
+def test_to_tf32_keeps_nan():
+    out = np.zeros(1, np.float32)
+    round_nan[1, 1](out)
+    assert np.isnan(out[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# ldmatrix on a float32 tile gives A fragments; B by scalar loads; together one 16 x 8 x 8 mma
+# ---------------------------------------------------------------------------------------------
+
+
+@cuda.jit
+def tile_mma_tf32(a, b, d, frag):
+    sa = cuda.shared.array((16, 8), float32)
+    sb = cuda.shared.array((8, 8), float32)
+    lane = cuda.threadIdx.x
+    for i in range(lane, 128, 32):
+        sa[i // 8, i % 8] = a[i // 8, i % 8]
+    for i in range(lane, 64, 32):
+        sb[i // 8, i % 8] = b[i // 8, i % 8]
+    cuda.syncthreads()
+    fa = mma.ldmatrix_x4(sa, (lane % 16, 4 * (lane // 16)))
+    g, t = lane >> 2, lane & 3
+    fb = (sb[t, g], sb[t + 4, g])
+    for q in range(4):
+        frag[lane, q] = fa[q]
+    zero = float32(0)
+    acc = mma.mma_m16n8k8_tf32(fa, fb, (zero, zero, zero, zero))
+    mma.store_accumulator(acc, d, 0, 0)
+
+
+def test_ldmatrix_on_float32_gives_the_a_fragment():
+    rng = np.random.default_rng(5)
+    a = truncate_tf32(rng.standard_normal((16, 8)).astype(np.float32))
+    b = truncate_tf32(rng.standard_normal((8, 8)).astype(np.float32))
+    d = np.full((16, 8), np.nan, np.float32)
+    frag = np.zeros((32, 4), np.uint32)
+    tile_mma_tf32[1, 32](a, b, d, frag)
+    np.testing.assert_array_equal(frag, gather(a, a_coords()).view(np.uint32))
+    want = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(d, want)
+
+
+@cuda.jit
+def trans_on_float32(out):
+    s = cuda.shared.array((32, 4), float32)
+    lane = cuda.threadIdx.x
+    for j in range(4):
+        s[lane, j] = float32(lane)
+    cuda.syncthreads()
+    out[lane] = mma.ldmatrix_x1_trans(s, (lane, 0))
+
+
+@pytest.mark.sim_only(reason="the compiler refuses it at typing; the twin must refuse it too")
+def test_ldmatrix_trans_refuses_32bit_elements():
+    from tessera_tile import sim
+
+    with pytest.raises(sim.SimulationError, match="16-bit elements"):
+        trans_on_float32[1, 32](np.zeros(32, np.uint32))
+
+
+@cuda.jit
+def pair_store(out, col):
+    i = cuda.threadIdx.x
+    mma.store_f32x2(out, (i, col), float32(i), float32(-i))
+
+
+def test_store_f32x2_writes_pairs():
+    out = np.zeros((32, 6), np.float32)
+    pair_store[1, 32](out, 2)
+    np.testing.assert_array_equal(out[:, 2], np.arange(32))
+    np.testing.assert_array_equal(out[:, 3], -np.arange(32))
+    assert not out[:, [0, 1, 4, 5]].any()
+
+
+@pytest.mark.sim_only(reason="the GPU faults on a misaligned vector store; the twin refuses it")
+def test_store_f32x2_refuses_misaligned_pairs():
+    from tessera_tile import sim
+
+    with pytest.raises(sim.SimulationError, match="8-byte aligned"):
+        pair_store[1, 32](np.zeros((32, 6), np.float32), 1)
