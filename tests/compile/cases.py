@@ -30,6 +30,11 @@ BATCHED_F16 = "void(float16[:, :, ::1], float16[:, :, ::1], float16[::1], float1
 MM = "tessera_tile.kernels.matmul"
 SIMT = {"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 512}
 F16_MM = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
+ATT = "tessera_tile.kernels.attention_simt"
+ATT_ALIGNED = "void(" + "float32[:, :, ::1], " * 4 + "float32)"
+ATT_STRIDED = "void(" + "float32[:, :, :], " * 4 + "float32)"
+ATT_OPS = {"LDS.128": 16, "FFMA": 128, "MUFU.EX2": 2, "SHFL.BFLY": 6, "BAR": 2}
+ATT_THREADS = {16: 128, 32: 128, 64: 128, 128: 64}  # default_config(d).threads
 
 CASES = [
     Case(
@@ -208,4 +213,20 @@ CASES = [
         32,
         {"HMMA.16816.F32": 8, "LDSM": 4, "LDGSTS.E.BYPASS.128": 2},
     ),  # fmt: skip
+    # The float32 SIMT flash attention, default configs: every head dim, causal or not, 16-byte
+    # cp.async (aligned rows) or 4-byte copies (any strides). ptxas takes up to 168 registers
+    # (3 blocks of 128 threads per SM) where it has them to spare; 0 spills in every case.
+    *(
+        Case(
+            ATT,
+            f"attention_simt_d{d}{'_causal' if causal else ''}{'' if aligned else '_strided'}",
+            ATT_ALIGNED if aligned else ATT_STRIDED,
+            {"sm_80": 176, "sm_90": 176},
+            ATT_THREADS[d],
+            ATT_OPS | ({"LDGSTS.E.BYPASS.128": 1} if aligned else {"LDGSTS.E": 1}),
+        )
+        for d in (16, 32, 64, 128)
+        for causal in (False, True)
+        for aligned in (True, False)
+    ),
 ]
