@@ -206,35 +206,55 @@ def read2(tile, row, col):
     return tile[row, col], tile[row, col + uint32(1)]
 
 
-def _tile_loader(rows: int, width: int, vec: int, nthreads: int, banded: bool):
+def _tile_loader(rows: int, width: int, vec: int, nthreads: int, banded: bool, unroll: bool):
     """``load(dst, src, row0, tid)``: cp.async rows ``row0 .. row0 + rows - 1`` of the 2-d
     ``src`` (``width`` columns) into ``dst[:rows, :width]``, ``vec`` floats per copy; rows past
     ``src``'s end are zero-filled without a read. ``banded``: a quarter-warp copies one column
     chunk of 8 consecutive rows (conflict free into a padded tile), else consecutive chunks of
-    a row (conflict free into an unpadded one)."""
+    a row (conflict free into an unpadded one). ``unroll``: straight-line copies when a thread
+    makes at most 4 (the K and V tiles, every iteration), else a loop (the Q tile, once; and
+    D = 128, where 8 unrolled copies per tile keep their addresses in registers: 255 on sm_90)."""
     per_row = width // vec
     total = rows * per_row
+    trips = -(-total // nthreads)
+    unroll = unroll and trips <= 4
+    exact = total % nthreads == 0
     nbytes = 4 * vec
     copy = cp_async_cg_16_zfill if vec == 4 else cp_async_4_zfill
 
     @cuda.jit(device=True)
-    def load(dst, src, row0, tid):
-        n = src.shape[0]
-        idx = tid
-        while idx < total:  # not unrolled: unrolled copies keep their addresses in registers
-            if banded:
-                rest = idx // LANES
-                c = (rest % per_row) * vec
-                r = (rest // per_row) * LANES + idx % LANES
-            else:
-                r = idx // per_row
-                c = (idx % per_row) * vec
-            gr = row0 + r
-            if gr < n:
-                copy(dst, (r, c), src, (gr, c), nbytes)
-            else:  # reads nothing: any in-bounds address will do
-                copy(dst, (r, c), src, (0, c), 0)
-            idx += nthreads
+    def copy_one(dst, src, row0, n, idx):
+        if banded:
+            rest = idx // LANES
+            c = (rest % per_row) * vec
+            r = (rest // per_row) * LANES + idx % LANES
+        else:
+            r = idx // per_row
+            c = (idx % per_row) * vec
+        gr = row0 + r
+        inside = gr < n
+        # a row past the end reads nothing (0 bytes): any in-bounds address will do
+        copy(dst, (r, c), src, (gr if inside else 0, c), nbytes if inside else 0)
+
+    if unroll:
+
+        @cuda.jit(device=True)
+        def load(dst, src, row0, tid):
+            n = src.shape[0]
+            for it in range(trips):
+                idx = tid + it * nthreads
+                if exact or idx < total:
+                    copy_one(dst, src, row0, n, idx)
+
+    else:
+
+        @cuda.jit(device=True)
+        def load(dst, src, row0, tid):
+            n = src.shape[0]
+            idx = tid
+            while idx < total:
+                copy_one(dst, src, row0, n, idx)
+                idx += nthreads
 
     return load
 
@@ -274,9 +294,9 @@ def _simt_attention(head_dim: int, causal: bool, aligned: bool, config: SimtAtte
     k_shape = (block_kv, d + K_PAD)
     v_shape = (block_kv, d)
     p_shape = (block_q, block_kv + P_PAD)
-    load_q = _tile_loader(block_q, d, vec, nthreads, banded=False)
-    load_k = _tile_loader(block_kv, d, vec, nthreads, banded=True)
-    load_v = _tile_loader(block_kv, d, vec, nthreads, banded=False)
+    load_q = _tile_loader(block_q, d, vec, nthreads, banded=False, unroll=False)
+    load_k = _tile_loader(block_kv, d, vec, nthreads, banded=True, unroll=True)
+    load_v = _tile_loader(block_kv, d, vec, nthreads, banded=False, unroll=True)
     store_vector = aligned and w == 4
     read_v = read4 if w == 4 else read2
 
@@ -432,7 +452,9 @@ def _simt_attention(head_dim: int, causal: bool, aligned: bool, config: SimtAtte
         f"attention_simt_d{d}_{block_q}x{block_kv}_t{nthreads}"
         f"{'_causal' if causal else ''}{'' if aligned else '_strided'}"
     )
-    return cuda.jit(kernel)  # lazy: an eager signature would ask for a GPU at import time
+    # The block size as a launch bound (.maxntid): ptxas then allocates registers for it
+    # (the simulator refuses the option). Lazy: an eager signature would ask for a GPU.
+    return cuda.jit(kernel, **({} if _config.SIMULATED else {"launch_bounds": (nthreads,)}))
 
 
 def signature(aligned: bool) -> str:
