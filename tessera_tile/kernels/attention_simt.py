@@ -10,7 +10,8 @@ dimension, causal flag, load path and :class:`SimtAttentionConfig` (memoised):
   ``aligned=False`` takes any strides (4-byte ``cp.async`` of single elements, scalar stores);
 * ``scale_log2``: float32, ``scale * log2(e)``: scores are ``s = (q . k) * scale_log2`` and the
   weights ``p = exp2(s - max)`` (one ``MUFU.EX2`` each, :func:`exp2_approx`);
-* launch ``grid = (ceil(Sq / block_q), Z)`` blocks of ``config.threads`` threads.
+* launch ``grid = (ceil(Sq / block_q), Z)`` blocks of ``config.threads`` threads (compiled
+  with that block size as its launch bound: no other block size).
 
 A block owns ``block_q`` query rows and streams the keys in tiles of ``block_kv`` (FlashAttention-2
 order, online softmax)::

@@ -126,12 +126,12 @@ def check(got, q, k, v, causal, scale):
 # ---------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     z=st.integers(1, 2),
     sq=st.integers(0, 70),
     sk=st.integers(0, 70),
-    d=st.sampled_from([16, 32, 64]),
+    d=st.sampled_from([16, 16, 32, 32, 64, 64, 128]),  # D = 128 rarely: the slowest to simulate
     causal=st.booleans(),
     config=st.sampled_from(SMALL),
     layout=st.sampled_from(LAYOUTS),
