@@ -94,9 +94,12 @@ def run(q, k, v, causal, config, layout="host", scale=None):
         dev = cuda.to_device(base)
         launch(qa, ka, va, dev[:, :, 1::2], causal, aligned, config, scale, d)
         return dev.copy_to_host()[:, :, 1::2]
-    dev = cuda.to_device(np.full((z, sq, d), np.nan, np.float32))
-    launch(qa, ka, va, dev, causal, aligned, config, scale, d)
-    return dev.copy_to_host()
+    pad = 4 if layout == "padded" else 0  # o with a padded row pitch too
+    dev = cuda.to_device(np.full((z, sq, d + pad), np.nan, np.float32))
+    launch(qa, ka, va, dev[:, :, :d], causal, aligned, config, scale, d)
+    out = dev.copy_to_host()
+    assert np.isnan(out[:, :, d:]).all(), "wrote into the padding"
+    return out[:, :, :d]
 
 
 def masked_rows(sq, sk, causal):
@@ -236,7 +239,9 @@ def test_traffic_follows_the_rule(sq, sk, causal, layout):
 
 @pytest.mark.sim_only(reason="the profiler exists only in the simulator")
 @pytest.mark.parametrize(
-    ("d", "sq", "sk", "causal"), [(16, 70, 100, True), (64, 40, 70, False)], ids=["d16", "d64"]
+    ("d", "sq", "sk", "causal"),
+    [(16, 70, 100, True), (32, 40, 70, True), (64, 40, 70, False)],
+    ids=["d16", "d32", "d64"],
 )
 def test_default_config_profile(d, sq, sk, causal):
     # The default configs: exact traffic, no bank conflict (Q, K, V and P tiles, cp.async
