@@ -225,13 +225,15 @@ def _tile_loader(rows: int, width: int, vec: int, nthreads: int, banded: bool, u
 
     @cuda.jit(device=True)
     def copy_one(dst, src, row0, n, idx):
+        # unsigned 32-bit index math: shifts and masks (signed 64-bit // and % need fix-ups)
+        idx = uint32(idx)
         if banded:
-            rest = idx // LANES
-            c = (rest % per_row) * vec
-            r = (rest // per_row) * LANES + idx % LANES
+            rest = idx // uint32(LANES)
+            c = (rest % uint32(per_row)) * uint32(vec)
+            r = (rest // uint32(per_row)) * uint32(LANES) + idx % uint32(LANES)
         else:
-            r = idx // per_row
-            c = (idx % per_row) * vec
+            r = idx // uint32(per_row)
+            c = (idx % uint32(per_row)) * uint32(vec)
         gr = row0 + r
         inside = gr < n
         # a row past the end reads nothing (0 bytes): any in-bounds address will do
