@@ -213,12 +213,12 @@ def _tile_loader(rows: int, width: int, vec: int, nthreads: int, banded: bool, u
     ``src``'s end are zero-filled without a read. ``banded``: a quarter-warp copies one column
     chunk of 8 consecutive rows (conflict free into a padded tile), else consecutive chunks of
     a row (conflict free into an unpadded one). ``unroll``: straight-line copies when a thread
-    makes at most 4 (the K and V tiles, every iteration), else a loop (the Q tile, once; and
-    D = 128, where 8 unrolled copies per tile keep their addresses in registers: 255 on sm_90)."""
+    makes at most 8 (the K and V tiles, every iteration), else a loop (the Q tile, once, with
+    fewer live addresses; and the 4-byte copies of D = 128, 32 per thread)."""
     per_row = width // vec
     total = rows * per_row
     trips = -(-total // nthreads)
-    unroll = unroll and trips <= 4
+    unroll = unroll and trips <= 8
     exact = total % nthreads == 0
     nbytes = 4 * vec
     copy = cp_async_cg_16_zfill if vec == 4 else cp_async_4_zfill
