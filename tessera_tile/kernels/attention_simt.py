@@ -62,7 +62,7 @@ import functools
 import math
 from typing import NamedTuple
 
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, uint32
 
 from .. import _config
 from .._fusion.device import exp2_approx, rcp_approx
@@ -360,7 +360,7 @@ def _simt_attention(head_dim: int, causal: bool, aligned: bool, config: SimtAtte
             for i in range(tm):
                 for j in range(tn):
                     s[i, j] = ZERO
-            for d0 in range(0, d, 4):
+            for d0 in range(int32(0), int32(d), int32(4)):  # a 32-bit loop counter
                 for i in range(tm):
                     a = read4(qs, urow + uint32(i * groups), uint32(d0))
                     for c in range(4):
@@ -410,7 +410,7 @@ def _simt_attention(head_dim: int, causal: bool, aligned: bool, config: SimtAtte
             cp_async_commit_group()
 
             # O += P V: per 4 keys, tm + 4 nh shared loads feed 4 tm dn FFMA
-            for k0 in range(0, block_kv, 4):
+            for k0 in range(int32(0), int32(block_kv), int32(4)):
                 for i in range(tm):
                     a = read4(ps, urow + uint32(i * groups), uint32(k0))
                     for c in range(4):
