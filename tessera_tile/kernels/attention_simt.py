@@ -47,6 +47,13 @@ K and V each have one buffer: the copy of V t overlaps the scores of tile t, the
 the ``P @ V`` of tile t (two barriers per tile). That fits the 48 KiB static shared memory limit
 for D = 128 too, where a second stage would not.
 
+Cost per K/V tile and thread (default configs, 16-byte copies, static SASS of sm_90, the masking
+branch counted as if it ran): ``tm * tn * D`` FFMA for the scores and ``tm * (D/8) * block_kv``
+for ``P @ V`` (2 D per score), 9.2 FFMA per shared load for D = 32 and 64 (5.8 for D = 16, 7.5
+for D = 128, where the 48 KiB limit allows only 16-key tiles); in all 57 / 95 / 183 / 386
+instructions per score for D = 16 / 32 / 64 / 128 (of which 32 / 64 / 128 / 256 FFMA), one
+``MUFU.EX2`` per score plus one per row. Registers 96-170, no spills, no local memory.
+
 Masking: keys ``>= Sk`` and, when ``causal``, keys ``j > i + Sk - Sq`` (bottom-right aligned, as
 PyTorch's ``is_causal``) get ``s = -inf``. Tiles past the last key any row of the block may see
 are never loaded (:func:`kv_rows` gives the rows a block reads); only tiles that straddle the
