@@ -45,3 +45,24 @@ def back(result, side: str):
         return result
     assert getattr(result, "__cuda_ndarray__", False), f"expected a device array, got {result!r}"
     return result.copy_to_host()
+
+
+def attention_reference(q, k, v, causal: bool, scale: float) -> np.ndarray:
+    """``softmax(q @ k^T * scale) @ v`` in float64 over the last two axes (..., S, D).
+
+    ``causal``: key ``j`` is allowed for query ``i`` iff ``j <= i + Sk - Sq`` (bottom-right
+    aligned, PyTorch's ``is_causal``). A query row with no allowed key (``Sk = 0``, or causal
+    with ``Sq > Sk``) gives 0, as PyTorch's math backend does.
+    """
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale
+    sq, sk = s.shape[-2:]
+    if causal:
+        allowed = np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
+        s = np.where(allowed, s, -np.inf)
+    top = s.max(axis=-1, keepdims=True, initial=-np.inf)
+    top = np.where(np.isfinite(top), top, 0.0)  # a fully masked row: every weight is 0
+    p = np.exp(s - top)
+    total = p.sum(axis=-1, keepdims=True)
+    out = np.matmul(p, v)
+    return np.divide(out, total, out=np.zeros_like(out), where=total > 0)

@@ -30,6 +30,16 @@ BATCHED_F16 = "void(float16[:, :, ::1], float16[:, :, ::1], float16[::1], float1
 MM = "tessera_tile.kernels.matmul"
 SIMT = {"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 512}
 F16_MM = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
+ATT = "tessera_tile.kernels.attention_simt"
+ATT_ALIGNED = "void(" + "float32[:, :, ::1], " * 4 + "float32)"
+ATT_STRIDED = "void(" + "float32[:, :, :], " * 4 + "float32)"
+ATT_OPS = {"LDS.128": 16, "FFMA": 128, "MUFU.EX2": 2, "SHFL.BFLY": 6, "BAR": 2}
+ATT_THREADS = {16: 128, 32: 128, 64: 128, 128: 64}  # default_config(d).threads
+# (head dim, aligned) -> registers: the most measured over causal / sm_80 / sm_90, plus 8
+ATT_BUDGET = {
+    (16, True): 104, (16, False): 104, (32, True): 158, (32, False): 150,
+    (64, True): 136, (64, False): 138, (128, True): 178, (128, False): 176,
+}  # fmt: skip
 
 CASES = [
     Case(
@@ -240,4 +250,19 @@ CASES = [
         256,
         {"HMMA.1688.F32.TF32": 32, "LDSM": 8, "LDGSTS.E.BYPASS.128": 4},
     ),  # fmt: skip
+    # The float32 SIMT flash attention, default configs: every head dim, causal or not, 16-byte
+    # cp.async (aligned rows) or 4-byte copies (any strides); 0 spills in every case.
+    *(
+        Case(
+            ATT,
+            f"attention_simt_d{d}{'_causal' if causal else ''}{'' if aligned else '_strided'}",
+            ATT_ALIGNED if aligned else ATT_STRIDED,
+            {"sm_80": ATT_BUDGET[d, aligned], "sm_90": ATT_BUDGET[d, aligned]},
+            ATT_THREADS[d],
+            ATT_OPS | ({"LDGSTS.E.BYPASS.128": 1} if aligned else {"LDGSTS.E": 1}),
+        )
+        for d in (16, 32, 64, 128)
+        for causal in (False, True)
+        for aligned in (True, False)
+    ),
 ]

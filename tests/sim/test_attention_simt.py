@@ -1,0 +1,303 @@
+"""The float32 SIMT flash-attention kernel (kernels/attention_simt.py), called directly, against
+a float64 NumPy reference (helpers.attention_reference); its measured traffic and bank conflicts.
+
+Inputs: q and k uniform in [-1, 1] with ``scale = 30 / sqrt(D)``, so scores reach about +-30
+(weights spanning e^60: the running max changes from tile to tile and the output is rescaled),
+and v uniform in [-30, 30].
+
+float32 tolerances (the kernel computes in float32, exp2 by ex2.approx):
+* Frobenius norm of the error below ``1e-5`` times the reference's;
+* every element within ``1e-5 * max|v|`` of the reference (an output element is a convex
+  combination of a column of v, so max|v| is its scale);
+* rows with no allowed key (Sk = 0, or causal with Sq > Sk) exactly 0.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from helpers import attention_reference
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numba import cuda
+
+from tessera_tile import _arrays
+from tessera_tile.kernels import attention_simt as at
+
+Config = at.SimtAttentionConfig
+LOG2E = math.log2(math.e)
+RTOL_FRO = 1e-5
+ATOL_V = 1e-5  # per element, times max|v|
+
+# Small blocks of one warp keep the simulator fast; the default configs run in the profile tests.
+SMALL = (Config(16, 16, 32), Config(32, 16, 32), Config(8, 32, 64))
+LAYOUTS = ("host", "device", "padded", "strided")
+
+
+def operands(z, sq, sk, d, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.uniform(-1, 1, (z, sq, d)).astype(np.float32)
+    k = rng.uniform(-1, 1, (z, sk, d)).astype(np.float32)
+    v = rng.uniform(-30, 30, (z, sk, d)).astype(np.float32)
+    return q, k, v, 30 / math.sqrt(d)
+
+
+def as_layout(x, layout):
+    """``x`` as the kernel gets it, and whether the aligned (16-byte) kernel may take it.
+
+    host: a NumPy array; device: ``cuda.to_device``; padded: a device view with a padded row
+    pitch (inner axis contiguous, rows 16-byte aligned); strided: a device view with an inner
+    stride of 2 elements, and a batch stride of 0 (one matrix broadcast) where Z > 1 allows.
+    """
+    z, s, d = x.shape
+    if layout == "host":
+        return x, True
+    if layout == "device":
+        return cuda.to_device(x), True
+    if layout == "padded":
+        base = np.full((z, s, d + 4), np.nan, np.float32)
+        base[..., :d] = x
+        return cuda.to_device(base)[:, :, :d], True
+    base = np.full((z, s, 2 * d), np.nan, np.float32)
+    base[..., ::2] = x
+    view = cuda.to_device(base)[:, :, ::2]
+    return view, False
+
+
+def broadcast_batch(x, z):
+    """A device view of ``x`` (1, S, D) repeated over ``z`` batches with a batch stride of 0."""
+    dev = cuda.to_device(np.ascontiguousarray(x))
+    return _arrays.view(dev, (z, *x.shape[1:]), (0, *dev.strides[1:]))
+
+
+def launch(q, k, v, o, causal, aligned, config, scale, d):
+    z, sq = o.shape[0], o.shape[1]
+    kernel = at.simt_attention(d, causal, aligned, config)
+    if sq and z:  # a launch of 0 blocks is the caller's to skip
+        grid = (-(-sq // config.block_q), z)
+        kernel[grid, config.threads](q, k, v, o, np.float32(scale * LOG2E))
+
+
+def run(q, k, v, causal, config, layout="host", scale=None):
+    """The kernel's output for host arrays ``q, k, v`` passed in ``layout``."""
+    z, sq, d = q.shape
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    qa, aligned = as_layout(q, layout)
+    ka, _ = as_layout(k, layout)
+    va, _ = as_layout(v, layout)
+    if layout == "host":
+        o = np.full((z, sq, d), np.nan, np.float32)
+        launch(qa, ka, va, o, causal, aligned, config, scale, d)
+        return o
+    if layout == "strided":
+        base = np.full((z, sq, 2 * d), np.nan, np.float32)
+        dev = cuda.to_device(base)
+        launch(qa, ka, va, dev[:, :, 1::2], causal, aligned, config, scale, d)
+        return dev.copy_to_host()[:, :, 1::2]
+    pad = 4 if layout == "padded" else 0  # o with a padded row pitch too
+    dev = cuda.to_device(np.full((z, sq, d + pad), np.nan, np.float32))
+    launch(qa, ka, va, dev[:, :, :d], causal, aligned, config, scale, d)
+    out = dev.copy_to_host()
+    assert np.isnan(out[:, :, d:]).all(), "wrote into the padding"
+    return out[:, :, :d]
+
+
+def masked_rows(sq, sk, causal):
+    """Query rows with no allowed key."""
+    rows = np.arange(sq)
+    if sk == 0:
+        return np.ones(sq, bool)
+    return rows + (sk - sq) < 0 if causal else np.zeros(sq, bool)
+
+
+def check(got, q, k, v, causal, scale):
+    want = attention_reference(q, k, v, causal, scale)
+    assert got.shape == want.shape and got.dtype == np.float32
+    assert np.isfinite(got).all(), "NaN or inf in the output"
+    dead = masked_rows(q.shape[1], k.shape[1], causal)
+    np.testing.assert_array_equal(got[:, dead], 0.0)
+    norm = np.linalg.norm(want)
+    if norm > 0:
+        err = np.linalg.norm(got - want) / norm
+        assert err < RTOL_FRO, f"relative Frobenius error {err:.3g}"
+    bound = ATOL_V * max(float(np.abs(v).max(initial=0.0)), 1.0)
+    np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+
+
+# ---------------------------------------------------------------------------------------------
+# Correctness
+# ---------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    z=st.integers(1, 2),
+    sq=st.integers(0, 70),
+    sk=st.integers(0, 70),
+    d=st.sampled_from([16, 16, 32, 32, 64, 64, 128]),  # D = 128 rarely: the slowest to simulate
+    causal=st.booleans(),
+    config=st.sampled_from(SMALL),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**16),
+)
+def test_hypothesis_small_shapes(z, sq, sk, d, causal, config, layout, seed):
+    q, k, v, scale = operands(z, sq, sk, d, seed)
+    got = run(q, k, v, causal, config, layout, scale)
+    check(got, q, k, v, causal, scale)
+
+
+SHAPES = [(1, 1), (1, 70), (70, 1), (17, 33), (33, 17), (32, 32), (16, 47), (5, 0), (0, 5)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(("sq", "sk"), SHAPES, ids=[f"{a}x{b}" for a, b in SHAPES])
+def test_edges(sq, sk, causal):
+    # Around the block sizes (16), Sq != Sk both ways, single rows and keys, empty sides.
+    q, k, v, scale = operands(2, sq, sk, 32, seed=sq * 100 + sk)
+    got = run(q, k, v, causal, SMALL[0], "device", scale)
+    check(got, q, k, v, causal, scale)
+
+
+@pytest.mark.parametrize(
+    ("causal", "layout"), [(False, "padded"), (True, "strided")], ids=["aligned", "strided"]
+)
+def test_head_dim_128(causal, layout):
+    q, k, v, scale = operands(1, 19, 35, 128, seed=128)
+    got = run(q, k, v, causal, Config(16, 16, 32), layout, scale)
+    check(got, q, k, v, causal, scale)
+
+
+@pytest.mark.parametrize("rising", [True, False], ids=["rising", "falling"])
+def test_online_rescaling(rising):
+    # Scores that climb (or fall) by ~60 from the first key tile to the last: with rising scores
+    # every tile raises the running max and rescales O by up to 2^-20 (falling: never).
+    z, sq, sk, d = 1, 16, 64, 16
+    q, k, v, _ = operands(z, sq, sk, d, seed=7)
+    q[:] = np.abs(q)
+    ramp = np.linspace(-1, 1, sk, dtype=np.float32)[:, None]
+    k[0] = np.float32(0.2) * k[0] + (ramp if rising else -ramp)
+    scale = 30 / d
+    got = run(q, k, v, False, SMALL[0], "host", scale)
+    check(got, q, k, v, False, scale)
+
+
+def test_broadcast_batch():
+    # k and v with a batch stride of 0 (one matrix for every batch), q per batch.
+    z, sq, sk, d = 3, 20, 30, 32
+    q, k, v, scale = operands(z, sq, sk, d, seed=3)
+    k1, v1 = k[:1], v[:1]
+    o = cuda.to_device(np.full((z, sq, d), np.nan, np.float32))
+    launch(
+        cuda.to_device(q), broadcast_batch(k1, z), broadcast_batch(v1, z), o, True, True,
+        SMALL[0], scale, d,
+    )  # fmt: skip
+    got = o.copy_to_host()
+    check(got, q, np.repeat(k1, z, 0), np.repeat(v1, z, 0), True, scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# The profile: traffic as the rule says, conflict-free shared memory
+# ---------------------------------------------------------------------------------------------
+
+
+def planned_kv_bytes(z, sq, sk, d, causal, config):
+    blocks = range(0, sq, config.block_q)
+    return 4 * d * z * sum(at.kv_rows(m0, sq, sk, causal, config) for m0 in blocks)
+
+
+def profiled(z, sq, sk, d, causal, config, layout):
+    from tessera_tile import sim
+
+    q, k, v, scale = operands(z, sq, sk, d, seed=11)
+    with sim.profile() as prof:
+        got = run(q, k, v, causal, config, layout, scale)
+    check(got, q, k, v, causal, scale)
+    assert prof.races == [] and prof.out_of_bounds == [], str(prof)
+    traffic = {arg: rw for (_, arg), rw in prof.traffic.items()}
+    kv = planned_kv_bytes(z, sq, sk, d, causal, config)
+    assert traffic["q"] == [4 * z * sq * d, 0]
+    assert traffic["k"] == [kv, 0]
+    assert traffic["v"] == [kv, 0]
+    assert traffic["o"] == [0, 4 * z * sq * d]
+    return prof
+
+
+@pytest.mark.sim_only(reason="the profiler exists only in the simulator")
+@pytest.mark.parametrize(
+    ("sq", "sk", "causal", "layout"),
+    [
+        (70, 70, True, "device"),  # the diagonal: later blocks read more tiles
+        (40, 70, True, "strided"),  # Sk > Sq: the diagonal shifts right
+        (70, 23, True, "device"),  # Sq > Sk: the first blocks read nothing
+        (33, 50, False, "strided"),
+    ],
+)
+def test_traffic_follows_the_rule(sq, sk, causal, layout):
+    prof = profiled(1, sq, sk, 16, causal, SMALL[0], layout)
+    assert prof.bank_conflicts == 0, str(prof)
+
+
+@pytest.mark.sim_only(reason="the profiler exists only in the simulator")
+@pytest.mark.parametrize(
+    ("d", "sq", "sk", "causal"),
+    [(16, 70, 100, True), (32, 40, 70, True), (64, 40, 70, False)],
+    ids=["d16", "d32", "d64"],
+)
+def test_default_config_profile(d, sq, sk, causal):
+    # The default configs: exact traffic, no bank conflict (Q, K, V and P tiles, cp.async
+    # copies included), no race.
+    config = at.default_config(d)
+    prof = profiled(1, sq, sk, d, causal, config, "device")
+    assert prof.shared_requests > 0
+    assert prof.bank_conflicts == 0, str(prof)
+
+
+def test_kv_rows_covers_every_allowed_key():
+    config = Config(16, 16, 32)
+    for sq in (0, 1, 15, 16, 17, 40):
+        for sk in (0, 1, 15, 16, 17, 40):
+            for causal in (False, True):
+                for m0 in range(0, sq, 16):
+                    rows = at.kv_rows(m0, sq, sk, causal, config)
+                    assert 0 <= rows <= sk
+                    last = min(m0 + 16, sq) - 1 + (sk - sq) if causal else sk - 1
+                    assert rows >= min(max(last + 1, 0), sk)  # no allowed key left out
+                    assert rows == sk or rows % 16 == 0  # whole tiles, cut at Sk
+
+
+# ---------------------------------------------------------------------------------------------
+# Factory and configs
+# ---------------------------------------------------------------------------------------------
+
+
+def test_factory_is_memoised_and_defaults_are_module_kernels():
+    assert at.simt_attention(64, False, True) is at.simt_attention(64, False, True, None)
+    assert at.simt_attention(64, True, False) is at.simt_attention(
+        64, True, False, at.default_config(64)
+    )
+    assert at.simt_attention(64, True, True) is at.attention_simt_d64_causal
+    assert at.simt_attention(128, False, False) is at.attention_simt_d128_strided
+    assert at.simt_attention(32, False, True) is not at.simt_attention(32, True, True)
+
+
+@pytest.mark.parametrize("d", at.HEAD_DIMS)
+def test_default_configs_fit(d):
+    config = at.default_config(d)
+    config.validate(d)
+    assert config.shared_bytes(d) <= 48 * 1024
+    assert at.threads(config) == config.threads
+
+
+@pytest.mark.parametrize(
+    ("d", "config", "message"),
+    [
+        (48, None, "head_dim"),
+        (64, Config(64, 32, 100), "multiple of 32"),
+        (64, Config(60, 32, 128), "block_q"),
+        (64, Config(64, 24, 128), "block_kv"),
+        (128, Config(64, 64, 128), "shared memory"),
+    ],
+)
+def test_bad_configs_are_refused(d, config, message):
+    with pytest.raises(ValueError, match=message):
+        at.simt_attention(d, False, True, config)
