@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _arrays as arrays
+from ._attention_ops import attention
 from ._matmul_ops import linear, matmul, mlp
 from ._prebuilt import (
     FLOATS,
@@ -47,8 +48,9 @@ from .kernels import softmax as _softmax
 from .kernels import transpose as _transpose
 
 __all__ = [
-    "argmax", "argmin", "cross_entropy", "layer_norm", "linear", "log_softmax", "matmul", "max",
-    "mean", "min", "mlp", "rms_norm", "softmax", "std", "sum", "transpose", "var",
+    "argmax", "argmin", "attention", "cross_entropy", "layer_norm", "linear", "log_softmax",
+    "matmul", "max", "mean", "min", "mlp", "rms_norm", "softmax", "std", "sum", "transpose",
+    "var",
 ]  # fmt: skip
 
 REDUCIBLE = tuple(np.dtype(d) for d in ("bool", "int32", "int64")) + FLOATS

@@ -199,10 +199,12 @@ class Profile:
 
 
 def explain_flops(op, *args, **kwargs) -> int:
-    """Counted FLOPs of a call of a fused function or of a prebuilt op built on one (0 for a
-    hand-written kernel with no Tile IR, such as transpose). Duck-typed: this layer sits below
-    the composer and the ops."""
+    """Counted FLOPs of a call of a fused function or of a prebuilt op: from its Tile IR, or
+    from the op's own count (matmul, attention); 0 for a data movement such as transpose.
+    Duck-typed: this layer sits below the composer and the ops."""
     target = op._plan(*args, **kwargs) if hasattr(op, "_plan") else None
+    if hasattr(target, "flops"):  # a hand-written product (matmul, attention) counts its own
+        return target.flops()
     fused = getattr(target, "fused", target)  # long-row layer norm keeps its fused twin
     if fused is not None and hasattr(fused, "fn"):
         op, args = fused.fn, fused.args

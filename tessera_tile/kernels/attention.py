@@ -98,30 +98,29 @@ class AttentionConfig(NamedTuple):
     def shared_bytes(self, head_dim: int) -> int:
         return 2 * head_dim * (self.block_q + 2 * self.num_stages * self.block_kv)
 
+    def validate(self, head_dim: int) -> None:
+        """Raise ``ValueError`` unless this config makes a kernel for ``head_dim``."""
+        if head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+        if self.block_kv not in (16, 32, 64, 128):
+            raise ValueError(f"block_kv must be 16, 32, 64 or 128, got {self.block_kv}")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"num_warps must be 1, 2, 4 or 8, got {self.num_warps}")
+        if self.num_stages not in (2, 3):
+            raise ValueError(f"num_stages must be 2 or 3, got {self.num_stages}")
+        if self.shared_bytes(head_dim) > MAX_STATIC_SHARED:
+            raise ValueError(
+                f"{self} needs {self.shared_bytes(head_dim)} B of shared memory for head_dim "
+                f"{head_dim}; the static limit is {MAX_STATIC_SHARED} B"
+            )
+        for rows in (self.block_q, self.block_kv):
+            _copies(rows, head_dim // CHUNK, self.threads)  # raises if the copy does not split
+
 
 def default_config(head_dim: int) -> AttentionConfig:
     """The anchor's schedule (4 warps, 64-key tiles, 2 stages); D = 128 takes 32-key tiles
     so that Q and two stages of K and V fit the 48 KiB of static shared memory."""
     return AttentionConfig(32 if head_dim > 64 else 64, 4, 2)
-
-
-def check_config(head_dim: int, cfg: AttentionConfig) -> None:
-    """ValueError naming what does not fit (``config`` is the ops' argument name)."""
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head dimension {head_dim} is not one of {HEAD_DIMS}")
-    if cfg.block_kv not in (16, 32, 64, 128):
-        raise ValueError(f"config.block_kv must be 16, 32, 64 or 128, got {cfg.block_kv}")
-    if cfg.num_warps not in (1, 2, 4, 8):
-        raise ValueError(f"config.num_warps must be 1, 2, 4 or 8, got {cfg.num_warps}")
-    if cfg.num_stages not in (2, 3):
-        raise ValueError(f"config.num_stages must be 2 or 3, got {cfg.num_stages}")
-    if cfg.shared_bytes(head_dim) > MAX_STATIC_SHARED:
-        raise ValueError(
-            f"config {tuple(cfg)} needs {cfg.shared_bytes(head_dim)} B of shared memory for "
-            f"D = {head_dim}, over the {MAX_STATIC_SHARED} B static limit"
-        )
-    for rows in (cfg.block_q, cfg.block_kv):
-        _copies(rows, head_dim // CHUNK, cfg.threads)  # raises if the copy does not split
 
 
 def kv_rows(m0: int, sq: int, sk: int, causal: bool, cfg: AttentionConfig) -> int:
@@ -163,7 +162,7 @@ def plan(z: int, sq: int, sk: int, d: int, causal: bool, cfg: AttentionConfig, i
 def flash_attention(head_dim: int, causal: bool, aligned: bool, config=None):
     """The ``cuda.jit`` kernel ``kernel(q, k, v, o, scale_log2)`` (module doc), memoised."""
     cfg = default_config(head_dim) if config is None else AttentionConfig(*config)
-    check_config(head_dim, cfg)
+    cfg.validate(head_dim)
     return _build(head_dim, bool(causal), bool(aligned), cfg)
 
 

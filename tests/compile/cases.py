@@ -29,6 +29,8 @@ BATCHED = "void(float32[:, :, ::1], float32[:, :, ::1], float32[::1], float32[:,
 BATCHED_F16 = "void(float16[:, :, ::1], float16[:, :, ::1], float16[::1], float16[:, :, ::1])"
 MM = "tessera_tile.kernels.matmul"
 SIMT = {"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 512}
+FLASH = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, ::1]")
+FLASH_ANY = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, :]")
 F16_MM = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
 ATT = "tessera_tile.kernels.attention_simt"
 ATT_ALIGNED = "void(" + "float32[:, :, ::1], " * 4 + "float32)"
@@ -265,4 +267,20 @@ CASES = [
         for causal in (False, True)
         for aligned in (True, False)
     ),
+    *(
+        Case(
+            "tessera_tile.kernels.attention",
+            name,
+            sig,
+            budget,
+            128,
+            {"HMMA.16816.F32": hmma, "LDSM": 1, "MUFU.EX2": 1},
+        )
+        for name, sig, budget, hmma in (
+            ("flash_attention_d64", FLASH, {"sm_80": 160, "sm_90": 160}, 192),
+            ("flash_attention_d64_causal", FLASH, {"sm_80": 160, "sm_90": 160}, 192),
+            ("flash_attention_d128", FLASH, {"sm_80": 232, "sm_90": 232}, 192),
+            ("flash_attention_d16_sync", FLASH_ANY, {"sm_80": 140, "sm_90": 140}, 48),
+        )
+    ),  # fmt: skip
 ]

@@ -1,0 +1,386 @@
+"""The ``attention`` prebuilt op: validation, broadcasting, launches, ``explain`` and ``inspect``.
+
+``attention(q, k, v)`` is ``softmax(q @ k^T * scale) @ v`` over ``(..., S, D)`` arrays in one
+flash-style kernel per launch: float16 on the tensor cores
+(:mod:`tessera_tile.kernels.attention`), float32 in float32 SIMT
+(:mod:`tessera_tile.kernels.attention_simt`). :mod:`tessera_tile.ops` re-exports it. Batch
+dimensions broadcast as in NumPy and become the grid's second axis as the matmul ops' do
+(:mod:`tessera_tile._matmul_geometry`): nothing is copied.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _arrays as arrays
+from ._matmul_geometry import (
+    Matrix,
+    array_type,
+    as_matrix,
+    first_address,
+    geometry,
+    layout,
+    matrix_view,
+    rows_aligned,
+)
+from ._prebuilt import PrebuiltOp, array_arg, check_out, source_of
+from .kernels import attention as tensor_cores
+from .kernels import attention_simt as simt
+
+__all__ = ["attention"]
+
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+
+
+@dataclass(frozen=True)
+class Family:
+    """The kernels of one dtype: their module (``HEAD_DIMS``, ``default_config``, ``kv_rows``),
+    kernel factory and config type."""
+
+    module: object
+    factory: object
+    config_type: type
+    compute: str  # what explain says of the arithmetic
+    unaligned: str  # how rows that are not 16-byte aligned are loaded
+
+
+FAMILIES = {
+    np.dtype(np.float16): Family(
+        tensor_cores,
+        tensor_cores.flash_attention,
+        tensor_cores.AttentionConfig,
+        "float16: tensor cores (mma.sync m16n8k16), float32 scores and statistics",
+        "synchronous guarded loads instead of cp.async",
+    ),
+    np.dtype(np.float32): Family(
+        simt,
+        simt.simt_attention,
+        simt.SimtAttentionConfig,
+        "float32: computed in float32 (SIMT FFMA), no tensor cores",
+        "4-byte cp.async copies of single elements instead of 16-byte ones",
+    ),
+}
+DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
+LOG2E = math.log2(math.e)
+NAMES = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class Launch:
+    index: tuple  # the batch index of the launch's first matrix
+    count: int  # matrices on the grid's second axis
+    aligned: bool  # every row 16-byte aligned on a contiguous inner axis: cp.async copies
+    signature: str
+
+
+@dataclass
+class Attention:
+    """One call of ``attention``, validated: operands, broadcast batch, scale, kernel family."""
+
+    q: arrays.Arg
+    k: arrays.Arg
+    v: arrays.Arg
+    causal: bool
+    scale: float
+    config: object  # the family's config (None: its default for D)
+    batch: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.q.dtype
+
+    @property
+    def family(self) -> Family:
+        """Tensor cores for float16, SIMT for float32."""
+        return FAMILIES[self.dtype]
+
+    @property
+    def sq(self) -> int:
+        return self.q.shape[-2]
+
+    @property
+    def sk(self) -> int:
+        return self.k.shape[-2]
+
+    @property
+    def d(self) -> int:
+        return self.q.shape[-1]
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (*self.batch, self.sq, self.d)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.sq and math.prod(self.batch))
+
+    def tile_config(self):
+        if self.config is not None:
+            return self.config
+        return self.family.module.default_config(self.d)
+
+    def kernel(self, aligned: bool):
+        return self.family.factory(self.d, self.causal, aligned, self.tile_config())
+
+    # launches ---------------------------------------------------------------------------
+    def _matrices(self, recs) -> list[Matrix]:
+        return [as_matrix(r, self.batch, None) for r in recs]
+
+    def plan_launches(self, recs):
+        """The geometry, the operands as matrices and the launches, for device records
+        ``(q, k, v, o)`` (or stand-ins with their layout)."""
+        mats = self._matrices(recs)
+        geo = geometry(self.batch, mats)
+        launches = []
+        for index, _z0, count in geo.indices():
+            one = count == 1
+            zs = (0,) * 4 if one else geo.z_strides
+            aligned = all(
+                rows_aligned(m, z, first_address(r, m, index))
+                for m, z, r in zip(mats, zs, recs, strict=True)
+            )
+            types = [
+                array_type(self.dtype, 3, layout(m, count, z))
+                for m, z in zip(mats, zs, strict=True)
+            ]
+            signature = f"void({', '.join(types)}, float32)"
+            launches.append(Launch(index, count, aligned, signature))
+        return geo, mats, launches
+
+    def launch(self, place: arrays.Placement, recs) -> None:
+        if self.empty:
+            return
+        geo, mats, launches = self.plan_launches(recs)
+        handles = [arrays.device_handle(r) for r in recs]
+        cfg = self.tile_config()
+        scale_log2 = np.float32(self.scale * LOG2E)
+        for launch in launches:
+            views = [
+                matrix_view(h, m, launch.index, launch.count, z)
+                for h, m, z in zip(handles, mats, geo.z_strides, strict=True)
+            ]
+            grid = (-(-self.sq // cfg.block_q), launch.count)
+            with np.errstate(all="ignore"):  # the simulator computes in NumPy
+                self.kernel(launch.aligned)[grid, cfg.threads, place.stream](*views, scale_log2)
+
+    def run(self, out, stream):
+        inputs = dict(zip(NAMES, (self.q, self.k, self.v), strict=True))
+        o = check_out(out, self.out_shape, self.dtype, inputs)
+        if o is not None and o.size and _repeats(o):
+            raise ValueError("out repeats memory (a stride of 0): its copies would race")
+        place = arrays.Placement(list(inputs.values()), [o], stream)
+        result = place.result(self.out_shape, self.dtype, o)
+        recs = [place.device(r) for r in (self.q, self.k, self.v)]
+        self.launch(place, [*recs, result])
+        return place.finish(result, o)
+
+    # reports ----------------------------------------------------------------------------
+    def _stand_ins(self):
+        """The device records a call would launch with (host operands as their contiguous,
+        aligned device copies; a new result)."""
+
+        def device_like(rec: arrays.Arg) -> arrays.Arg:
+            if rec.kind == arrays.DEVICE:
+                return rec
+            strides = arrays.contiguous_strides(rec.shape, rec.dtype.itemsize)
+            return arrays.Arg(arrays.DEVICE, None, rec.shape, strides, rec.dtype, DEVICE_ALIGN)
+
+        o_strides = arrays.contiguous_strides(self.out_shape, self.dtype.itemsize)
+        o = arrays.Arg(arrays.DEVICE, None, self.out_shape, o_strides, self.dtype, DEVICE_ALIGN)
+        return [device_like(r) for r in (self.q, self.k, self.v)] + [o]
+
+    def kv_tiles(self) -> tuple[int, int]:
+        """K/V tiles the call processes, and how many it would without causal skipping."""
+        cfg = self.tile_config()
+        z = math.prod(self.batch)
+        full = -(-self.sk // cfg.block_kv)
+        done = 0
+        for m0 in range(0, self.sq, cfg.block_q):
+            rows = self.family.module.kv_rows(m0, self.sq, self.sk, self.causal, cfg)
+            done += -(-rows // cfg.block_kv)
+        return z * done, z * full * (-(-self.sq // cfg.block_q))
+
+    def predicted_bytes(self) -> int:
+        """Q read once, K and V once per block of query rows up to its last visible key (whole
+        tiles, none past Sk), O written once: what the profiler measures."""
+        if self.empty:
+            return 0
+        cfg = self.tile_config()
+        rows = sum(
+            self.family.module.kv_rows(m0, self.sq, self.sk, self.causal, cfg)
+            for m0 in range(0, self.sq, cfg.block_q)
+        )
+        z, item = math.prod(self.batch), self.dtype.itemsize
+        return z * item * self.d * (2 * self.sq + 2 * rows)
+
+    def naive_bytes(self) -> int:
+        """Three kernels, each reading and writing the minimum: S = Q K^T (writes the Sq x Sk
+        scores), P = softmax(S) (reads and writes them), O = P V (reads them)."""
+        z, item = math.prod(self.batch), self.dtype.itemsize
+        qkvo = z * item * self.d * (2 * self.sq + 2 * self.sk)
+        return qkvo + 4 * z * item * self.sq * self.sk
+
+    def flops(self) -> int:
+        """The two products of the tiles processed (masked tiles counted whole)."""
+        cfg = self.tile_config()
+        done, _ = self.kv_tiles()
+        return 4 * done * cfg.block_q * cfg.block_kv * self.d
+
+    def explain(self):
+        from .fusion import Explain
+
+        _, _, launches = self.plan_launches(self._stand_ins())
+        if self.empty:
+            launches = []
+        kernels = {launch.aligned: self.kernel(launch.aligned) for launch in launches}
+        cfg = self.tile_config()
+        done, full = self.kv_tiles()
+        reasons = [self.family.compute]
+        if any(not launch.aligned for launch in launches):
+            reasons.append(
+                "some rows are not 16-byte aligned on a contiguous inner axis: "
+                + self.family.unaligned
+            )
+        reasons.append(
+            f"one kernel per op (S = Q K^T, P = softmax(S), P V) would write and read the "
+            f"{self.sq} x {self.sk} scores of each head: {self.naive_bytes()} B in all; here "
+            "they stay on chip and the traffic is linear in S"
+        )
+        if self.causal:
+            reasons.append(
+                f"causal: {full - done} of {full} K/V tiles lie above the diagonal and are "
+                "skipped (no load, no math)"
+            )
+        stages = [
+            f"{kern.py_func.__name__}: softmax(q @ k^T * {self.scale:.4g}) @ v, Sq {self.sq} x "
+            f"Sk {self.sk}, D {self.d}, batch {self.batch or '()'}; "
+            f"{-(-self.sq // cfg.block_q) * math.prod(self.batch)} block(s) of {cfg.threads} "
+            f"threads, {cfg.block_q} query rows each; {done} K/V tiles of {cfg.block_kv} keys "
+            "in all; the scores stay on chip (online softmax)"
+            for kern in kernels.values()
+        ]
+        return Explain(
+            kernels=len(kernels),
+            ir="hand-written flash attention (no Tile IR)",
+            source="\n\n".join(source_of(k) for k in list(kernels.values())[:1]),
+            bytes_fused=self.predicted_bytes(),
+            bytes_unfused=self.naive_bytes(),
+            reasons=reasons,
+            stages=stages,
+        )
+
+    def inspect(self, arch: str) -> list:
+        from . import inspect as offline
+
+        if self.empty:
+            return []
+        _, _, launches = self.plan_launches(self._stand_ins())
+        seen, reports = set(), []
+        for launch in launches:
+            key = (launch.aligned, launch.signature)
+            if key not in seen:
+                seen.add(key)
+                kern = self.kernel(launch.aligned)
+                threads = self.tile_config().threads
+                reports.append(offline.compile(kern, launch.signature, arch=arch, block=threads))
+        return reports
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+
+
+def _operands(q, k, v):
+    recs = [
+        array_arg(x, name, DTYPES, "attention") for x, name in zip((q, k, v), NAMES, strict=True)
+    ]
+    for rec, name in zip(recs, NAMES, strict=True):
+        if len(rec.shape) < 2:
+            raise ValueError(f"{name} has shape {rec.shape}; attention takes (..., S, D) arrays")
+    q, k, v = recs
+    for rec, name in ((k, "k"), (v, "v")):
+        if rec.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {rec.dtype}, q has {q.dtype}: they must match")
+        if rec.shape[-1] != q.shape[-1]:
+            raise ValueError(
+                f"{name} has head dimension {rec.shape[-1]}, q has {q.shape[-1]}: they must match"
+            )
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v has {v.shape[-2]} keys, k has {k.shape[-2]}: they must match")
+    return recs
+
+
+def _repeats(rec: arrays.Arg) -> bool:
+    return any(n > 1 and st == 0 for n, st in zip(rec.shape, rec.strides, strict=True))
+
+
+def _batch(q, k, v) -> tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+    except ValueError:
+        raise ValueError(
+            f"the batch shapes of q {q.shape[:-2]}, k {k.shape[:-2]} and v {v.shape[:-2]} do "
+            "not broadcast"
+        ) from None
+
+
+def _scale(scale, d: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def _config(config, family: Family, d: int):
+    if config is None:
+        return None
+    expected = family.config_type
+    if not isinstance(config, expected):
+        raise TypeError(
+            f"config must be None or a {expected.__module__}.{expected.__name__} for these "
+            f"inputs, got {type(config).__name__}"
+        )
+    try:
+        config.validate(d)
+    except ValueError as e:
+        raise ValueError(f"config: {e}") from None
+    return config
+
+
+def attention(q, k, v, *, causal=False, scale=None, config=None):
+    """``softmax(q @ k^T * scale) @ v`` in one flash-attention kernel: the ``Sq x Sk`` score
+    matrix is never written to memory.
+
+    ``q``: ``(..., Sq, D)``, ``k`` and ``v``: ``(..., Sk, D)``, leading dimensions broadcast
+    as in NumPy; D in {16, 32, 64, 128}. ``scale`` defaults to ``1 / sqrt(D)``.
+    ``causal=True`` masks key ``j > i + Sk - Sq`` (aligned to the bottom right, as PyTorch's
+    ``is_causal``); tiles above the diagonal are skipped. A query row with no visible key
+    (``Sk = 0``, or causal with ``Sq > Sk``) gives zeros, as PyTorch's math backend.
+
+    float16 in, float16 out, on the tensor cores with float32 softmax statistics; float32 in,
+    float32 out, computed in float32. ``config``: an
+    :class:`tessera_tile.kernels.attention.AttentionConfig` (float16) or
+    :class:`tessera_tile.kernels.attention_simt.SimtAttentionConfig` (float32); default, the
+    family's :func:`default_config` for D. ``out=`` and ``stream=`` as for every op.
+    """
+    q, k, v = _operands(q, k, v)
+    batch = _batch(q, k, v)
+    d = q.shape[-1]
+    family = FAMILIES[q.dtype]
+    if d not in family.module.HEAD_DIMS:
+        raise ValueError(
+            f"q has head dimension {d}; attention supports D in {family.module.HEAD_DIMS}"
+        )
+    if not isinstance(causal, bool | np.bool_):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    return Attention(q, k, v, bool(causal), _scale(scale, d), _config(config, family, d), batch)
+
+
+attention = PrebuiltOp(attention)
