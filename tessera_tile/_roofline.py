@@ -29,6 +29,10 @@ DTYPE = "float32"
 MATMUL_SHAPE = (128, 128)
 MATMUL_DTYPE = "float16"
 MATMUL_OPS = ("linear", "matmul", "mlp")
+# Attention at one head of 128 queries and keys, D = 64 (float16: tensor cores): two K/V tiles
+# per block of 64 query rows.
+ATTENTION_SHAPE = (128, 64)
+ATTENTION_DTYPE = "float16"
 
 
 def stand_ins(name: str, shape: tuple, dtype: str, hidden: int | None = None) -> tuple:
@@ -40,7 +44,8 @@ def stand_ins(name: str, shape: tuple, dtype: str, hidden: int | None = None) ->
     family reads ``shape`` as (M, K) and multiplies by square weights: matmul ``b = zeros(K,
     K)``; linear ``w = zeros(K, K)``, ``bias = zeros(K)``; mlp ``w1 = zeros(K, H)``, ``b1 =
     zeros(H)``, ``w2 = zeros(H, K)``, ``b2 = zeros(K)`` with ``H = hidden``, default ``4 K`` (a
-    transformer's MLP). Other arguments keep the op's defaults (reductions over every axis,
+    transformer's MLP). attention reads ``shape`` as ``(..., S, D)`` and takes ``q = k = v =
+    x``. Other arguments keep the op's defaults (reductions over every axis,
     softmax over the last, no activation for linear, gelu for mlp).
     """
     x = np.zeros(shape, dtype)
@@ -59,6 +64,8 @@ def stand_ins(name: str, shape: tuple, dtype: str, hidden: int | None = None) ->
     if name == "mlp":
         w1, w2 = np.zeros((n, h), dtype), np.zeros((h, n), dtype)
         return (x, w1, np.zeros(h, dtype), w2, np.zeros(n, dtype)), {}
+    if name == "attention":
+        return (x, x, x), {}
     return (x,), {}
 
 
@@ -93,6 +100,8 @@ def _measure_here(shape: tuple, dtype: str) -> list[dict]:
         op = getattr(ops, name)
         big = name in MATMUL_OPS
         at, dt = (MATMUL_SHAPE, MATMUL_DTYPE) if big else (shape, dtype)
+        if name == "attention":
+            at, dt = ATTENTION_SHAPE, ATTENTION_DTYPE
         hidden = at[-1] if big else None
         args, kwargs = stand_ins(name, at, dt, hidden)
         with sim.profile() as prof:
