@@ -7,6 +7,7 @@
     c = tuned.matmul(a, b)                 # ops.matmul with the TileConfig tt.autotune chose
     tuned.matmul.choose(a, b)              # that TileConfig
     y = tuned.linear(x, w, bias, "gelu")   # ops.linear likewise
+    tuned.matmul_tf32.choose(a, b)         # the TF32 tiles of precision="tf32" calls
 
 ``ops.matmul``, ``ops.linear`` and ``ops.mlp`` called without ``config=`` take the same choice:
 the first call per shape bucket and dtype tunes (the analytic model,
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 from ._matmul_ops import TUNED_LINEAR as linear
 from ._matmul_ops import TUNED_MATMUL as matmul
+from ._matmul_ops import TUNED_MATMUL_TF32 as matmul_tf32
 from ._matmul_ops import tile_model as model
 from .tile_config import CHOICES as CONFIGS
 
-__all__ = ["CONFIGS", "linear", "matmul", "model"]
+__all__ = ["CONFIGS", "linear", "matmul", "matmul_tf32", "model"]
