@@ -281,60 +281,44 @@ def _ldmatrix_twin(count: int, trans: bool):
     return twin
 
 
-def _mma_compute(args: dict) -> dict:
-    a = np.empty((16, 16), np.float64)
-    b = np.empty((16, 8), np.float64)
-    c = np.empty((16, 8), np.float64)
-    for lane, (ra, rb, rc) in args.items():
-        for i, h in enumerate(_halves(ra, 4)):
-            a[_a_coord(lane, i)] = h
-        for i, h in enumerate(_halves(rb, 2)):
-            b[_b_coord(lane, i)] = h
-        for i in range(4):
-            c[_c_coord(lane, i)] = rc[i]
-    with np.errstate(invalid="ignore", over="ignore"):
-        d = (a @ b + c).astype(np.float32)
-    return {lane: tuple(d[_c_coord(lane, i)] for i in range(4)) for lane in args}
+def _mma_twin_of(name: str, kind: str, k: int, values, a_coord, b_coord):
+    """The twin of an ``m16n8k{k}`` mma: the warp's fragments gathered by the PTX layouts
+    (``values`` unpacks a lane's registers), multiplied exactly, summed in float64 and rounded
+    once to float32, as the tensor core keeps at least float32 precision in its sums."""
+
+    def compute(args: dict) -> dict:
+        a = np.empty((16, k), np.float64)
+        b = np.empty((k, 8), np.float64)
+        c = np.empty((16, 8), np.float64)
+        for lane, (ra, rb, rc) in args.items():
+            for i, v in enumerate(values(ra, 4)):
+                a[a_coord(lane, i)] = v
+            for i, v in enumerate(values(rb, 2)):
+                b[b_coord(lane, i)] = v
+            for i in range(4):
+                c[_c_coord(lane, i)] = rc[i]
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = (a @ b + c).astype(np.float32)
+        return {lane: tuple(d[_c_coord(lane, i)] for i in range(4)) for lane in args}
+
+    sim.register_aligned(kind, compute)
+
+    def twin(a, b, c):
+        if len(a) != 4 or len(b) != 2 or len(c) != 4:
+            raise sim.SimulationError(
+                f"{name} takes 4 A, 2 B and 4 C registers, got {len(a)}, {len(b)}, {len(c)}"
+            )
+        c32 = tuple(np.float32(x) for x in c)
+        return sim.aligned_collective(kind, (tuple(a), tuple(b), c32))
+
+    twin.__name__ = twin.__qualname__ = f"{name}_twin"
+    return twin
 
 
-sim.register_aligned("mma.m16n8k16", _mma_compute)
-
-
-def _mma_twin(a, b, c):
-    if len(a) != 4 or len(b) != 2 or len(c) != 4:
-        raise sim.SimulationError(
-            f"mma_m16n8k16 takes 4 A, 2 B and 4 C registers, got {len(a)}, {len(b)}, {len(c)}"
-        )
-    c32 = tuple(np.float32(x) for x in c)
-    return sim.aligned_collective("mma.m16n8k16", (tuple(a), tuple(b), c32))
-
-
-def _mma_tf32_compute(args: dict) -> dict:
-    a = np.empty((16, 8), np.float64)
-    b = np.empty((8, 8), np.float64)
-    c = np.empty((16, 8), np.float64)
-    for lane, (ra, rb, rc) in args.items():
-        for i, v in enumerate(_tf32_values(ra, 4)):
-            a[_a_coord_tf32(lane, i)] = v
-        for i, v in enumerate(_tf32_values(rb, 2)):
-            b[_b_coord_tf32(lane, i)] = v
-        for i in range(4):
-            c[_c_coord(lane, i)] = rc[i]
-    with np.errstate(invalid="ignore", over="ignore"):
-        d = (a @ b + c).astype(np.float32)  # exact products, float64 sums, one rounding
-    return {lane: tuple(d[_c_coord(lane, i)] for i in range(4)) for lane in args}
-
-
-sim.register_aligned("mma.m16n8k8.tf32", _mma_tf32_compute)
-
-
-def _mma_tf32_twin(a, b, c):
-    if len(a) != 4 or len(b) != 2 or len(c) != 4:
-        raise sim.SimulationError(
-            f"mma_m16n8k8_tf32 takes 4 A, 2 B and 4 C registers, got {len(a)}, {len(b)}, {len(c)}"
-        )
-    c32 = tuple(np.float32(x) for x in c)
-    return sim.aligned_collective("mma.m16n8k8.tf32", (tuple(a), tuple(b), c32))
+_mma_twin = _mma_twin_of("mma_m16n8k16", "mma.m16n8k16", 16, _halves, _a_coord, _b_coord)
+_mma_tf32_twin = _mma_twin_of(
+    "mma_m16n8k8_tf32", "mma.m16n8k8.tf32", 8, _tf32_values, _a_coord_tf32, _b_coord_tf32
+)
 
 
 def _to_tf32_twin(x):

@@ -45,7 +45,6 @@ ldmatrix and cp.async). ``D = 64``, 64-key tiles, 2 stages: 40 KiB, as the CUDA 
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -429,8 +428,6 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
     )
     return cuda.jit(kernel)
 
-
-LOG2E = math.log2(math.e)
 
 # The configurations the compile tier builds (module-level kernels: one compile case each).
 flash_attention_d64 = flash_attention(64, False, True)

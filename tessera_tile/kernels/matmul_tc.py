@@ -510,6 +510,21 @@ def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
             cp_async_wait_group(lag)
         cuda.syncthreads()
 
+    mma = mma_m16n8k8_tf32 if tf32 else mma_m16n8k16
+
+    @cuda.jit(device=True, **_INLINE)
+    def multiply(fa, fb, acc):
+        """The warp tile's mt x nt mma of one k-step on its A and B fragments."""
+        for i in range(mt):
+            for j in range(nt):
+                d = mma(
+                    (fa[i, 0], fa[i, 1], fa[i, 2], fa[i, 3]),
+                    (fb[j, 0], fb[j, 1]),
+                    (acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3]),
+                )
+                for q in range(4):
+                    acc[i, j, q] = d[q]
+
     @cuda.jit(device=True, **_INLINE)
     def k_step_tf32(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
         """One k8 step of the warp tile: A fragments by ldmatrix on the float32 tile, B by
@@ -524,15 +539,7 @@ def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
             for h in range(2):
                 row = 8 * ks + 4 * h
                 fb[j, h] = sb[b_base + b_off[j % 4] + 32 * (j // 4) + tile_n * row]
-        for i in range(mt):
-            for j in range(nt):
-                d = mma_m16n8k8_tf32(
-                    (fa[i, 0], fa[i, 1], fa[i, 2], fa[i, 3]),
-                    (fb[j, 0], fb[j, 1]),
-                    (acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3]),
-                )
-                for q in range(4):
-                    acc[i, j, q] = d[q]
+        multiply(fa, fb, acc)
 
     @cuda.jit(device=True, **_INLINE)
     def k_step_f16(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
@@ -547,15 +554,7 @@ def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
             fb[2 * j, 1] = f[1]
             fb[2 * j + 1, 0] = f[2]
             fb[2 * j + 1, 1] = f[3]
-        for i in range(mt):
-            for j in range(nt):
-                d = mma_m16n8k16(
-                    (fa[i, 0], fa[i, 1], fa[i, 2], fa[i, 3]),
-                    (fb[j, 0], fb[j, 1]),
-                    (acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3]),
-                )
-                for q in range(4):
-                    acc[i, j, q] = d[q]
+        multiply(fa, fb, acc)
 
     k_step = k_step_tf32 if tf32 else k_step_f16
 
