@@ -1,5 +1,5 @@
-"""Every prebuilt op of ``tessera_tile.ops`` on device arrays, checked against NumPy, with the
-global traffic each one moves.
+"""The prebuilt ops of ``tessera_tile.ops`` (all but the matmul family: docs/matmul.md) on device
+arrays, checked against NumPy, with the global traffic each one moves.
 
 On a GPU the arrays are CuPy arrays (numba device arrays without CuPy): CuPy in, CuPy out,
 nothing copied through the host by the ops. Without one, run it in the simulator
@@ -36,6 +36,15 @@ def softmax_ref(x):
     return e / e.sum(-1, keepdims=True)
 
 
+def attention_ref(q, k, v):
+    """Causal attention, bottom-right aligned (key j visible to query i iff j <= i + Sk - Sq)."""
+    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    sq, sk = s.shape[-2:]
+    s = np.where(np.arange(sk) <= np.arange(sq)[:, None] + (sk - sq), s, -np.inf)
+    return softmax_ref(s) @ v
+
+
 def cases(rows: int = 8, cols: int = 300, seed: int = 0):
     """(name, op, host args, kwargs, float64 NumPy reference) for every op."""
     rng = np.random.default_rng(seed)
@@ -48,6 +57,7 @@ def cases(rows: int = 8, cols: int = 300, seed: int = 0):
     rms = x64 / np.sqrt((x64**2).mean(-1, keepdims=True) + 1e-6) * w
     lse = np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1)) + x64.max(-1)
     ce = lse - x64[np.arange(rows), t]
+    q, k, v = (rng.standard_normal((2, n, 32)).astype(np.float32) for n in (40, 50, 50))
     return [
         ("softmax", ops.softmax, (x,), {}, softmax_ref(x64)),
         ("log_softmax", ops.log_softmax, (x,), {}, np.log(softmax_ref(x64))),
@@ -63,6 +73,7 @@ def cases(rows: int = 8, cols: int = 300, seed: int = 0):
         ("argmax", ops.argmax, (x,), {"axis": -1}, x.argmax(-1)),
         ("argmin", ops.argmin, (x,), {"axis": 0}, x.argmin(0)),
         ("transpose", ops.transpose, (x,), {}, x64.T),
+        ("attention", ops.attention, (q, k, v), {"causal": True}, attention_ref(q, k, v)),
     ]  # fmt: skip
 
 
