@@ -72,7 +72,7 @@ from typing import NamedTuple
 from numba import cuda, float32, int32, uint32
 
 from .. import _config
-from .._fusion.device import exp2_approx, rcp_approx
+from .._fusion.device import exp2_approx, max_nan, rcp_approx
 from ..memory import load16_shared, store16
 from ..pipeline import (
     SHARED_ALIGN,
@@ -392,12 +392,12 @@ def _simt_attention(head_dim: int, causal: bool, aligned: bool, config: SimtAtte
 
             # Online softmax: the row max over the row group's 8 lanes, rescale, P -> shared
             for i in range(tm):
-                mx = m_run[i]
+                mx = m_run[i]  # NaN-propagating: a NaN score makes its row NaN, as in NumPy
                 for j in range(tn):
-                    mx = max(mx, s[i, j])
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 1))
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
-                mx = max(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 4))
+                    mx = max_nan(mx, s[i, j])
+                mx = max_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 1))
+                mx = max_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 2))
+                mx = max_nan(mx, cuda.shfl_xor_sync(FULL_MASK, mx, 4))
                 base = mx if mx != NEG_INF else ZERO  # no key yet: every weight is 0
                 alpha = exp2_approx(m_run[i] - base)
                 m_run[i] = mx
@@ -438,7 +438,7 @@ def _simt_attention(head_dim: int, causal: bool, aligned: bool, config: SimtAtte
             total += cuda.shfl_xor_sync(FULL_MASK, total, 1)
             total += cuda.shfl_xor_sync(FULL_MASK, total, 2)
             total += cuda.shfl_xor_sync(FULL_MASK, total, 4)
-            inv = rcp_approx(total) if total > ZERO else ZERO
+            inv = ZERO if total == ZERO else rcp_approx(total)  # no visible key: 0
             row = m0 + ty + i * groups
             if row < sq:
                 for h in range(nh):

@@ -175,6 +175,26 @@ def test_scale(side, scale, dtype):
         check(got, q, k, v, causal, scale)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_nan_propagates_as_in_numpy(side, dtype):
+    """A NaN in q poisons its row; a NaN in k every row that sees that key (causal: the rows
+    at or below it); the other rows are untouched."""
+    q, k, v = operands(np.random.default_rng(11), (20, 16), (20, 16), dtype)
+    q[3, 5] = np.nan
+    k[12, 0] = np.nan
+    got = back(ops.attention(*on(side, q, k, v), causal=True), side)
+    nan_rows = np.isnan(got).any(axis=-1)
+    expected = np.zeros(20, bool)
+    expected[3] = True
+    expected[12:] = True
+    np.testing.assert_array_equal(nan_rows, expected)
+    rows = ~expected
+    want = attention_reference(q, k, v, True, 0.25)[rows]
+    assert np.abs(got[rows].astype(np.float64) - want).max() < (
+        1e-2 if dtype == np.float16 else 1e-5
+    )
+
+
 def test_out_and_inputs_unchanged(side):
     q, k, v = operands(np.random.default_rng(8), (2, 17, 16), (2, 19, 16))
     copies = [x.copy() for x in (q, k, v)]
