@@ -31,7 +31,8 @@ with no key (``Sk = 0``, or causal with ``Sq > Sk``) gets 0, as PyTorch's math b
 
 Causal (``key j <= i + Sk - Sq``, aligned to the bottom right): a block stops at its last
 visible key (:func:`kv_rows`: fully masked tiles are neither loaded nor computed), and only the
-tiles that cross the diagonal, or the end of K, are masked element by element.
+tiles that cross the diagonal, or the end of K, are masked element by element. Block ``x``
+takes the query rows of block ``gridDim.x - 1 - x``, so the longest blocks start first.
 
 A negative scale is folded into Q's fragments (their sign bits flipped once), so that
 ``max(s) * c`` is the row maximum of the scaled scores; ``c`` is clamped at the smallest
@@ -319,6 +320,8 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
         warp = tid // WARP_SIZE
         bz = cuda.blockIdx.y
         m0 = cuda.blockIdx.x * block_q
+        if causal:  # the blocks with the most tiles first: the light ones fill the last wave
+            m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * block_q
         sq_len = int32(q.shape[1])
         sk_len = int32(k.shape[1])
         shift_keys = sk_len - sq_len  # causal: key j is visible to query i iff j <= i + shift
