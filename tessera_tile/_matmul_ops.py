@@ -332,8 +332,8 @@ class Product:
     def predicted_bytes(self, cfg: TileConfig) -> int:
         """Global bytes of the kernel(s) launched with ``cfg``: A once per column of C tiles,
         B once per row of them, C written once; the bias once per row of C tiles (SIMT: staged
-        per block), or by each of the 8 lane groups of each warp row (tensor cores: read in
-        the epilogue)."""
+        per block), or once per warp row (tensor cores: read in the epilogue by one lane group
+        and shuffled to the other 7)."""
         z = math.prod(self.batch)
         m, n, k = self.m, self.n, self.k
         rows, cols = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
@@ -345,7 +345,7 @@ class Product:
             reads = 1
             if cfg.dtype != "float32":  # the tensor-core kernels' epilogue
                 c = cfg
-                reads = 8 * tc.TensorCoreConfig(c.tile_m, c.tile_n, c.tile_k, c.num_warps).warps_m
+                reads = tc.TensorCoreConfig(c.tile_m, c.tile_n, c.tile_k, c.num_warps).warps_m
             nbytes += z * rows * n * self.bias.dtype.itemsize * reads
         return nbytes
 

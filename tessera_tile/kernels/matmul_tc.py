@@ -237,7 +237,7 @@ class Plan(NamedTuple):
     block: tuple[int, int, int]
     bytes_a: int  # A is read once per column of output tiles
     bytes_b: int  # B once per row of output tiles
-    bytes_bias: int  # each thread reads its columns' bias once (8 x warps_m per block column)
+    bytes_bias: int  # each warp reads its columns' bias once (warps_m times per block column)
     bytes_c: int  # C written once
 
     @property
@@ -255,7 +255,7 @@ def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = ANCHOR) 
             raise ValueError(f"{name} must be >= 0, got {v}")
     tiles_m = -(-m // config.tile_m)
     tiles_n = -(-n // config.tile_n)
-    bias = 4 * batch * tiles_m * n * 8 * config.warps_m if config.has_bias else 0
+    bias = 4 * batch * tiles_m * n * config.warps_m if config.has_bias else 0
     item = config.itemsize
     return Plan(
         grid=(tiles_n, tiles_m, batch),
@@ -701,17 +701,19 @@ def _epilogue(mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pai
     by statement (generated source, inlined): as loops, LLVM leaves the outer one rolled once
     the activation is large (gelu's erf), and the accumulators then go through local memory.
     """
-    lines = ["def epilogue(acc, c, bias, bz, row_base, col_base, m, n):"]
+    lines = ["def epilogue(acc, c, bias, bz, row_base, col_base, m, n):", "    lane = cuda.laneid"]
     for j in range(nt):
         lines.append(f"    col = col_base + {8 * j}")
-        if has_bias:
+        if has_bias:  # the 4 lanes of group 0 read the pair; shuffles give it to the 7 others
             lines += [
                 "    b0 = ZERO",
                 "    b1 = ZERO",
-                "    if col < n:",
-                "        b0 = bias[col]",
-                "    if col + 1 < n:",
-                "        b1 = bias[col + 1]",
+                "    if lane < 4 and col < n:",
+                "        b0 = float32(bias[col])",
+                "    if lane < 4 and col + 1 < n:",
+                "        b1 = float32(bias[col + 1])",
+                "    b0 = cuda.shfl_sync(FULL_MASK, b0, lane & 3)",
+                "    b1 = cuda.shfl_sync(FULL_MASK, b1, lane & 3)",
             ]
         for i in range(mt):
             for h in range(2):
@@ -728,7 +730,10 @@ def _epilogue(mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pai
                         "        if col + 1 < n:",
                         "            c[bz, row, col + 1] = v1",
                     ]
-    namespace = {"ZERO": ZERO, "act": act, "store_pair": store_pair}
+    namespace = {
+        "ZERO": ZERO, "act": act, "store_pair": store_pair, "cuda": cuda, "float32": float32,
+        "FULL_MASK": 0xFFFFFFFF,
+    }  # fmt: skip
     exec("\n".join(lines), namespace)  # noqa: S102 - our own generated code
     return cuda.jit(device=True, **_INLINE)(namespace["epilogue"])
 
