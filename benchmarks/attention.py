@@ -4,6 +4,7 @@ the simulator measures next to a naive three-kernel version. Prints tables; asse
     python benchmarks/attention.py model     # predicted bytes, FLOPs, H100 roofline bound
     python benchmarks/attention.py sass      # compiled offline for sm_80 and sm_90 (no GPU)
     python benchmarks/attention.py traffic   # simulator: measured bytes, S = 64 and 256
+    python benchmarks/attention.py gpu       # a GPU: ms and TFLOP/s vs CuPy's three kernels
     python benchmarks/attention.py           # all of them
 
 The roofline figures are a MODEL, not a measurement: time >= max(FLOPs / peak, bytes / 3.35
@@ -124,5 +125,52 @@ def traffic() -> None:
     console.print(table)
 
 
+def naive(xp, q, k, v, scale):
+    """Three kernels' worth of ``xp`` (CuPy): the S x S scores written, a float32 softmax,
+    P @ V."""
+    s = (q @ k.swapaxes(-1, -2)).astype(xp.float32) * scale
+    p = xp.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return p.astype(q.dtype) @ v
+
+
+def gpu() -> None:
+    from numba import cuda
+
+    if not cuda.is_available():
+        console.print("gpu: skipped, no CUDA GPU on this machine (nothing was timed)")
+        return
+    import cupy as cp
+
+    from tessera_tile import ops
+
+    for s in (1024, 4096):
+        q, k, v = (cp.random.standard_normal((4, 16, s, 64)).astype(cp.float16) for _ in range(3))
+        flops = 4 * 4 * 16 * s * s * 64
+        calls = (
+            ("tessera_tile", lambda q=q, k=k, v=v: ops.attention(q, k, v)),
+            ("cupy, 3 kernels", lambda q=q, k=k, v=v: naive(cp, q, k, v, 0.125)),
+        )
+        diff = float(cp.abs(calls[0][1]() - calls[1][1]()).max())
+        console.print(f"S {s}: largest difference between the two results {diff:.2e}")
+        for label, fn in calls:
+            fn()
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            for _ in range(10):
+                fn()
+            stop.record()
+            stop.synchronize()
+            seconds = cp.cuda.get_elapsed_time(start, stop) / 1e3 / 10
+            console.print(
+                f"{label:16} 4 x 16 heads, S {s}, D 64, float16: {seconds * 1e3:.3f} ms, "
+                f"{flops / seconds / 1e12:.1f} TFLOP/s"
+            )
+
+
 if __name__ == "__main__":
-    run(__doc__, {"model": model, "sass": sass, "traffic": traffic}, frozenset({"traffic"}))
+    run(
+        __doc__,
+        {"model": model, "sass": sass, "traffic": traffic, "gpu": gpu},
+        frozenset({"traffic"}),
+    )
