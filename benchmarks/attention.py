@@ -143,6 +143,7 @@ def gpu() -> None:
     import cupy as cp
 
     from tessera_tile import ops
+    from tessera_tile._bench_ref import time_ms
 
     for s in (1024, 4096):
         q, k, v = (cp.random.standard_normal((4, 16, s, 64)).astype(cp.float16) for _ in range(3))
@@ -154,14 +155,7 @@ def gpu() -> None:
         diff = float(cp.abs(calls[0][1]() - calls[1][1]()).max())
         console.print(f"S {s}: largest difference between the two results {diff:.2e}")
         for label, fn in calls:
-            fn()
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            for _ in range(10):
-                fn()
-            stop.record()
-            stop.synchronize()
-            seconds = cp.cuda.get_elapsed_time(start, stop) / 1e3 / 10
+            seconds = time_ms(fn) / 1e3
             console.print(
                 f"{label:16} 4 x 16 heads, S {s}, D 64, float16: {seconds * 1e3:.3f} ms, "
                 f"{flops / seconds / 1e12:.1f} TFLOP/s"

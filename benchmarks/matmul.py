@@ -192,6 +192,7 @@ def gpu() -> None:
     import cupy as cp
 
     from tessera_tile import ops
+    from tessera_tile._bench_ref import time_ms
 
     for n in (1024, 2048, 4096):
         a = cp.random.standard_normal((n, n), dtype=cp.float32)
@@ -202,14 +203,7 @@ def gpu() -> None:
             ("cupy", lambda a=a, b=b: a @ b),
         )
         for label, fn in calls:
-            fn()
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            for _ in range(10):
-                fn()
-            stop.record()
-            stop.synchronize()
-            seconds = cp.cuda.get_elapsed_time(start, stop) / 1e3 / 10
+            seconds = time_ms(fn) / 1e3
             console.print(f"{label:17} {n}^3 float32: {2 * n**3 / seconds / 1e12:.1f} TFLOP/s")
 
 

@@ -548,14 +548,19 @@ def to_tf32(typingctx, x):
     return types.float32(x), codegen
 
 
+def _check_pair_store(name: str, dtype, out, index, x0, x1) -> None:
+    """Typing errors of a two-element store ``name`` into a ``dtype`` array."""
+    check_index(name, out, index)
+    if out.dtype != dtype:
+        raise NumbaTypeError(f"{name} stores into a {dtype} array, got {out.dtype}")
+    for x in (x0, x1):
+        if not isinstance(x, types.Number):
+            raise NumbaTypeError(f"{name} stores numbers, got {x}")
+
+
 def _make_pair_store(space: str):
     def impl(typingctx, out, index, x0, x1):
-        check_index("store_f16x2", out, index)
-        if out.dtype != types.float16:
-            raise NumbaTypeError(f"store_f16x2 stores into a float16 array, got {out.dtype}")
-        for x in (x0, x1):
-            if not isinstance(x, types.Number):
-                raise NumbaTypeError(f"store_f16x2 stores numbers, got {x}")
+        _check_pair_store("store_f16x2", types.float16, out, index, x0, x1)
 
         def codegen(context, builder, sig, args):
             ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
@@ -619,12 +624,7 @@ def store_f32x2(typingctx, out, index, x0, x1):
     """``store_f32x2(out, index, x0, x1)``: ``out[index]``, the next element = ``x0``, ``x1``
     in one 8-byte global store (``st.global.v2.f32``, ``STG.E.64``). ``&out[index]`` must be
     8-byte aligned (the twin checks; the GPU faults)."""
-    check_index("store_f32x2", out, index)
-    if out.dtype != types.float32:
-        raise NumbaTypeError(f"store_f32x2 stores into a float32 array, got {out.dtype}")
-    for x in (x0, x1):
-        if not isinstance(x, types.Number):
-            raise NumbaTypeError(f"store_f32x2 stores numbers, got {x}")
+    _check_pair_store("store_f32x2", types.float32, out, index, x0, x1)
 
     def codegen(context, builder, sig, args):
         ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
