@@ -66,3 +66,26 @@ def attention_reference(q, k, v, causal: bool, scale: float) -> np.ndarray:
     total = p.sum(axis=-1, keepdims=True)
     out = np.matmul(p, v)
     return np.divide(out, total, out=np.zeros_like(out), where=total > 0)
+
+
+# The PTX ISA's fragment tables, written independently of tessera_tile.mma's formulas (shared by
+# the mma tests): lane l is thread l % 4 of group l >> 2.
+LANES = np.arange(32)
+GROUP = LANES >> 2  # groupID
+TIG = LANES % 4  # threadID_in_group
+
+
+def c_fragment_coords() -> np.ndarray:
+    """coords[lane, i] = (row, col) of accumulator i of the 16 x 8 float32 C/D fragment (the
+    same for m16n8k16 and m16n8k8): (c0, c1) at row groupID, columns 2 tig and 2 tig + 1;
+    (c2, c3) the same 8 rows down."""
+    out = np.empty((32, 4, 2), int)
+    for reg, r0 in enumerate((0, 8)):
+        for half in range(2):
+            out[:, 2 * reg + half] = np.stack([GROUP + r0, 2 * TIG + half], axis=1)
+    return out
+
+
+def gather(matrix, coords):
+    """``matrix`` at each lane's fragment coordinates."""
+    return matrix[coords[..., 0], coords[..., 1]]

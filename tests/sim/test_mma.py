@@ -9,19 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import GROUP, TIG, c_fragment_coords, gather
 from numba import cuda, float32, uint32
 from numba.types import float16
 
 from tessera_tile import mma
 
-LANES = np.arange(32)
-GROUP = LANES >> 2  # groupID
-TIG = LANES % 4  # threadID_in_group
-
 # Register r of a fragment covers an 8 x 8 quarter at (row offset, col offset); inside it, lane
 # (groupID, threadID_in_group) holds row groupID, columns 2 * tig and 2 * tig + 1.
 A_QUARTERS = [(0, 0), (8, 0), (0, 8), (8, 8)]  # a0a1, a2a3, a4a5, a6a7
-C_QUARTERS = [(0, 0), (8, 0)]  # (c0, c1), (c2, c3)
 # B (k x n): register r covers k rows 8r..8r+7 of column groupID; its halves are k = 2 tig, +1.
 B_KROWS = [0, 8]
 
@@ -44,18 +40,6 @@ def b_fragment_coords():
         for half in range(2):
             out[:, 2 * reg + half] = np.stack([2 * TIG + half + k0, GROUP], axis=1)
     return out
-
-
-def c_fragment_coords():
-    out = np.empty((32, 4, 2), int)
-    for reg, (r0, c0) in enumerate(C_QUARTERS):
-        for half in range(2):
-            out[:, 2 * reg + half] = np.stack([GROUP + r0, 2 * TIG + half + c0], axis=1)
-    return out
-
-
-def gather(matrix, coords):
-    return matrix[coords[..., 0], coords[..., 1]]
 
 
 def pack(halves):

@@ -8,21 +8,17 @@ formulas.
 
 import numpy as np
 import pytest
+from helpers import GROUP, TIG, c_fragment_coords, gather
 from numba import cuda, float32
 
 from tessera_tile import mma
-
-LANES = np.arange(32)
-GROUP = LANES >> 2  # groupID
-TIG = LANES % 4  # threadID_in_group
 
 # A (16 x 8): register r covers the 8 x 4 block at (row offset, col offset); inside it, lane
 # (groupID, threadID_in_group) holds row groupID, column threadID_in_group.
 A_BLOCKS = [(0, 0), (8, 0), (0, 4), (8, 4)]  # a0, a1, a2, a3
 # B (8 x 8, [k, n]): register r holds k = threadID_in_group + 4 r, n = groupID.
 B_KROWS = [0, 4]
-# C/D (16 x 8): (c0, c1) rows groupID, columns 2 tig, 2 tig + 1; (c2, c3) the same 8 rows down.
-C_QUARTERS = [(0, 0), (8, 0)]
+# C/D (16 x 8): as for m16n8k16 (helpers.c_fragment_coords).
 
 
 def a_coords():
@@ -33,18 +29,6 @@ def a_coords():
 
 def b_coords():
     return np.stack([np.stack([TIG + k0, GROUP], axis=1) for k0 in B_KROWS], axis=1)
-
-
-def c_coords():
-    out = np.empty((32, 4, 2), int)
-    for reg, (r0, c0) in enumerate(C_QUARTERS):
-        for half in range(2):
-            out[:, 2 * reg + half] = np.stack([GROUP + r0, 2 * TIG + half + c0], axis=1)
-    return out
-
-
-def gather(matrix, coords):
-    return matrix[coords[..., 0], coords[..., 1]]
 
 
 def truncate_tf32(x):
@@ -72,21 +56,9 @@ def round_tf32(x):
 
 
 @cuda.jit
-def mma_from_bits(fa, fb, fc, out):
-    """A and B as uint32 bit patterns (what ldmatrix gives)."""
-    lane = cuda.threadIdx.x
-    d = mma.mma_m16n8k8_tf32(
-        (fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3]),
-        (fb[lane, 0], fb[lane, 1]),
-        (fc[lane, 0], fc[lane, 1], fc[lane, 2], fc[lane, 3]),
-    )
-    for i in range(4):
-        out[lane, i] = d[i]
-
-
-@cuda.jit
-def mma_from_floats(fa, fb, fc, out):
-    """A and B as float32 values (what scalar shared loads give)."""
+def mma_kernel(fa, fb, fc, out):
+    """A and B as uint32 bit patterns (what ldmatrix gives) or float32 values (what scalar
+    shared loads give): the kernel is typed for each."""
     lane = cuda.threadIdx.x
     d = mma.mma_m16n8k8_tf32(
         (fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3]),
@@ -102,8 +74,8 @@ def run_mma(a, b, c, as_bits):
     if as_bits:
         fa, fb = fa.view(np.uint32), fb.view(np.uint32)
     out = np.zeros((32, 4), np.float32)
-    (mma_from_bits if as_bits else mma_from_floats)[1, 32](
-        np.ascontiguousarray(fa), np.ascontiguousarray(fb), gather(c, c_coords()), out
+    mma_kernel[1, 32](
+        np.ascontiguousarray(fa), np.ascontiguousarray(fb), gather(c, c_fragment_coords()), out
     )
     return out
 
@@ -115,7 +87,7 @@ def test_mma_tf32_layout_exact_on_integers(as_bits):
     b = rng.integers(-64, 65, (8, 8)).astype(np.float32)
     c = rng.integers(-1000, 1001, (16, 8)).astype(np.float32)
     out = run_mma(a, b, c, as_bits)
-    np.testing.assert_array_equal(out, gather(a @ b + c, c_coords()))
+    np.testing.assert_array_equal(out, gather(a @ b + c, c_fragment_coords()))
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -129,10 +101,10 @@ def test_mma_tf32_reads_only_the_upper_19_bits(seed):
     out = run_mma(a, b, c, as_bits=seed % 2 == 0)
     at, bt = truncate_tf32(a).astype(np.float64), truncate_tf32(b).astype(np.float64)
     want = (at @ bt + c).astype(np.float32)  # exact in float64: 22-bit products, 9 terms
-    np.testing.assert_array_equal(out, gather(want, c_coords()))
+    np.testing.assert_array_equal(out, gather(want, c_fragment_coords()))
     # and it differs from the float32 product: the truncation is real
     full = a.astype(np.float64) @ b.astype(np.float64) + c
-    assert np.any(out != gather(full.astype(np.float32), c_coords()))
+    assert np.any(out != gather(full.astype(np.float32), c_fragment_coords()))
 
 
 @cuda.jit
