@@ -89,3 +89,16 @@ def c_fragment_coords() -> np.ndarray:
 def gather(matrix, coords):
     """``matrix`` at each lane's fragment coordinates."""
     return matrix[coords[..., 0], coords[..., 1]]
+
+
+def assert_planned_profile(prof, plan) -> None:
+    """A tensor-core matmul launch's simulator profile: conflict-free shared memory, no races or
+    out-of-bounds accesses, and the global bytes of each operand as ``plan`` predicts."""
+    assert prof.bank_conflicts == 0, str(prof)
+    assert prof.shared_requests > 0
+    assert prof.races == [] and prof.out_of_bounds == [], str(prof)
+    traffic = {arg: rw for (_, arg), rw in prof.traffic.items()}
+    assert traffic["a"] == [plan.bytes_a, 0]
+    assert traffic["b"] == [plan.bytes_b, 0]
+    assert traffic["bias"] == [plan.bytes_bias, 0]
+    assert traffic["c"] == [0, plan.bytes_c]

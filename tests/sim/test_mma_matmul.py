@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import on
+from helpers import assert_planned_profile, on
 from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda, float32
@@ -182,14 +182,7 @@ def test_zero_bank_conflicts_and_planned_traffic(cfg, shape):
     p = tc.plan(batch, m, n, k, config)
     with sim.profile() as prof:
         kernel[p.grid, p.block](a, b, bias, c)
-    assert prof.bank_conflicts == 0, str(prof)
-    assert prof.shared_requests > 0
-    assert prof.races == [] and prof.out_of_bounds == [], str(prof)
-    traffic = {arg: rw for (_, arg), rw in prof.traffic.items()}
-    assert traffic["a"] == [p.bytes_a, 0]
-    assert traffic["b"] == [p.bytes_b, 0]
-    assert traffic["bias"] == [p.bytes_bias, 0]
-    assert traffic["c"] == [0, p.bytes_c]
+    assert_planned_profile(prof, p)
     assert_close(c, reference(a, b, bias))
 
 

@@ -15,7 +15,7 @@ at most 1.13 (gelu), asserted with 1.2 plus their own float32 error (4 ulp of th
 
 import numpy as np
 import pytest
-from helpers import on
+from helpers import assert_planned_profile, on
 
 from tessera_tile.kernels import epilogue
 from tessera_tile.kernels import matmul_tf32 as tf
@@ -148,14 +148,7 @@ def test_zero_bank_conflicts_and_planned_traffic(cfg, shape):
     p = tf.plan(batch, m, n, k, tf.ANCHOR._replace(**cfg, has_bias=True))
     with sim.profile() as prof:
         kernel[p.grid, p.block](a, b, bias, c)
-    assert prof.bank_conflicts == 0, str(prof)
-    assert prof.shared_requests > 0
-    assert prof.races == [] and prof.out_of_bounds == [], str(prof)
-    traffic = {arg: rw for (_, arg), rw in prof.traffic.items()}
-    assert traffic["a"] == [p.bytes_a, 0]
-    assert traffic["b"] == [p.bytes_b, 0]
-    assert traffic["bias"] == [p.bytes_bias, 0]
-    assert traffic["c"] == [0, p.bytes_c]
+    assert_planned_profile(prof, p)
     assert_within_bound(c, a, b, bias)
 
 
