@@ -434,6 +434,33 @@ _MMA_ASM = (
 _MMA_CONSTRAINTS = "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f"
 
 
+def _f16_operand(context, builder, value, ty):
+    """A register of two packed float16: the integer as uint32."""
+    return context.cast(builder, value, ty, types.uint32)
+
+
+def _mma_codegen(asm: str, operand):
+    """Codegen of an mma whose A and B tuples hold 6 32-bit registers (``operand`` makes each)
+    and C 4 float32: one inline-asm call returning the 4 float32 of D."""
+
+    def codegen(context, builder, sig, args):
+        ops = []
+        for k, (tup_t, arg) in enumerate(zip(sig.args, args, strict=True)):
+            for i, t in enumerate(tup_t):
+                value = builder.extract_value(arg, i)
+                if k == 2:
+                    ops.append(context.cast(builder, value, t, types.float32))
+                else:
+                    ops.append(operand(context, builder, value, t))
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [_I32] * 6 + [f32] * 4)
+        res = builder.call(ir.InlineAsm(fnty, asm, _MMA_CONSTRAINTS), ops)
+        values = [builder.extract_value(res, i) for i in range(4)]
+        return context.make_tuple(builder, sig.return_type, values)
+
+    return codegen
+
+
 def _registers(what: str, tup, count: int, kind, name: str = "mma_m16n8k16") -> None:
     if not isinstance(tup, types.BaseTuple) or len(tup) != count:
         raise NumbaTypeError(f"{name}: {what} must be a tuple of {count}, got {tup}")
@@ -455,21 +482,7 @@ def mma_m16n8k16(typingctx, a, b, c):
     _registers("b", b, 2, types.Integer)
     _registers("c", c, 4, types.Number)
 
-    def codegen(context, builder, sig, args):
-        ops = []
-        for k, (tup_t, arg) in enumerate(zip(sig.args, args, strict=True)):
-            target = types.float32 if k == 2 else types.uint32
-            ops += [
-                context.cast(builder, builder.extract_value(arg, i), t, target)
-                for i, t in enumerate(tup_t)
-            ]
-        f32 = ir.FloatType()
-        fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [_I32] * 6 + [f32] * 4)
-        res = builder.call(ir.InlineAsm(fnty, _MMA_ASM, _MMA_CONSTRAINTS), ops)
-        values = [builder.extract_value(res, i) for i in range(4)]
-        return context.make_tuple(builder, sig.return_type, values)
-
-    return types.UniTuple(types.float32, 4)(a, b, c), codegen
+    return types.UniTuple(types.float32, 4)(a, b, c), _mma_codegen(_MMA_ASM, _f16_operand)
 
 
 _MMA_TF32_ASM = (
@@ -478,15 +491,9 @@ _MMA_TF32_ASM = (
 )
 
 
-def _tf32_operand(builder, value, ty):
+def _tf32_operand(context, builder, value, ty):
     """A 32-bit operand register: uint32 as is, float32 reinterpreted (a bitcast, no move)."""
-    if isinstance(ty, types.Float):
-        if ty.bitwidth != 32:
-            raise NumbaTypeError(f"mma_m16n8k8_tf32 takes float32 or 32-bit integers, got {ty}")
-        return builder.bitcast(value, _I32)
-    if ty.bitwidth != 32:
-        raise NumbaTypeError(f"mma_m16n8k8_tf32 takes float32 or 32-bit integers, got {ty}")
-    return value
+    return builder.bitcast(value, _I32) if isinstance(ty, types.Float) else value
 
 
 @sim.twin(_mma_tf32_twin)
@@ -510,22 +517,7 @@ def mma_m16n8k8_tf32(typingctx, a, b, c):
         if t.bitwidth != 32 or not isinstance(t, types.Integer | types.Float):
             raise NumbaTypeError(f"{name}: a and b take float32 or 32-bit integers, got {t}")
 
-    def codegen(context, builder, sig, args):
-        ops = []
-        for k, (tup_t, arg) in enumerate(zip(sig.args, args, strict=True)):
-            for i, t in enumerate(tup_t):
-                value = builder.extract_value(arg, i)
-                if k == 2:
-                    ops.append(context.cast(builder, value, t, types.float32))
-                else:
-                    ops.append(_tf32_operand(builder, value, t))
-        f32 = ir.FloatType()
-        fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [_I32] * 6 + [f32] * 4)
-        res = builder.call(ir.InlineAsm(fnty, _MMA_TF32_ASM, _MMA_CONSTRAINTS), ops)
-        values = [builder.extract_value(res, i) for i in range(4)]
-        return context.make_tuple(builder, sig.return_type, values)
-
-    return types.UniTuple(types.float32, 4)(a, b, c), codegen
+    return types.UniTuple(types.float32, 4)(a, b, c), _mma_codegen(_MMA_TF32_ASM, _tf32_operand)
 
 
 @sim.twin(_to_tf32_twin)
