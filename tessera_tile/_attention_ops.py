@@ -30,6 +30,7 @@ from ._matmul_geometry import (
 from ._prebuilt import PrebuiltOp, array_arg, check_out, source_of
 from .kernels import attention as tensor_cores
 from .kernels import attention_simt as simt
+from .kernels.attention import kv_rows
 
 __all__ = ["attention"]
 
@@ -38,8 +39,8 @@ DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 
 @dataclass(frozen=True)
 class Family:
-    """The kernels of one dtype: their module (``HEAD_DIMS``, ``default_config``, ``kv_rows``),
-    kernel factory and config type."""
+    """The kernels of one dtype: their module (``HEAD_DIMS``, ``default_config``), kernel
+    factory and config type."""
 
     module: object
     factory: object
@@ -193,29 +194,28 @@ class Attention:
         o = arrays.Arg(arrays.DEVICE, None, self.out_shape, o_strides, self.dtype, DEVICE_ALIGN)
         return [device_like(r) for r in (self.q, self.k, self.v)] + [o]
 
+    def _kv_rows(self) -> list[int]:
+        """K (and V) rows each block of query rows reads (kernels.attention.kv_rows)."""
+        cfg = self.tile_config()
+        return [
+            kv_rows(m0, self.sq, self.sk, self.causal, cfg) for m0 in range(0, self.sq, cfg.block_q)
+        ]
+
     def kv_tiles(self) -> tuple[int, int]:
         """K/V tiles the call processes, and how many it would without causal skipping."""
         cfg = self.tile_config()
         z = math.prod(self.batch)
-        full = -(-self.sk // cfg.block_kv)
-        done = 0
-        for m0 in range(0, self.sq, cfg.block_q):
-            rows = self.family.module.kv_rows(m0, self.sq, self.sk, self.causal, cfg)
-            done += -(-rows // cfg.block_kv)
-        return z * done, z * full * (-(-self.sq // cfg.block_q))
+        done = sum(-(-rows // cfg.block_kv) for rows in self._kv_rows())
+        full = -(-self.sk // cfg.block_kv) * -(-self.sq // cfg.block_q)
+        return z * done, z * full
 
     def predicted_bytes(self) -> int:
         """Q read once, K and V once per block of query rows up to its last visible key (whole
         tiles, none past Sk), O written once: what the profiler measures."""
         if self.empty:
             return 0
-        cfg = self.tile_config()
-        rows = sum(
-            self.family.module.kv_rows(m0, self.sq, self.sk, self.causal, cfg)
-            for m0 in range(0, self.sq, cfg.block_q)
-        )
         z, item = math.prod(self.batch), self.dtype.itemsize
-        return z * item * self.d * (2 * self.sq + 2 * rows)
+        return z * item * self.d * (2 * self.sq + 2 * sum(self._kv_rows()))
 
     def naive_bytes(self) -> int:
         """Three kernels, each reading and writing the minimum: S = Q K^T (writes the Sq x Sk

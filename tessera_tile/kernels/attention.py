@@ -69,7 +69,6 @@ __all__ = [
     "default_config",
     "flash_attention",
     "kv_rows",
-    "plan",
 ]
 
 WARP_SIZE = 32
@@ -123,40 +122,13 @@ def default_config(head_dim: int) -> AttentionConfig:
     return AttentionConfig(32 if head_dim > 64 else 64, 4, 2)
 
 
-def kv_rows(m0: int, sq: int, sk: int, causal: bool, cfg: AttentionConfig) -> int:
-    """Rows of K (and of V) the block of query rows ``m0 ..`` reads: whole tiles up to its
-    last visible key, none past ``Sk``."""
+def kv_rows(m0: int, sq: int, sk: int, causal: bool, cfg) -> int:
+    """Rows of K (and of V) the block of query rows ``m0 ..`` reads, once each: whole tiles up
+    to its last visible key, none past ``Sk`` (``cfg``: any config with ``block_q`` and
+    ``block_kv``; the float32 kernel follows the same rule)."""
     end = sk if not causal else min(sk, max(0, m0 + cfg.block_q + sk - sq))
     tiles = -(-end // cfg.block_kv)
     return min(sk, tiles * cfg.block_kv)
-
-
-class Plan(NamedTuple):
-    grid: tuple[int, int]
-    block: int
-    bytes_q: int
-    bytes_kv: int  # K and V together
-    bytes_o: int
-    kv_tiles: int  # K/V tiles the launch's blocks process in all
-
-    @property
-    def bytes_total(self) -> int:
-        return self.bytes_q + self.bytes_kv + self.bytes_o
-
-
-def plan(z: int, sq: int, sk: int, d: int, causal: bool, cfg: AttentionConfig, item: int = 2):
-    """Grid, block and the global bytes one launch moves (what the profiler measures): Q read
-    once, K and V once per query block up to its last visible key, O written once."""
-    blocks = -(-sq // cfg.block_q)
-    rows = [kv_rows(b * cfg.block_q, sq, sk, causal, cfg) for b in range(blocks)]
-    return Plan(
-        grid=(blocks, z),
-        block=cfg.threads,
-        bytes_q=z * sq * d * item,
-        bytes_kv=2 * z * sum(rows) * d * item,
-        bytes_o=z * sq * d * item,
-        kv_tiles=z * sum(-(-r // cfg.block_kv) for r in rows),
-    )
 
 
 def flash_attention(head_dim: int, causal: bool, aligned: bool, config=None):

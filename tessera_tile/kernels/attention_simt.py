@@ -81,6 +81,7 @@ from ..pipeline import (
     cp_async_commit_group,
     cp_async_wait_group,
 )
+from .attention import kv_rows  # the same traffic rule
 
 __all__ = [
     "HEAD_DIMS",
@@ -169,16 +170,6 @@ def default_config(head_dim: int) -> SimtAttentionConfig:
 def threads(config: SimtAttentionConfig) -> int:
     """Threads per block of the kernel of ``config`` (the launch's block size)."""
     return config.threads
-
-
-def kv_rows(m0: int, sq: int, sk: int, causal: bool, config: SimtAttentionConfig) -> int:
-    """The K (and V) rows ``[0, kv_rows)`` the block with query rows ``[m0, m0 + block_q)``
-    reads, each once: whole tiles up to the last key any of its rows may see, cut at ``Sk``."""
-    kv_end = sk
-    if causal:
-        kv_end = min(max(m0 + config.block_q + sk - sq, 0), sk)
-    n_tiles = -(-kv_end // config.block_kv)
-    return min(sk, n_tiles * config.block_kv)
 
 
 # ---------------------------------------------------------------------------------------------
