@@ -320,6 +320,20 @@ def empty(shape, dtype, family: str, stream):
     return cuda.device_array(shape, dtype, stream=stream)
 
 
+_UNUSED: dict = {}
+
+
+def unused(dtype):
+    """A 1-element device array of ``dtype`` for a kernel argument the launch never reads or
+    writes (an absent bias): one per device and dtype, kept, so calls allocate nothing for it."""
+    from numba import cuda
+
+    key = (0 if _config.SIMULATED else id(cuda.current_context()), np.dtype(dtype).str)
+    if key not in _UNUSED:
+        _UNUSED[key] = cuda.device_array(1, dtype)
+    return _UNUSED[key]
+
+
 def zeros(n: int, dtype, stream):
     """A zeroed 1-D device array, by a device memset (no host transfer)."""
     from numba import cuda

@@ -319,21 +319,21 @@ class _CrossEntropy:
         targets = arrays.device_handle(place.device(self.targets))
         if self.reduction == "none":
             loss = place.result((n,), self.logits.dtype, o)
-            valid = place.temp((1,), self.compute)  # not written: nothing counts rows
+            valid = arrays.unused(self.compute)  # nothing counts rows
         else:
-            loss, valid = place.temp((n,), self.compute), place.temp((n,), self.compute)
+            loss, valid = place.temp((n,), self.compute), place.temp((n,), self.compute).value
         loss_handle = arrays.device_handle(loss)
         if n:
             blocks = -(-n // _cross_entropy.WARPS_PER_BLOCK)
             write_valid = self.reduction == "mean"
             with np.errstate(all="ignore"):  # the simulator computes in NumPy
                 self.kernel[blocks, _cross_entropy.THREADS, s](
-                    logits, targets, loss_handle, valid.value, self.ignore_index, write_valid
+                    logits, targets, loss_handle, valid, self.ignore_index, write_valid
                 )
         if self.reduction == "none":
             return place.finish(loss, o)
         total = place.result((), self.logits.dtype, o)
-        args = (loss_handle, valid.value) if self.reduction == "mean" else (loss_handle,)
+        args = (loss_handle, valid) if self.reduction == "mean" else (loss_handle,)
         self._reducer()(*args, out=total.value, stream=s)
         return place.finish(total, o)
 

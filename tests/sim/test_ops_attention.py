@@ -195,6 +195,16 @@ def test_nan_propagates_as_in_numpy(side, dtype):
     )
 
 
+@pytest.mark.sim_only(reason="counts the simulator's host<->device copies and allocations")
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_device_calls_copy_nothing_and_allocate_only_the_result(dtype):
+    q, k, v = on("device", *operands(np.random.default_rng(12), (20, 16), (30, 16), dtype))
+    ops.attention(q, k, v)  # compile outside the count
+    with sim.transfers() as counts:
+        ops.attention(q, k, v, causal=True)
+    assert counts == {"to_device": 0, "copy_to_host": 0, "device_array": 1}
+
+
 def test_out_and_inputs_unchanged(side):
     q, k, v = operands(np.random.default_rng(8), (2, 17, 16), (2, 19, 16))
     copies = [x.copy() for x in (q, k, v)]

@@ -110,6 +110,20 @@ def test_non_contiguous_inputs(side, view):
     assert "copies, read in place" in " ".join(ops.matmul.explain(a, b, config=SMALL2).reasons)
 
 
+@pytest.mark.sim_only(reason="counts the simulator's host<->device copies and allocations")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_device_calls_copy_nothing_and_allocate_only_the_result(dtype):
+    """Device operands are read in place; a call without a bias allocates no stand-in for it."""
+    rng = np.random.default_rng(13)
+    a, b, bias = on("device", rand(rng, (9, 20), dtype), rand(rng, (20, 12), dtype),
+                    rand(rng, 12, dtype))  # fmt: skip
+    for call in (lambda: ops.matmul(a, b, config=SMALL2), lambda: ops.linear(a, b, bias)):
+        call()  # compile outside the count
+        with sim.transfers() as counts:
+            call()
+        assert counts == {"to_device": 0, "copy_to_host": 0, "device_array": 1}
+
+
 def test_k_zero_gives_zeros(side):
     a, b = on(side, np.ones((2, 3, 0), np.float32), np.ones((0, 5), np.float32))
     got = back(ops.matmul(a, b, config=SMALL), side)
