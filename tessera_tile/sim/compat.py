@@ -38,8 +38,9 @@ _check_version()
 from numba.cuda import cgutils
 from numba.cuda.api_util import normalize_indices
 from numba.cuda.core.errors import NumbaTypeError
+from numba.cuda.cudamath import registry as cuda_math_registry
 from numba.cuda.errors import normalize_kernel_dimensions
-from numba.cuda.np.numpy_support import as_dtype
+from numba.cuda.np.numpy_support import as_dtype, from_dtype
 from numba.cuda.simulator.args import ArgHint, InOut
 from numba.cuda.simulator.cudadrv.devicearray import (
     FakeCUDAArray,
@@ -59,9 +60,14 @@ from numba.cuda.simulator.kernelapi import (
     swapped_cuda_module,
 )
 
+# The simulator's math (sim.cuda_math): numba-cuda's math signatures and Numba's conversion rules.
+from numba.cuda.typeconv import Conversion
+from numba.cuda.typeconv.rules import default_type_manager as type_manager
+
 __all__ = [
     "SUPPORTED_NUMBA_CUDA",
     "ArgHint",
+    "Conversion",
     "Dim3",
     "FakeCUDAArray",
     "FakeCUDAAtomic",
@@ -73,12 +79,15 @@ __all__ = [
     "NumbaTypeError",
     "as_dtype",
     "cgutils",
+    "cuda_math_registry",
     "current_device_answered",
     "driver_names",
+    "from_dtype",
     "normalize_indices",
     "normalize_kernel_dimensions",
     "sentry_contiguous",
     "swapped_cuda_module",
+    "type_manager",
     "_get_kernel_context",
     "_push_kernel_context",
 ]

@@ -22,7 +22,7 @@ import numpy as np
 from greenlet import getcurrent, greenlet
 from numba.cuda import types
 
-from . import compat, ints
+from . import compat, cuda_math, ints
 from ._base import SimulationError, format_site, user_site
 from .profiler import Profile, TrackedArray, active, own_allocation
 from .warp_ops import (
@@ -390,11 +390,13 @@ class Launch:
         return ints.narrow(arg)  # an int32 scalar argument computes as Numba types it
 
     def swap_module_of(self, fn) -> None:
-        """Point ``cuda`` in ``fn``'s module at the fake module for the rest of the launch."""
+        """Point ``cuda`` in ``fn``'s module at the fake module, and ``math`` at CUDA's
+        (:mod:`.cuda_math`), for the rest of the launch."""
         gid = id(fn.__globals__)
         if gid not in self.swapped:
             self.swapped.add(gid)
             self.swaps.enter_context(compat.swapped_cuda_module(fn, self.module))
+            self.swaps.enter_context(cuda_math.swapped_math(fn))
 
     def run(self) -> None:
         with compat._push_kernel_context(self.module), self.swaps:
