@@ -11,8 +11,9 @@ it, and every simulated kernel gets it, whether or not it uses tessera_tile:
   :func:`strict_masks` makes naming them an error); a mask that excludes the caller or a
   divergent deadlock raises :class:`SimulationError` naming the lanes and source lines
   instead of hanging;
-* the GPU's rules: a non-contiguous host array passed to a kernel is refused as on a GPU, and
-  integer arithmetic follows Numba's typing (``int32 + int32`` is int64);
+* the GPU's rules: a non-contiguous host array passed to a kernel is refused as on a GPU,
+  integer arithmetic follows Numba's typing (``int32 + int32`` is int64), and ``math.*`` follows
+  CUDA (IEEE results instead of exceptions, numba-cuda's result types: :mod:`.cuda_math`);
 * speed: a block's threads are greenlets in one OS thread, not OS threads polled in a loop;
 * twins: inline-PTX intrinsics register a Python implementation with :func:`twin`; warp
   collectives of ``.sync.aligned`` instructions (``ldmatrix``, ``mma.sync``) define their

@@ -101,3 +101,19 @@ def test_typing_and_lowering_helpers():
     ]
     assert callable(compat.cgutils.get_item_pointer)
     assert compat.as_dtype(types.float32) == np.dtype(np.float32)
+
+
+def test_math_typing_names():
+    # sim.cuda_math reads numba-cuda's math signatures and Numba's conversion rules
+    import math
+
+    from numba.cuda import types
+
+    registered = dict(compat.cuda_math_registry.globals)
+    assert math.exp in registered and math.pow in registered
+    cases = [case for template in registered[math.exp].templates for case in template.cases]
+    assert types.float32 in [case.return_type for case in cases if case.args == (types.float32,)]
+    check = compat.type_manager.check_compatible
+    assert check(types.float32, types.float64) == compat.Conversion.promote
+    assert check(types.float64, types.float32) == compat.Conversion.unsafe
+    assert compat.from_dtype(np.dtype(np.float32)) == types.float32
