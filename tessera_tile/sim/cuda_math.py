@@ -124,7 +124,7 @@ def _cast_for(numba_type):
     """The function that rounds a double to ``numba_type``'s float (a tuple's first element)."""
     element = numba_type.types[0] if isinstance(numba_type, numba_types.BaseTuple) else None
     scalar = compat.as_dtype(element or numba_type).type
-    return _CASTS.get(scalar, scalar)  # bool for the predicates
+    return _CASTS.get(scalar, scalar)  # np.bool_ for the predicates, which ignore it
 
 
 # -- the computations: in double, IEEE where Python's math raises, rounded once ---------------

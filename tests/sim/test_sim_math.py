@@ -123,8 +123,8 @@ def assert_cuda_close(got: np.ndarray, ref: np.ndarray, ulps: int, what: str, in
     unsigned = np.uint32 if got.dtype == np.float32 else np.uint64
     bad |= exact & (got.view(unsigned) != ref.view(unsigned))
     close = ~nan & ~exact
-    with np.errstate(over="ignore"):
-        bad[close] |= np.abs(ordered(got[close]) - ordered(ref[close])) > ulps
+    steps = zip(ordered(got[close]).tolist(), ordered(ref[close]).tolist(), strict=True)
+    bad[close] |= np.array([abs(a - b) for a, b in steps], dtype=np.int64) > ulps  # Python ints
     shown = [(tuple(a[i] for a in inputs), got[i], ref[i]) for i in np.flatnonzero(bad)[:8]]
     assert not bad.any(), f"{what}: (inputs, got, expected) {shown}"
 
@@ -390,7 +390,11 @@ def test_log_of_a_row_of_zeros_is_minus_inf(side, dtype):
     with np.errstate(divide="ignore"):
         expected = np.log(np.exp(rows.astype(np.float64)).sum(axis=1))
     assert got[0] == -np.inf and got[2] == 0.0
-    np.testing.assert_allclose(got[1], expected[1], rtol=8 * np.finfo(dtype).eps)
+    # the sum may accumulate in dtype (the simulator keeps NumPy's float32): n roundings of u
+    # each, and 2 ulp (4 u) per exp, change log(sum) by at most (n + 4) u; log adds 1 ulp
+    u = np.finfo(dtype).eps / 2
+    atol = (rows.shape[1] + 4) * u
+    np.testing.assert_allclose(got[1], expected[1], rtol=2 * u, atol=atol)
 
 
 # -- the simulator's own: typing, refusals, the swap ---------------------------------------------
