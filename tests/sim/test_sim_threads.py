@@ -130,3 +130,17 @@ def test_threads_launching_at_once_get_numpys_results(side):
         t.join()
     if errors:
         raise errors[0]
+
+
+@cuda.jit
+def uses_host_api(x):
+    cuda.to_device(x)
+
+
+def test_a_kernel_still_cannot_reach_the_host_api():
+    # host code of other threads gets numba-cuda's names through the kernel's ``cuda``; a
+    # kernel does not (a GPU does not compile ``cuda.to_device`` in a kernel)
+    with pytest.raises(
+        AttributeError, match="'WarpAwareModule' object has no attribute 'to_device'"
+    ):
+        uses_host_api[1, 1](np.zeros(1))
