@@ -369,8 +369,8 @@ class Launch:
         self.swaps = ExitStack()
         self.swapped: set[int] = set()
         self.retr: list = []
-        declared = _declared_argtypes(kernel, len(args))
-        self.args = [self._device_arg(a) for a in map(ints.as_declared, args, declared)]
+        argtypes, _ = _declared_types(kernel, len(args))
+        self.args = [self._device_arg(a) for a in map(ints.as_declared, args, argtypes)]
         if self.profile:
             self.args = self.profile.wrap_args(kernel.fn, self.args)
         fn, kargs = kernel.fn, self.args
@@ -487,7 +487,8 @@ def _checked_alignment(alignment) -> int | None:
 
 def _aligned_empty(shape, dtype: np.dtype, alignment: int) -> np.ndarray:
     """An uninitialised array whose first byte sits on ``alignment`` (``alignment=`` of
-    ``cuda.shared.array``; 16 by default, enough for 16-byte vector accesses)."""
+    ``cuda.shared.array`` and ``cuda.local.array``; shared arrays take 16 by default, enough
+    for 16-byte vector accesses)."""
     count = int(np.prod(shape, dtype=np.int64))
     raw = np.empty(count * dtype.itemsize + alignment, np.uint8)
     start = -raw.__array_interface__["data"][0] % alignment
@@ -683,10 +684,7 @@ def _call(self, *args):
     t = getcurrent()
     if isinstance(t, SimThread):  # called by a running kernel: a device function
         t.block.launch.swap_module_of(self.fn)
-        signature = getattr(self, _SIGNATURE, None)
-        if signature is None:
-            return self.fn(*args)
-        argtypes, restype = signature
+        argtypes, restype = _declared_types(self, len(args))
         result = self.fn(*map(ints.as_declared, args, argtypes))
         return ints.as_declared(result, restype)
     if self._device:
@@ -695,12 +693,13 @@ def _call(self, *args):
         Launch(self, args).run()
 
 
-def _declared_argtypes(kernel, nargs: int) -> tuple:
-    """The argument types of ``kernel``'s explicit signature, else ``None`` for each argument."""
+def _declared_types(kernel, nargs: int) -> tuple:
+    """``(argument types, return type)`` of ``kernel``'s explicit signature, else ``None`` for
+    each."""
     signature = getattr(kernel, _SIGNATURE, None)
     if signature is None or len(signature[0]) != nargs:
-        return (None,) * nargs  # a wrong count fails at the call, with Python's TypeError
-    return signature[0]
+        return (None,) * nargs, None  # a wrong count fails at the call, with Python's TypeError
+    return signature
 
 
 def _jit(func_or_sig=None, *args, **kwargs):
