@@ -35,9 +35,13 @@ _check_version()
 
 # The simulator (numba.cuda.simulator: launch path, fake module, fake arrays) and the typing and
 # lowering helpers of tessera_tile.intrinsics.
+import numba.cuda
+import numba.cuda.simulator
+import numba.cuda.simulator.api
 from numba.cuda import cgutils
 from numba.cuda.api_util import normalize_indices
-from numba.cuda.core.errors import NumbaTypeError
+from numba.cuda.core.errors import NumbaTypeError, RequireLiteralValue
+from numba.cuda.core.sigutils import is_signature, normalize_signature
 from numba.cuda.cudamath import registry as cuda_math_registry
 from numba.cuda.errors import normalize_kernel_dimensions
 from numba.cuda.np.numpy_support import as_dtype, from_dtype
@@ -64,6 +68,10 @@ from numba.cuda.simulator.kernelapi import (
 from numba.cuda.typeconv import Conversion
 from numba.cuda.typeconv.rules import default_type_manager as type_manager
 
+# Where kernels find the simulator's ``jit`` (``cuda.jit``, ``numba.cuda.simulator.jit``): it
+# drops an explicit signature, which the launch path needs to type scalar arguments.
+JIT_MODULES = (numba.cuda, numba.cuda.simulator, numba.cuda.simulator.api)
+
 __all__ = [
     "SUPPORTED_NUMBA_CUDA",
     "ArgHint",
@@ -76,15 +84,19 @@ __all__ = [
     "FakeCUDAModule",
     "FakeWithinKernelCUDAArray",
     "InOut",
+    "JIT_MODULES",
     "NumbaTypeError",
+    "RequireLiteralValue",
     "as_dtype",
     "cgutils",
     "cuda_math_registry",
     "current_device_answered",
     "driver_names",
     "from_dtype",
+    "is_signature",
     "normalize_indices",
     "normalize_kernel_dimensions",
+    "normalize_signature",
     "sentry_contiguous",
     "swapped_cuda_module",
     "type_manager",

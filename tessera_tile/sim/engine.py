@@ -13,13 +13,16 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import struct
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable
 from contextlib import ExitStack
 
 import numpy as np
 from greenlet import getcurrent, greenlet
+from numba import cuda as numba_cuda
 from numba.cuda import types
 
 from . import compat, cuda_math, ints
@@ -136,6 +139,15 @@ def in_shared_memory(array) -> bool:
     return False
 
 
+def _prefix_thread_position(error: Exception, t: SimThread) -> None:
+    """Start ``error``'s message with the raising thread's position, as numba-cuda does for a
+    kernel exception (``tid=[z, y, x] ctaid=[z, y, x]: message``, z first as its dispatcher
+    prints it); a bare ``raise E`` gets the position alone."""
+    prefix = f"tid={list(t.threadIdx)[::-1]} ctaid={list(t.blockIdx)[::-1]}"
+    args = error.args
+    error.args = (f"{prefix}: {args[0]}", *args[1:]) if args else (prefix,)
+
+
 class BlockRun:
     """Runs one thread block to completion."""
 
@@ -167,6 +179,8 @@ class BlockRun:
                 try:
                     t.switch(*resume)
                 except BaseException as e:
+                    if isinstance(e, Exception):
+                        _prefix_thread_position(e, t)
                     e.add_note(
                         f"in simulated thread threadIdx={tuple(t.threadIdx)} "
                         f"blockIdx={tuple(t.blockIdx)}"
@@ -355,7 +369,8 @@ class Launch:
         self.swaps = ExitStack()
         self.swapped: set[int] = set()
         self.retr: list = []
-        self.args = [self._device_arg(a) for a in args]
+        argtypes, _ = _declared_types(kernel, len(args))
+        self.args = [self._device_arg(a) for a in map(ints.as_declared, args, argtypes)]
         if self.profile:
             self.args = self.profile.wrap_args(kernel.fn, self.args)
         fn, kargs = kernel.fn, self.args
@@ -399,7 +414,7 @@ class Launch:
             self.swaps.enter_context(cuda_math.swapped_math(fn))
 
     def run(self) -> None:
-        with compat._push_kernel_context(self.module), self.swaps:
+        with compat._push_kernel_context(self.module), self.swaps, self._error_model():
             self.swap_module_of(self.kernel.fn)
             for block_idx in np.ndindex(*self.grid_dim):
                 BlockRun(self, block_idx).run()
@@ -407,6 +422,13 @@ class Launch:
             write_back()
         if self.profile:
             self.profile.launches += 1
+
+    def _error_model(self):
+        """``debug=True`` kernels stop at a division by zero with ``FloatingPointError``, as
+        numba-cuda's simulator documents (compiled, they raise ``ZeroDivisionError``)."""
+        if self.kernel._debug:
+            return np.errstate(divide="raise")  # the block's threads copy this context
+        return contextlib.nullcontext()
 
 
 class _Shared:
@@ -417,11 +439,9 @@ class _Shared:
     """
 
     def array(self, shape, dtype, alignment=None):
-        t = current_thread()
-        block = t.block
-        if isinstance(dtype, types.Type):
-            dtype = compat.as_dtype(dtype)
-        dtype = np.dtype(dtype)
+        alignment = _checked_alignment(alignment)
+        block = current_thread().block
+        dtype = _numpy_dtype(dtype)
         if shape == 0 or shape == (0,):
             count = block.dynshared.size // dtype.itemsize
             arr = ints.typed_view(np.frombuffer(block.dynshared.data, dtype=dtype, count=count))
@@ -442,9 +462,35 @@ class _Shared:
         return arr
 
 
+def _numpy_dtype(dtype) -> np.dtype:
+    """The NumPy dtype of a ``dtype=`` argument (a Numba type or anything NumPy takes)."""
+    return np.dtype(compat.as_dtype(dtype) if isinstance(dtype, types.Type) else dtype)
+
+
+_POINTER_SIZE = struct.calcsize("P")
+
+
+def _checked_alignment(alignment) -> int | None:
+    """``alignment=`` of ``cuda.shared.array`` / ``cuda.local.array``, refused where numba-cuda
+    refuses to compile it (a constant integer, positive, a power of 2, a multiple of the pointer
+    size), with its errors."""
+    if alignment is None:
+        return None
+    if isinstance(alignment, bool) or not isinstance(alignment, int | np.integer):
+        raise compat.RequireLiteralValue("alignment must be a constant integer")
+    if alignment <= 0:
+        raise ValueError("Alignment must be positive")
+    if alignment & (alignment - 1):
+        raise ValueError("Alignment must be a power of 2")
+    if alignment % _POINTER_SIZE:
+        raise ValueError(f"Alignment must be a multiple of {_POINTER_SIZE}")
+    return int(alignment)
+
+
 def _aligned_empty(shape, dtype: np.dtype, alignment: int) -> np.ndarray:
     """An uninitialised array whose first byte sits on ``alignment`` (``alignment=`` of
-    ``cuda.shared.array``; 16 by default, enough for 16-byte vector accesses)."""
+    ``cuda.shared.array`` and ``cuda.local.array``; shared arrays take 16 by default, enough
+    for 16-byte vector accesses)."""
     count = int(np.prod(shape, dtype=np.int64))
     raw = np.empty(count * dtype.itemsize + alignment, np.uint8)
     start = -raw.__array_interface__["data"][0] % alignment
@@ -453,10 +499,14 @@ def _aligned_empty(shape, dtype: np.dtype, alignment: int) -> np.ndarray:
 
 
 class _Local(compat.FakeCUDALocal):
-    """``cuda.local``: numba-cuda's, with narrow integers typed as Numba types them."""
+    """``cuda.local``: numba-cuda's, with narrow integers typed as Numba types them and
+    ``alignment=`` honoured as compiled code honours it (numba-cuda's simulator refuses it)."""
 
     def array(self, shape, dtype, alignment=None):
-        return ints.typed_view(super().array(shape, dtype, alignment))
+        alignment = _checked_alignment(alignment)
+        if alignment is None:
+            return ints.typed_view(super().array(shape, dtype))
+        return ints.typed_view(_aligned_empty(shape, _numpy_dtype(dtype), alignment))
 
 
 class _Const:
@@ -522,6 +572,14 @@ class WarpAwareModule(compat.FakeCUDAModule):
         self._const = _Const()
         self._atomic = _Atomic()
         self._cg = _CooperativeGroups(launch)
+
+    def __getattr__(self, name):
+        # Reached for names a kernel's ``cuda`` lacks. While a launch runs, ``cuda`` in the
+        # modules of its functions is this object, also for host code of other threads there:
+        # they get numba-cuda's (cuda.jit, cuda.to_device...); a kernel gets an AttributeError.
+        if isinstance(getcurrent(), SimThread):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(numba_cuda, name)
 
     # Thread identity, from the running greenlet.
     @property
@@ -616,27 +674,74 @@ class WarpAwareModule(compat.FakeCUDAModule):
 
 
 _stock_call = compat.FakeCUDAKernel.__call__
+_stock_jit = compat.JIT_MODULES[-1].jit
+_SIGNATURE = "_tessera_signature"  # (argument types, return type) of an explicit signature
+# Launches from several host threads run one after the other, as on one stream. Reentrant so
+# that a launch made while launching fails with numba-cuda's error instead of hanging.
+_launch_lock = threading.RLock()
 
 
 def _call(self, *args):
     """Replacement for ``FakeCUDAKernel.__call__``: launches go through :class:`Launch`."""
-    context = compat._get_kernel_context()
-    if isinstance(context, WarpAwareModule):
-        context._launch.swap_module_of(self.fn)
-        return self.fn(*args)
-    if self._device or context:
+    t = getcurrent()
+    if isinstance(t, SimThread):  # called by a running kernel: a device function
+        t.block.launch.swap_module_of(self.fn)
+        argtypes, restype = _declared_types(self, len(args))
+        result = self.fn(*map(ints.as_declared, args, argtypes))
+        return ints.as_declared(result, restype)
+    if self._device:
         return _stock_call(self, *args)
-    Launch(self, args).run()
+    with _launch_lock:
+        Launch(self, args).run()
+
+
+def _declared_types(kernel, nargs: int) -> tuple:
+    """``(argument types, return type)`` of ``kernel``'s explicit signature, else ``None`` for
+    each."""
+    signature = getattr(kernel, _SIGNATURE, None)
+    if signature is None or len(signature[0]) != nargs:
+        return (None,) * nargs, None  # a wrong count fails at the call, with Python's TypeError
+    return signature
+
+
+def _jit(func_or_sig=None, *args, **kwargs):
+    """numba-cuda's simulated ``cuda.jit``, keeping an explicit signature on the kernel (a GPU
+    converts scalar arguments to the types it declares; numba-cuda's simulator drops it)."""
+    made = _stock_jit(func_or_sig, *args, **kwargs)
+    signature = _one_signature(func_or_sig)
+    if signature is None:
+        return made
+
+    def decorate(fn):
+        kernel = made(fn)
+        setattr(kernel, _SIGNATURE, signature)
+        return kernel
+
+    return decorate
+
+
+def _one_signature(func_or_sig) -> tuple | None:
+    """``(argument types, return type)`` of a single explicit signature, else ``None`` (with
+    several, the GPU picks one by the arguments' types: left to Python's typing here)."""
+    if isinstance(func_or_sig, list) and len(func_or_sig) == 1:
+        func_or_sig = func_or_sig[0]
+    if isinstance(func_or_sig, list) or not compat.is_signature(func_or_sig):
+        return None
+    return compat.normalize_signature(func_or_sig)
 
 
 def patch() -> None:
     """Route simulated launches through :class:`Launch`."""
     compat.FakeCUDAKernel.__call__ = _call
+    for module in compat.JIT_MODULES:
+        module.jit = _jit
 
 
 def unpatch() -> None:
     """Give launches back to numba-cuda's simulator."""
     compat.FakeCUDAKernel.__call__ = _stock_call
+    for module in compat.JIT_MODULES:
+        module.jit = _stock_jit
 
 
 def patched() -> bool:

@@ -15,6 +15,9 @@ from __future__ import annotations
 import operator
 
 import numpy as np
+from numba.cuda import types
+
+from . import compat
 
 _MASK64 = (1 << 64) - 1
 _HALF64 = 1 << 63
@@ -133,6 +136,18 @@ def _wrapped(value, dtype: np.dtype):
     if isinstance(value, int | np.integer):
         return np.uint64(int(value) & _MASK64).astype(dtype)
     return np.asarray(value).astype(dtype)
+
+
+def as_declared(value, ty):
+    """An integer ``value`` as the integer type ``ty`` that a signature declares for it, wrapped
+    around as compiled code converts it; anything else is returned unchanged.
+
+    Floats stay Python floats: NumPy's float32 scalars do not follow Numba's typing
+    (``float32 * 2.5`` is float64 in Numba, float32 in NumPy).
+    """
+    if isinstance(ty, types.Integer) and isinstance(value, int | np.integer):
+        return narrow(_wrapped(value, compat.as_dtype(ty)))
+    return value
 
 
 class IntArray(np.ndarray):

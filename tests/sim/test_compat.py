@@ -34,7 +34,8 @@ def test_fake_kernel_launch_path():
     assert params[:3] == ["self", "fn", "device"]
     # engine.Launch reads these attributes of a configured kernel
     k = kernel(lambda: None, device=False)
-    for attr in ("fn", "_device", "extensions", "grid_dim", "block_dim", "dynshared_size"):
+    attrs = ("fn", "_device", "_debug", "extensions", "grid_dim", "block_dim", "dynshared_size")
+    for attr in attrs:
         assert hasattr(k, attr), attr
 
 
@@ -117,3 +118,16 @@ def test_math_typing_names():
     assert check(types.float32, types.float64) == compat.Conversion.promote
     assert check(types.float64, types.float32) == compat.Conversion.unsafe
     assert compat.from_dtype(np.dtype(np.float32)) == types.float32
+
+
+def test_jit_and_signature_helpers():
+    # engine wraps the simulator's jit where kernels find it, to keep an explicit signature
+    from numba.core import types
+
+    stock_jit = compat.JIT_MODULES[-1].jit
+    assert all(callable(module.jit) for module in compat.JIT_MODULES)
+    assert "func_or_sig" in inspect.signature(stock_jit).parameters
+    assert compat.is_signature("void(int32)") and not compat.is_signature(len)
+    argtypes, restype = compat.normalize_signature("int32(uint32, float32[:])")
+    assert argtypes[0] == types.uint32 and restype == types.int32
+    assert issubclass(compat.RequireLiteralValue, Exception)
