@@ -20,15 +20,21 @@ from ._compute import widened
 def layer_norm(has_weight: bool, has_bias: bool) -> tt.FusedFunction:
     """Fused ``(x - mean) * rsqrt(var + eps) [* weight] [+ bias]``, biased variance.
 
-    Arguments of the fused function: ``x, [weight], [bias], eps``.
+    Arguments of the fused function: ``x, [weight], [bias], eps``. The statistics follow the
+    corrected two-pass algorithm (Chan, Golub and LeVeque, 1983): the mean of the centred row
+    is the rounding error of the first mean, so ``centred - error`` is accurate even where
+    the mean itself is not representable (a constant row of 1000.1 gives 0, not
+    ``ulp(1000.1) / sqrt(eps)``). It costs one more sum in the variance's pass.
     """
 
     def layer_norm(x, *rest):
         *params, eps = rest
         xc = widened(x)
         centred = xc - tt.mean(xc, axis=-1, keepdims=True)
-        var = tt.mean(centred * centred, axis=-1, keepdims=True)
-        y = centred * tt.rsqrt(var + eps)
+        error = tt.mean(centred, axis=-1, keepdims=True)
+        var = tt.mean(centred * centred, axis=-1, keepdims=True) - error * error
+        scale = tt.rsqrt(var + eps)
+        y = centred * scale - error * scale  # one FFMA per element
         if has_weight:
             y = y * params.pop(0)
         if has_bias:

@@ -305,7 +305,8 @@ def ex_kernel(ex) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Numerics of issue 19: float16 computed in float32, NaN and infinities anywhere in a row
+# Numerics of issue 19: float16 computed in float32, statistics that never round the mean,
+# NaN and infinities anywhere in a row
 
 
 def test_float16_rows_of_large_magnitude_are_computed_in_float32(side):
@@ -322,6 +323,32 @@ def test_float16_rows_of_large_magnitude_are_computed_in_float32(side):
     assert back(ops.rms_norm(*on(side, x)), side)[0, 0] == -6
     got = back(ops.layer_norm(*on(side, x, w, w)), side)
     np.testing.assert_allclose(got, layer_norm_ref(x, w, w), **NORM_TOL[np.float16])
+
+
+# A warp per row, a block per row with the row in registers, the hand-written long-row kernel.
+ROW_LENGTHS = [1000, 4096, 9000]
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS)
+def test_layer_norm_of_constant_rows_is_zero(n, side):
+    """1000.1 repeated: a mean one ulp off, times 1/sqrt(eps) = 316, gave 0.0193."""
+    x = np.full((2, n), 1000.1, np.float32)
+    got = back(ops.layer_norm(*on(side, x)), side)
+    assert np.abs(got).max() <= 1e-6
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS)
+def test_layer_norm_of_noisy_rows_does_not_amplify_the_means_rounding(n, side):
+    """Rows of 1 + 1e-4 noise. A mean rounded to float32 is off by up to half an ulp of 1
+    (6e-8), and 1/sqrt(var + eps) (about 316 here) carries that into every output: 1.9e-5,
+    the error the kernels had. The statistics must not round the mean: the error must stay
+    under a quarter of that, and within the float32 tolerance."""
+    x = (1 + 1e-4 * np.random.default_rng(n).standard_normal((2, n))).astype(np.float32)
+    got = back(ops.layer_norm(*on(side, x)), side)
+    want = layer_norm_ref(x)
+    amplified = np.spacing(np.float32(1)) / 2 / np.sqrt(x.astype(np.float64).var(-1) + 1e-5)
+    assert (np.abs(got - want).max(-1) <= amplified / 4).all()
+    np.testing.assert_allclose(got, want, **NORM_TOL[np.float32])
 
 
 SPECIAL = [np.nan, np.inf, -np.inf]
@@ -347,3 +374,16 @@ def test_nan_and_infinities_anywhere_give_numpys_result(x, name, side):
     op, ref, tol = ROW_OPS[name]
     got = back(op(*on(side, x)), side)
     np.testing.assert_allclose(got, ref(x), **tol[x.dtype.type])
+
+
+@pytest.mark.parametrize("value", SPECIAL)
+@pytest.mark.parametrize("n", ROW_LENGTHS[1:])
+def test_layer_norm_of_long_rows_with_nan_or_infinity_is_nan(n, value, side):
+    """A block per row, and the long-row kernel with its per-thread shifts: a NaN or an
+    infinity at the first element (a shift) or the last makes the row NaN, as NumPy."""
+    x = np.random.default_rng(8).standard_normal((2, n)).astype(np.float32)
+    x[0, 0] = x[1, -1] = value
+    with np.errstate(invalid="ignore"):  # the simulator's inf - inf is NumPy's, which warns
+        got = back(ops.layer_norm(*on(side, x)), side)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(layer_norm_ref(x)))
+    assert np.isnan(got).all()
