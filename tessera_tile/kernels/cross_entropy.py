@@ -18,7 +18,11 @@ written.
 
 A target outside ``[0, C)`` that is not ``ignore_index`` gives NaN here (a kernel cannot raise);
 ``tessera_tile.ops.cross_entropy`` refuses such targets before launch when they are on the host.
-Computation is in float32 for float16 and float32 logits, float64 for float64 logits.
+Computation is in float32 for float16 and float32 logits, float64 for float64 logits. NaN and
+infinities as PyTorch's ``log_softmax`` gives them: a NaN that a lane meets first becomes its
+maximum, and the butterfly combines maxima with ``max_nan``, so a NaN logit makes the loss NaN
+from any lane; a +inf makes it NaN through ``exp(inf - inf)``; a row of only -inf gives
+``(-inf - -inf) + log(0)``, NaN.
 """
 
 from __future__ import annotations
