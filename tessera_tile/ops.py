@@ -96,14 +96,20 @@ def _softmax_plan(kind: str):
 def softmax(x, axis=-1):
     """Softmax over ``axis``: ``exp(x - max) / sum(exp(x - max))`` (numerically stable).
 
-    x: float16 (computed in float32), float32 or float64, any strides. One kernel: a warp or a
-    block per row, the row read once when it fits on chip.
+    x: float16 (computed in float32, rounded once), float32 or float64, any strides. NaN as
+    NumPy's formula gives it: a NaN or a +inf makes its row NaN (``exp(inf - inf)``), a -inf
+    has probability 0, a row of only -inf is NaN. One kernel: a warp or a block per row, the
+    row read once when it fits on chip.
     """
     return _softmax_plan("softmax")(x, axis)
 
 
 def log_softmax(x, axis=-1):
-    """Log-softmax over ``axis``: ``(x - max) - log(sum(exp(x - max)))`` (stable)."""
+    """Log-softmax over ``axis``: ``(x - max) - log(sum(exp(x - max)))`` (stable).
+
+    x: float16 (computed in float32, rounded once), float32 or float64, any strides. NaN and
+    infinities as for :func:`softmax` (a -inf gives -inf).
+    """
     return _softmax_plan("log_softmax")(x, axis)
 
 
@@ -112,9 +118,12 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
 
         (x - mean(x)) / sqrt(var(x) + eps) * weight + bias
 
-    weight, bias: None or arrays of shape ``(x.shape[-1],)`` and x's dtype. One kernel, the row
-    read once when it fits on chip, one ``rsqrt`` per row; longer rows (over 32 KiB) go to a
-    hand-written kernel that reads them twice (Welford's one-pass statistics, then the output).
+    weight, bias: None or arrays of shape ``(x.shape[-1],)`` and x's dtype. x: float16
+    (computed in float32, rounded once), float32 or float64. The statistics never round the
+    mean (a constant row gives 0); a NaN or an infinity makes its row NaN, as NumPy's formula.
+    One kernel, the row read once when it fits on chip, one ``rsqrt`` per row; longer rows
+    (over 32 KiB) go to a hand-written kernel that reads them twice (Welford's one-pass
+    statistics, then the output).
     """
     a = array_arg(x, "x", FLOATS, "layer_norm")
     if not a.shape:
@@ -134,7 +143,9 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
 def rms_norm(x, weight=None, eps=1e-6):
     """RMS norm over the last axis: ``x / sqrt(mean(x**2) + eps) * weight``.
 
-    weight: None or an array of shape ``(x.shape[-1],)`` and x's dtype.
+    weight: None or an array of shape ``(x.shape[-1],)`` and x's dtype. x: float16 (computed
+    in float32, rounded once), float32 or float64. A NaN makes its row NaN; an infinity makes
+    itself NaN (``inf / inf``) and the rest of its row 0, as NumPy's formula.
     """
     a = array_arg(x, "x", FLOATS, "rms_norm")
     if not a.shape:
@@ -240,6 +251,22 @@ def _rows_strides(rec: arrays.Arg) -> tuple:
 # reductions (fused definitions)
 
 
+_SELECTION = "Exact; NaN wins, as in NumPy."
+_REDUCTION_NUMERICS = {
+    "sum": "float16 is summed in float32 and rounded once; NaN propagates, inf + -inf is NaN.",
+    "mean": "float16 is summed in float32 and rounded once; NaN propagates, inf + -inf is NaN.",
+    "var": "float16 is computed in float32 and rounded once (NumPy squares float16 deviations "
+    "in float16); a NaN or an infinity gives NaN.",
+    "std": "float16 is computed in float32 and rounded once, so it is inf only where the "
+    "result is (NumPy's float16 std overflows with its variance); a NaN or an infinity gives "
+    "NaN.",
+    "max": _SELECTION,
+    "min": _SELECTION,
+    "argmax": "Exact; the first NaN's index wins, as in NumPy.",
+    "argmin": "Exact; the first NaN's index wins, as in NumPy.",
+}
+
+
 def _reduction_plan(name: str):
     one_axis = name in ("argmax", "argmin")
 
@@ -256,7 +283,8 @@ def _reduction_plan(name: str):
     plan.__doc__ = (
         f"``numpy.{name}(x, axis, keepdims=keepdims)`` with NumPy's result dtype"
         + (" (ddof=0)" if name in ("var", "std") else "")
-        + ".\n\n    x: bool, int32, int64, float16 (computed in float32), float32 or float64."
+        + ".\n\n    x: bool, int32, int64, float16, float32 or float64. "
+        + _REDUCTION_NUMERICS[name]
     )
     return plan
 
@@ -424,7 +452,11 @@ def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
     The loss of a row is ``logsumexp(row) - row[target]``; rows whose target is
     ``ignore_index`` contribute nothing. ``reduction``: ``"none"`` (the (N,) losses),
     ``"mean"`` (over the rows not ignored; NaN when all are) or ``"sum"``. Results have the
-    logits' dtype. A target outside ``[0, C)`` that is not ``ignore_index`` raises
+    logits' dtype; float16 logits are computed in float32 (the mean and sum of the float32
+    losses too) and rounded once. NaN and infinities as PyTorch's ``log_softmax`` gives them:
+    a NaN or a +inf logit makes its row's loss NaN (``exp(inf - inf)``), a row of only -inf
+    NaN, a -inf target among finite logits +inf. A target outside ``[0, C)`` that is not
+    ``ignore_index`` raises
     ``ValueError`` before launch when the targets are on the host, and gives a NaN loss for its
     row when they are on the device. One hand-written kernel reads each logit once and writes
     no probabilities; ``"mean"`` and ``"sum"`` add a fused full reduction of the N losses.

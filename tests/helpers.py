@@ -47,6 +47,19 @@ def back(result, side: str):
     return result.copy_to_host()
 
 
+def assert_close_rounded(got, want, rtol: float, atol: float = 0.0) -> None:
+    """A result against its float64 reference ``want``: within ``rtol``/``atol``, NaN where
+    ``want`` is NaN, infinities equal; where ``want`` lies within the tolerance of the result
+    dtype's largest finite value, an infinity of its sign also passes (rounding there may go
+    either way: float16 rounds 65,520 and above to inf)."""
+    got, want = np.asarray(got), np.asarray(want, np.float64)
+    largest = float(np.finfo(got.dtype).max)
+    near_edge = np.isfinite(want) & (np.abs(want) * (1 + rtol) + atol >= largest)
+    overflowed = near_edge & np.isinf(got) & (np.sign(got) == np.sign(want))
+    expected = np.where(overflowed, got.astype(np.float64), want)
+    np.testing.assert_allclose(got.astype(np.float64), expected, rtol=rtol, atol=atol)
+
+
 def attention_reference(q, k, v, causal: bool, scale: float) -> np.ndarray:
     """``softmax(q @ k^T * scale) @ v`` in float64 over the last two axes (..., S, D).
 

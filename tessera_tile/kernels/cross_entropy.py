@@ -18,7 +18,11 @@ written.
 
 A target outside ``[0, C)`` that is not ``ignore_index`` gives NaN here (a kernel cannot raise);
 ``tessera_tile.ops.cross_entropy`` refuses such targets before launch when they are on the host.
-Computation is in float32 for float16 and float32 logits, float64 for float64 logits.
+Computation is in float32 for float16 and float32 logits, float64 for float64 logits. NaN and
+infinities as PyTorch's ``log_softmax`` gives them: a NaN that a lane meets first becomes its
+maximum, and the butterfly combines maxima with ``max_nan``, so a NaN logit makes the loss NaN
+from any lane; a +inf makes it NaN through ``exp(inf - inf)``; a row of only -inf gives
+``(-inf - -inf) + log(0)``, NaN.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from .. import fusion as tt
+from .._fusion.device import max_nan
 from ..memory import aligned16, load16
 
 WARP_SIZE = 32
@@ -50,8 +55,8 @@ def _make(ct, vector: int):
         if x > m:
             return x, s * math.exp(m - x) + one  # exp(-inf) = 0 on the first element
         if m != neg_inf:
-            return m, s + math.exp(x - m)  # NaN falls through here and propagates
-        return m, s
+            return m, s + math.exp(x - m)  # a NaN x makes s NaN; inf - inf too, as PyTorch
+        return x, s  # m is -inf, x is -inf or NaN: a NaN becomes the maximum and stays
 
     def cross_entropy_rows(logits, targets, loss, valid, ignore_index, write_valid):
         n_rows, n_cols = logits.shape
@@ -88,8 +93,8 @@ def _make(ct, vector: int):
                 m2 = cuda.shfl_xor_sync(FULL_MASK, m, offset)
                 s2 = cuda.shfl_xor_sync(FULL_MASK, s, offset)
                 picked += cuda.shfl_xor_sync(FULL_MASK, picked, offset)
-                top = max(m, m2)
-                if top != neg_inf:
+                top = max_nan(m, m2)
+                if top != neg_inf:  # +inf or NaN: exp(NaN) makes s NaN
                     s = s * math.exp(m - top) + s2 * math.exp(m2 - top)
                 m = top
                 offset //= 2

@@ -2,14 +2,20 @@
 
 The composer picks the kernel from the axes: a warp or a block per row for trailing axes, a
 coalesced thread-per-column kernel for leading axes, a deterministic two-stage reduction in one
-launch for all axes. Results follow NumPy's dtypes (NumPy itself infers them).
+launch for all axes. Results follow NumPy's dtypes (NumPy itself infers them). float16 sums,
+means, variances and standard deviations are computed in float32 and rounded once (NumPy
+squares float16 deviations in float16, so its ``var`` and ``std`` overflow from deviations of
+256 on; ``std`` here is inf only where the result is).
 """
 
 from __future__ import annotations
 
 import functools
 
+import numpy as np
+
 from .. import fusion as tt
+from ._compute import widened
 
 _FUNCTIONS = {
     "sum": tt.sum,
@@ -23,6 +29,7 @@ _FUNCTIONS = {
 }
 
 NAMES = tuple(_FUNCTIONS)
+ARITHMETIC = frozenset({"sum", "mean", "var", "std"})  # the rest select an element
 
 
 @functools.cache
@@ -31,7 +38,9 @@ def reduction(name: str, axis, keepdims: bool) -> tt.FusedFunction:
     reduce = _FUNCTIONS[name]
 
     def fn(x):
-        return reduce(x, axis=axis, keepdims=keepdims)
+        if name not in ARITHMETIC or x.dtype != np.float16:
+            return reduce(x, axis=axis, keepdims=keepdims)
+        return tt.astype(reduce(widened(x), axis=axis, keepdims=keepdims), x.dtype)
 
     fn.__name__ = fn.__qualname__ = name
     return tt.fuse(fn)

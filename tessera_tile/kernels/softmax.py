@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 from .. import fusion as tt
+from ._compute import widened
 
 
 @functools.cache
@@ -18,9 +19,10 @@ def softmax(axis: int) -> tt.FusedFunction:
     """Fused ``exp(x - max) / sum(exp(x - max))`` over ``axis`` (a fixed, normalised axis)."""
 
     def softmax(x):
-        m = tt.max(x, axis=axis, keepdims=True)
-        e = tt.exp(x - m)
-        return e / tt.sum(e, axis=axis, keepdims=True)
+        xc = widened(x)
+        m = tt.max(xc, axis=axis, keepdims=True)
+        e = tt.exp(xc - m)
+        return tt.astype(e / tt.sum(e, axis=axis, keepdims=True), x.dtype)
 
     return tt.fuse(softmax)
 
@@ -30,7 +32,8 @@ def log_softmax(axis: int) -> tt.FusedFunction:
     """Fused ``(x - max) - log(sum(exp(x - max)))`` over ``axis``."""
 
     def log_softmax(x):
-        d = x - tt.max(x, axis=axis, keepdims=True)
-        return d - tt.log(tt.sum(tt.exp(d), axis=axis, keepdims=True))
+        xc = widened(x)
+        d = xc - tt.max(xc, axis=axis, keepdims=True)
+        return tt.astype(d - tt.log(tt.sum(tt.exp(d), axis=axis, keepdims=True)), x.dtype)
 
     return tt.fuse(log_softmax)

@@ -1,14 +1,20 @@
 """Prebuilt cross-entropy (hand-written kernel) against a float64 NumPy reference.
 
+The reference follows PyTorch's ``cross_entropy``, which computes ``log_softmax`` as
+``x - max - log(sum(exp(x - max)))`` with a NaN-propagating max: a NaN logit makes its row's
+loss NaN; a +inf logit too (``exp(inf - inf)``); so does a row of only -inf (``-inf - -inf``);
+a -inf target among finite logits gives +inf.
+
 Tolerances per logits dtype: rtol 2e-3 (float16: the result is rounded to float16), 1e-5
 (float32), 1e-12 (float64), with an absolute part of rtol times the scale of the terms,
-max(1, max |logits|) per row (times the number of rows for ``"sum"``).
+max(1, max |finite logit|) (times the number of rows for ``"sum"``); a float16 result past
+65,504 is inf. Logits reach magnitude 1e4.
 """
 
 import numpy as np
 import pytest
-from helpers import back, on
-from hypothesis import given
+from helpers import SIDES, assert_close_rounded, back, on
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tessera_tile import ops, sim
@@ -16,6 +22,7 @@ from tessera_tile import ops, sim
 RTOL = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-12}
 
 
+@np.errstate(invalid="ignore")  # inf - inf and -inf - -inf are NaN, as in PyTorch
 def reference(x, t, reduction, ignore_index=-100):
     x = x.astype(np.float64)
     m = x.max(1, keepdims=True) if x.shape[1] else np.zeros((len(x), 1))
@@ -23,19 +30,17 @@ def reference(x, t, reduction, ignore_index=-100):
     keep = t != ignore_index
     picked = x[np.arange(len(t)), np.where(keep, t, 0)] if x.shape[1] else 0
     loss = np.where(keep, lse - picked, 0.0)
-    with np.errstate(invalid="ignore"):
-        return {"none": loss, "sum": loss.sum(), "mean": loss.sum() / keep.sum()}[reduction]
+    return {"none": loss, "sum": loss.sum(), "mean": loss.sum() / keep.sum()}[reduction]
 
 
 def check(got, x, t, reduction, ignore_index=-100):
     want = reference(x, t, reduction, ignore_index)
     assert got.dtype == x.dtype and got.shape == np.shape(want)
-    with np.errstate(over="ignore"):  # a float16 sum past 65504 is inf, as NumPy rounds it
-        want = np.asarray(want).astype(x.dtype).astype(np.float64)
     rtol = RTOL[x.dtype.type]
-    scale = max(1.0, float(np.abs(x.astype(np.float64)).max(initial=0)))
+    finite = np.abs(x[np.isfinite(x)].astype(np.float64))
+    scale = max(1.0, float(finite.max(initial=0)))
     scale *= len(x) if reduction == "sum" else 1
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
+    assert_close_rounded(got, want, rtol=rtol, atol=rtol * scale)
 
 
 @given(
@@ -146,3 +151,81 @@ def test_bad_input_raises_before_any_launch(call, error, words):
     with sim.profile() as prof, pytest.raises(error, match=words):
         call()
     assert prof.launches == 0
+
+
+def vector_of(dtype) -> int:
+    """Logits per 16-byte load: lane l's first element is column l * vector."""
+    return 16 // np.dtype(dtype).itemsize
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("dtype", list(RTOL))
+def test_nan_logit_propagates_where_a_lane_meets_it_first(dtype, reduction, side):
+    """A NaN as the first logit a lane sees (its running max still -inf) was dropped: the
+    first column (lane 0), the first of lane 5's 16-byte chunk, the last column (the scalar
+    tail), and every column of a strided row (lane l's first is column l)."""
+    x = np.random.default_rng(9).standard_normal((5, 67)).astype(dtype)
+    x[0, 0] = x[1, 5 * vector_of(dtype)] = x[2, -1] = np.nan
+    t = np.array([1, 2, 3, 4, 5])
+    check(back(ops.cross_entropy(*on(side, x, t), reduction=reduction), side), x, t, reduction)
+    got = back(ops.cross_entropy(*on(side, x, t), reduction="none"), side)
+    assert np.isnan(got[:3]).all() and np.isfinite(got[3:]).all()
+    base = np.random.default_rng(10).standard_normal((4, 80)).astype(dtype)
+    base[:, ::2][np.arange(4), [0, 7, 31, 39]] = np.nan
+    (device_base,) = on(side, base)
+    got = back(ops.cross_entropy(device_base[:, ::2], *on(side, t[:4]), reduction="none"), side)
+    assert np.isnan(got).all()
+
+
+def test_row_of_only_minus_inf_gives_nan(side):
+    """logsumexp of a row of only -inf is -inf and its loss -inf - -inf is NaN (PyTorch's);
+    on a GPU log(0) = -inf gives it. Needs the simulator to follow CUDA's log(0) = -inf
+    (Python's math.log(0) raises)."""
+    x = np.zeros((3, 40), np.float32)
+    x[0] = x[1] = -np.inf
+    t = np.array([3, -100, 5])
+    for reduction in ("none", "mean", "sum"):
+        got = back(ops.cross_entropy(*on(side, x, t), reduction=reduction), side)
+        check(got, x, t, reduction)
+    got = back(ops.cross_entropy(*on(side, x, t), reduction="none"), side)
+    assert np.isnan(got[0]) and got[1] == 0 and got[2] == pytest.approx(np.log(40))
+
+
+def test_infinite_logits_follow_pytorch(side):
+    """+inf anywhere: NaN (exp(inf - inf)); a -inf target among finite logits: +inf."""
+    x = np.zeros((4, 40), np.float32)
+    x[0, 0] = x[1, 39] = np.inf
+    x[2, 7] = x[3, 0] = -np.inf
+    t = np.array([0, 3, 7, 5])
+    got = back(ops.cross_entropy(*on(side, x, t), reduction="none"), side)
+    check(got, x, t, "none")
+    assert np.isnan(got[:2]).all() and got[2] == np.inf and got[3] == pytest.approx(np.log(39))
+
+
+@st.composite
+def logits_with_specials(draw):
+    """Logits of magnitude up to 1e4 holding NaN, +inf or -inf: none, one or two per row, at
+    the first, the last or any column (in rows of one column, the only one)."""
+    dtype = draw(st.sampled_from(list(RTOL)))
+    n, c = draw(st.sampled_from([1, 2, 5])), draw(st.sampled_from([1, 2, 31, 33, 67]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    scale = draw(st.sampled_from([1.0, 100.0, 1e4]))
+    x = (rng.standard_normal((n, c)) * scale).astype(dtype)
+    for row in x:
+        for _ in range(draw(st.integers(0, 2))):
+            at = draw(st.one_of(st.just(0), st.just(c - 1), st.integers(0, c - 1)))
+            row[at] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    t = rng.integers(0, c, n)
+    t[rng.random(n) < 0.3] = -100
+    return x, t
+
+
+@settings(max_examples=40)
+@given(logits_with_specials(), st.sampled_from(["none", "mean", "sum"]), st.sampled_from(SIDES))
+def test_nan_and_infinities_anywhere_follow_pytorch(case, reduction, side):
+    x, t = case
+    # A kept row of only -inf is test_row_of_only_minus_inf_gives_nan's: it needs the
+    # simulator's log(0) to be CUDA's -inf.
+    assume(not np.isneginf(x[t != -100]).all(axis=1).any())
+    got = back(ops.cross_entropy(*on(side, x, t), reduction=reduction), side)
+    check(got, x, t, reduction)

@@ -7,12 +7,16 @@ the result is rounded to float16), 2e-5 (float32: the combining order differs fr
 pairwise sum) and 1e-12 (float64), with an absolute part of rtol times the largest magnitude
 the result can reach from its inputs (m = max |x|, n elements reduced): m * n for sum, m for
 mean and std, m**2 for var, so cancellation to near zero is judged on the scale of the terms.
+float16 sums, means, variances and standard deviations are computed in float32 and rounded once
+(NumPy squares float16 deviations in float16: its ``std`` of [-300.25, 300.25] is inf), so the
+reference is the float64 result; a float16 result past 65,504 is inf. Inputs reach magnitude
+1,000, and hold NaN and infinities anywhere.
 """
 
 import numpy as np
 import pytest
-from helpers import back, on
-from hypothesis import given
+from helpers import assert_close_rounded, back, on
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_tile import ops, sim
@@ -24,6 +28,7 @@ SHAPES = [(1,), (31,), (33,), (2, 33), (33, 5), (5, 32), (1, 7), (2, 3, 33), (3,
 DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
 
 
+@np.errstate(invalid="ignore", over="ignore")  # NaN and inf inputs, float16 squares
 def reference(name, x, axis, keepdims):
     """NumPy's value computed in float64 where NumPy's own dtype is a float, and NumPy's dtype."""
     expected = getattr(np, name)(x, axis=axis, keepdims=keepdims)
@@ -34,13 +39,30 @@ def reference(name, x, axis, keepdims):
     return np.asarray(wide), dtype
 
 
+def check(got, x, name, axis, keepdims):
+    """``got`` against NumPy: its dtype and shape, exact for integer results and the
+    selections, else within the tolerance of the result dtype (see the module's docstring)."""
+    want, dtype = reference(name, x, axis, keepdims)
+    assert got.dtype == dtype and got.shape == want.shape, (got.dtype, dtype, got.shape)
+    if name in EXACT or dtype.kind != "f":
+        np.testing.assert_array_equal(got, want)
+        return
+    rtol = RTOL[str(dtype)]
+    finite = np.abs(x[np.isfinite(x)].astype(np.float64))
+    m = float(finite.max(initial=0.0))
+    n = x.size // max(want.size, 1)
+    scale = {"sum": m * n, "mean": m, "var": m * m, "std": m}[name]
+    assert_close_rounded(got, want, rtol=rtol, atol=rtol * scale)
+
+
 @st.composite
 def cases(draw):
     dtype = draw(st.sampled_from(DTYPES))
     # straddling the warp size, few elements each (simulated launches are slow)
     shape = draw(st.sampled_from(SHAPES))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    x = (rng.standard_normal(shape) * 20).astype(dtype)
+    scale = draw(st.sampled_from([1.0, 20.0, 250.0]))  # up to about 1,000
+    x = (rng.standard_normal(shape) * scale).astype(dtype)
     name = draw(st.sampled_from(NAMES))
     if name in ("argmax", "argmin"):
         axis = draw(st.one_of(st.none(), st.integers(-len(shape), len(shape) - 1)))
@@ -60,17 +82,8 @@ def test_reductions_match_numpy(case):
     name, x, axis, keepdims, side = case
     before = x.copy()
     got = back(getattr(ops, name)(*on(side, x), axis=axis, keepdims=keepdims), side)
-    want, dtype = reference(name, x, axis, keepdims)
     np.testing.assert_array_equal(x, before)
-    assert got.dtype == dtype and got.shape == want.shape, (got.dtype, dtype, got.shape)
-    if name in EXACT or dtype.kind != "f":
-        np.testing.assert_array_equal(got, want)
-    else:
-        rtol = RTOL[str(dtype)]
-        m = float(np.abs(x.astype(np.float64)).max()) if x.size else 0.0
-        n = x.size // max(want.size, 1)
-        scale = {"sum": m * n, "mean": m, "var": m * m, "std": m}[name]
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
+    check(got, x, name, axis, keepdims)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -130,3 +143,42 @@ def test_bad_input_raises_before_any_launch(call, error, words):
     with sim.profile() as prof, pytest.raises(error, match=words):
         call()
     assert prof.launches == 0
+
+
+def test_float16_var_and_std_are_computed_in_float32(side):
+    """The variance of [-300.25, 300.25] is 90,150: inf in float16, as NumPy gives it. Its
+    square root 300.25 is representable; squaring in float16 gave inf for it too."""
+    x = np.array([[-300.25, 300.25], [1000.0, -1000.0], [3.0, 5.0]], np.float16)
+    (xs,) = on(side, x)
+    np.testing.assert_array_equal(back(ops.std(xs, axis=1), side), [300.25, 1000, 1])
+    np.testing.assert_array_equal(back(ops.var(xs, axis=1), side), [np.inf, np.inf, 1])
+    for name in ("var", "std"):
+        for axis in (None, 0):
+            check(back(getattr(ops, name)(xs, axis=axis), side), x, name, axis, False)
+
+
+@st.composite
+def arrays_with_specials(draw):
+    """Float arrays of magnitude up to about 1,000 holding NaN, +inf or -inf: none to three,
+    at the first, the last or any position (in an array of one element, the only one)."""
+    dtype = draw(st.sampled_from(["float16", "float32", "float64"]))
+    shape = draw(st.sampled_from(SHAPES))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    x = (rng.standard_normal(shape) * draw(st.sampled_from([1.0, 250.0]))).astype(dtype)
+    flat = x.reshape(-1)
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.one_of(st.just(0), st.just(flat.size - 1), st.integers(0, flat.size - 1)))
+        flat[at] = draw(st.sampled_from([np.nan, np.inf, -np.inf]))
+    return x
+
+
+@settings(max_examples=40)
+@given(
+    arrays_with_specials(),
+    st.sampled_from(NAMES),
+    st.sampled_from([None, -1, 0]),
+    st.sampled_from(["host", "device"]),
+)
+def test_nan_and_infinities_anywhere_give_numpys_result(x, name, axis, side):
+    got = back(getattr(ops, name)(*on(side, x), axis=axis), side)
+    check(got, x, name, axis, False)

@@ -1,15 +1,17 @@
 """Prebuilt softmax, log-softmax, layer norm and RMS norm against float64 NumPy references.
 
 Tolerances per dtype (output compared to the float64 reference of the same inputs):
-float16 rtol 2e-3 / atol 1e-3 (the output is rounded to float16, 2**-11 relative, then a few
-float32 roundings); float32 rtol 2e-5 / atol 1e-6; float64 rtol 1e-12 / atol 1e-14. The norms
-use atol 4x larger (outputs are O(3) and go through a reciprocal square root).
+float16 rtol 2e-3 / atol 1e-3 (float16 is computed in float32 and rounded once, 2**-11
+relative, after a few float32 roundings); float32 rtol 2e-5 / atol 1e-6; float64 rtol 1e-12 /
+atol 1e-14. The norms use atol 4x larger (outputs are O(3) and go through a reciprocal square
+root). Inputs reach magnitude 1,000 (float16 squares overflow from 256 on), and NaN and
+infinities anywhere in a row give NumPy's result: NaN where NumPy's is NaN.
 """
 
 import numpy as np
 import pytest
 from helpers import back, on
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_tile import ops, sim
@@ -23,18 +25,21 @@ NORM_TOL = {d: dict(rtol=t["rtol"], atol=4 * t["atol"]) for d, t in TOL.items()}
 DTYPES = list(TOL)
 
 
+@np.errstate(invalid="ignore")  # inf - inf is NaN, as the ops give
 def softmax_ref(x, axis=-1):
     x = x.astype(np.float64)
     e = np.exp(x - x.max(axis, keepdims=True))
     return e / e.sum(axis, keepdims=True)
 
 
+@np.errstate(invalid="ignore", divide="ignore")
 def log_softmax_ref(x, axis=-1):
     x = x.astype(np.float64)
     d = x - x.max(axis, keepdims=True)
     return d - np.log(np.exp(d).sum(axis, keepdims=True))
 
 
+@np.errstate(invalid="ignore")
 def layer_norm_ref(x, w=None, b=None, eps=1e-5):
     x = x.astype(np.float64)
     y = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
@@ -42,22 +47,33 @@ def layer_norm_ref(x, w=None, b=None, eps=1e-5):
     return y if b is None else y + b.astype(np.float64)
 
 
+@np.errstate(invalid="ignore")
 def rms_norm_ref(x, w=None, eps=1e-6):
     x = x.astype(np.float64)
     y = x / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
     return y if w is None else y * w.astype(np.float64)
 
 
+ROW_OPS = {
+    "softmax": (ops.softmax, softmax_ref, TOL),
+    "log_softmax": (ops.log_softmax, log_softmax_ref, TOL),
+    "layer_norm": (ops.layer_norm, layer_norm_ref, NORM_TOL),
+    "rms_norm": (ops.rms_norm, rms_norm_ref, NORM_TOL),
+}
+
+
 @st.composite
 def cases(draw, ndim=(1, 3)):
     """A :class:`View`: shapes straddling the warp (31, 32, 33) and small ones, row length 1,
-    float16/32/64, sometimes a non-contiguous view (every other column, or transposed)."""
+    float16/32/64, magnitudes up to about 1,000 (250 standard deviations: float16 squares
+    overflow from 256 on), sometimes a non-contiguous view (every other column, or
+    transposed)."""
     dtype = draw(st.sampled_from(DTYPES))
     nd = draw(st.integers(*ndim))
     shape = [draw(st.sampled_from([1, 2, 3, 5])) for _ in range(nd - 1)]
     shape.append(draw(st.sampled_from([1, 7, 31, 32, 33, 65])))
     seed = draw(st.integers(0, 2**16))
-    scale = draw(st.sampled_from([1.0, 8.0]))
+    scale = draw(st.sampled_from([1.0, 8.0, 250.0]))
     rng = np.random.default_rng(seed)
     view = draw(st.sampled_from(["contiguous", "strided", "transposed"]))
     if view == "strided":
@@ -286,3 +302,88 @@ def test_layer_norm_picks_the_hand_written_kernel_only_past_the_on_chip_row():
 
 def ex_kernel(ex) -> str:
     return ex.stages[0].split(":")[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Numerics of issue 19: float16 computed in float32, statistics that never round the mean,
+# NaN and infinities anywhere in a row
+
+
+def test_float16_rows_of_large_magnitude_are_computed_in_float32(side):
+    """float16 squares overflow from 256 on: a norm that squared in float16 gave -0.0 for -6
+    (rms_norm) and -0.96 for -6.77 (layer_norm) on rows of magnitude 300."""
+    x = np.zeros((3, 36), np.float16)
+    x[0, 0] = -300  # one spike: rms_norm gives -sqrt(36), layer_norm -sqrt(35)
+    x[1] = np.random.default_rng(7).standard_normal(36) * 300
+    x[2] = np.linspace(-1000, 1000, 36)
+    w = np.linspace(0.5, 2, 36).astype(np.float16)
+    for name, (op, ref, tol) in ROW_OPS.items():
+        got = back(op(*on(side, x)), side)
+        np.testing.assert_allclose(got, ref(x), **tol[np.float16], err_msg=name)
+    assert back(ops.rms_norm(*on(side, x)), side)[0, 0] == -6
+    got = back(ops.layer_norm(*on(side, x, w, w)), side)
+    np.testing.assert_allclose(got, layer_norm_ref(x, w, w), **NORM_TOL[np.float16])
+
+
+# A warp per row, a block per row with the row in registers, the hand-written long-row kernel.
+ROW_LENGTHS = [1000, 4096, 9000]
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS)
+def test_layer_norm_of_constant_rows_is_zero(n, side):
+    """1000.1 repeated: a mean one ulp off, times 1/sqrt(eps) = 316, gave 0.0193."""
+    x = np.full((2, n), 1000.1, np.float32)
+    got = back(ops.layer_norm(*on(side, x)), side)
+    assert np.abs(got).max() <= 1e-6
+
+
+@pytest.mark.parametrize("n", ROW_LENGTHS)
+def test_layer_norm_of_noisy_rows_does_not_amplify_the_means_rounding(n, side):
+    """Rows of 1 + 1e-4 noise. A mean rounded to float32 is off by up to half an ulp of 1
+    (6e-8), and 1/sqrt(var + eps) (about 316 here) carries that into every output: 1.9e-5,
+    the error the kernels had. The statistics must not round the mean: the error must stay
+    under a quarter of that, and within the float32 tolerance."""
+    x = (1 + 1e-4 * np.random.default_rng(n).standard_normal((2, n))).astype(np.float32)
+    got = back(ops.layer_norm(*on(side, x)), side)
+    want = layer_norm_ref(x)
+    amplified = np.spacing(np.float32(1)) / 2 / np.sqrt(x.astype(np.float64).var(-1) + 1e-5)
+    assert (np.abs(got - want).max(-1) <= amplified / 4).all()
+    np.testing.assert_allclose(got, want, **NORM_TOL[np.float32])
+
+
+SPECIAL = [np.nan, np.inf, -np.inf]
+
+
+@st.composite
+def rows_with_specials(draw):
+    """Rows (2 of them, one length from 1 to 65) holding NaN, +inf or -inf: none, one or two
+    per row, at the first, the last or any position, and in rows of one element the only one."""
+    dtype = draw(st.sampled_from(DTYPES))
+    n = draw(st.sampled_from([1, 2, 31, 33, 65]))
+    x = np.random.default_rng(draw(st.integers(0, 2**16))).standard_normal((2, n)).astype(dtype)
+    for row in x:
+        for _ in range(draw(st.integers(0, 2))):
+            at = draw(st.one_of(st.just(0), st.just(n - 1), st.integers(0, n - 1)))
+            row[at] = draw(st.sampled_from(SPECIAL))
+    return x
+
+
+@settings(max_examples=40)
+@given(rows_with_specials(), st.sampled_from(list(ROW_OPS)), st.sampled_from(["host", "device"]))
+def test_nan_and_infinities_anywhere_give_numpys_result(x, name, side):
+    op, ref, tol = ROW_OPS[name]
+    got = back(op(*on(side, x)), side)
+    np.testing.assert_allclose(got, ref(x), **tol[x.dtype.type])
+
+
+@pytest.mark.parametrize("value", SPECIAL)
+@pytest.mark.parametrize("n", ROW_LENGTHS[1:])
+def test_layer_norm_of_long_rows_with_nan_or_infinity_is_nan(n, value, side):
+    """A block per row, and the long-row kernel with its per-thread shifts: a NaN or an
+    infinity at the first element (a shift) or the last makes the row NaN, as NumPy."""
+    x = np.random.default_rng(8).standard_normal((2, n)).astype(np.float32)
+    x[0, 0] = x[1, -1] = value
+    with np.errstate(invalid="ignore"):  # the simulator's inf - inf is NumPy's, which warns
+        got = back(ops.layer_norm(*on(side, x)), side)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(layer_norm_ref(x)))
+    assert np.isnan(got).all()
