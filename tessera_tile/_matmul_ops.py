@@ -76,9 +76,9 @@ class KernelChoice:
 # float16 operands whose rows are not 16-byte aligned: the tensor-core kernel's synchronous
 # variant, with 8 warps and 2 stages (with 4 warps its guarded loads spill)
 TC_UNALIGNED = TileConfig(128, 128, 32, 8, 2, dtype="float16")
-# precision="tf32" on operands the TF32 kernel cannot take (rows not 16-byte aligned, or an
-# inner axis strided): the exact SIMT kernel with its shipped default tile
-TF32_FALLBACK = CANDIDATES[0]
+# float16 or precision="tf32" on operands the tensor-core kernels cannot take (a strided inner
+# axis; for TF32 also rows not 16-byte aligned): the float32 SIMT kernel's shipped default tile
+SIMT_FALLBACK = CANDIDATES[0]
 
 
 def choose_kernel(
@@ -95,7 +95,8 @@ def choose_kernel(
     widens float16 into float32 tiles. float32 runs on the SIMT kernel, with 16-byte copies
     where ``copy_a``/``copy_b`` say the rows allow them; with a tf32 ``config``
     (``precision="tf32"``) on the TF32 tensor-core kernel where ``tensor_rows`` is
-    ``"aligned"``, else exactly on the SIMT kernel with :data:`TF32_FALLBACK` (a reason says so).
+    ``"aligned"``, else exactly on the SIMT kernel with :data:`SIMT_FALLBACK` (a reason says so);
+    float16 with a float16 ``config`` on a strided inner axis runs on that tile too.
     """
     reasons = []
     if config.dtype == "tf32":
@@ -115,9 +116,9 @@ def choose_kernel(
             + ("an operand's inner axis is strided" if tensor_rows is None else
                "rows are not 16-byte aligned (K or N not a multiple of 4, or an offset view)")
             + ": the exact float32 SIMT kernel instead (TF32 is an opt-in to speed; the "
-            f"fallback computes exactly, tile {TF32_FALLBACK})"
+            f"fallback computes exactly, tile {SIMT_FALLBACK})"
         )  # fmt: skip
-        config = TF32_FALLBACK
+        config = SIMT_FALLBACK
     if dtype == np.float16 and config.dtype == "float16" and tensor_rows is not None:
         if tensor_rows == "contiguous":
             reasons.append(
@@ -137,8 +138,11 @@ def choose_kernel(
             "float16 on the float32 SIMT kernel (staged and accumulated in float32, rounded "
             "once at the store): "
             + ("a float32 TileConfig was given" if config.dtype == "float32" else
-               "an operand's inner axis is strided, which the tensor-core kernel cannot take")
+               "an operand's inner axis is strided, which the tensor-core kernel cannot take "
+               f"(tile {SIMT_FALLBACK})")
         )  # fmt: skip
+        if config.dtype != "float32":
+            config = SIMT_FALLBACK
         kernel = simt.simt_matmul(
             config, activation, has_bias, 4, 4, async_copy=False, vector_store=False
         )
