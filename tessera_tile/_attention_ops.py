@@ -47,6 +47,7 @@ class Family:
     config_type: type
     compute: str  # what explain says of the arithmetic
     unaligned: str  # how rows that are not 16-byte aligned are loaded
+    int32_positions: bool  # the kernel counts query and key positions in int32
 
 
 FAMILIES = {
@@ -56,6 +57,7 @@ FAMILIES = {
         tensor_cores.AttentionConfig,
         "float16: tensor cores (mma.sync m16n8k16), float32 scores and statistics",
         "synchronous guarded loads instead of cp.async",
+        True,
     ),
     np.dtype(np.float32): Family(
         simt,
@@ -63,9 +65,11 @@ FAMILIES = {
         simt.SimtAttentionConfig,
         "float32: computed in float32 (SIMT FFMA), no tensor cores",
         "4-byte cp.async copies of single elements instead of 16-byte ones",
+        False,
     ),
 }
 DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
+INT32_MAX = 2**31 - 1
 LOG2E = math.log2(math.e)
 NAMES = ("q", "k", "v")
 
@@ -380,7 +384,24 @@ def attention(q, k, v, *, causal=False, scale=None, config=None):
         )
     if not isinstance(causal, bool | np.bool_):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    return Attention(q, k, v, bool(causal), _scale(scale, d), _config(config, family, d), batch)
+    call = Attention(q, k, v, bool(causal), _scale(scale, d), _config(config, family, d), batch)
+    _check_positions(call)
+    return call
+
+
+def _check_positions(call: Attention) -> None:
+    """The tensor-core kernel holds query and key positions in int32, up to two tiles past the
+    end of a sequence (its last block and its masks): refuse lengths that would wrap."""
+    if not call.family.int32_positions:
+        return
+    cfg = call.tile_config()
+    limit = INT32_MAX - 2 * max(cfg.block_q, cfg.block_kv)
+    for name, length in (("q", call.sq), ("k", call.sk)):
+        if length > limit:
+            raise ValueError(
+                f"{name} has sequence length {length}: the float16 kernel counts positions "
+                f"in int32, so at most {limit}"
+            )
 
 
 attention = PrebuiltOp(attention)

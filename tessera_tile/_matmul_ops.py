@@ -54,6 +54,7 @@ __all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
 DTYPES = tuple(np.dtype(d) for d in ("float16", "float32"))
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
 DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
+INT32_MAX = 2**31 - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,7 +504,6 @@ def _product(
             f"{names[1]} has dtype {rb.dtype} and {names[0]} {ra.dtype}: {what} needs one dtype "
             "(convert one of them first)"
         )
-    arrays.check_one_side([ra, rb], list(names))
     a_vector = "row" if len(ra.shape) == 1 else None
     b_vector = "col" if len(rb.shape) == 1 else None
     k_a = ra.shape[-1]
@@ -546,7 +546,26 @@ def _product(
     tile_m = product.tile_config().tile_m
     if -(-m // tile_m) > MAX_GRID_YZ:
         raise ValueError(f"{names[0]} has {m} rows: more than {MAX_GRID_YZ} tiles of {tile_m}")
+    _check_k(product, names[0])
     return product
+
+
+def _check_k(product: Product, name: str) -> None:
+    """The tensor-core kernels count k-tiles in int32 (with the stages in flight ahead of the
+    current one): refuse a K that would wrap, for every tile a launch may take (a call
+    without ``config`` may be tuned to any of the choices)."""
+    kind = "tf32" if product.precision == "tf32" else product.dtype.name
+    tiles = [product.config] if product.config is not None else CHOICES
+    tiles = [c for c in tiles if c.dtype == kind and kind in ("float16", "tf32")]
+    if tiles and kind == "float16":
+        tiles.append(TC_UNALIGNED)
+    for c in tiles:
+        limit = (INT32_MAX - c.num_stages) * c.tile_k
+        if product.k > limit:
+            raise ValueError(
+                f"{name} has K = {product.k}: the tensor-core kernels count k-tiles of "
+                f"{c.tile_k} in int32, so K is at most {limit}"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -636,7 +655,6 @@ def _linear(x, w, bias, activation, config, names, what, precision=None) -> Prod
             raise TypeError(
                 f"{bias_name} has dtype {rbias.dtype}; it must match {w_name}'s dtype {rw.dtype}"
             )
-        arrays.check_one_side([rw, rbias], [w_name, bias_name])
     return _product(x, w, (x_name, w_name), what, config, rbias, activation, bias_name, precision)
 
 
@@ -709,7 +727,6 @@ def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
         raise ValueError(f"w2 has shape {rw2.shape}; mlp needs ({first.n}, N) after w1")
     if rw2.dtype != first.dtype:
         raise TypeError(f"w2 has dtype {rw2.dtype}; it must match x's dtype {first.dtype}")
-    arrays.check_one_side([first.a, rw2], ["x", "w2"])
     hidden = arrays.Arg(
         first.a.kind, None, first.out_shape,
         arrays.contiguous_strides(first.out_shape, first.dtype.itemsize), first.dtype,
@@ -722,12 +739,12 @@ def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
             raise ValueError(f"b2 has shape {rb2.shape}; mlp needs ({rw2.shape[1]},)")
         if rb2.dtype != first.dtype:
             raise TypeError(f"b2 has dtype {rb2.dtype}; it must match x's dtype {first.dtype}")
-        arrays.check_one_side([first.a, rb2], ["x", "b2"])
     second = Product(
         hidden, rw2, rb2, None, None, "mlp", ("hidden", "w2", "b2"),
         first.a_vector, None, first.batch,
         (*first.out_shape[:-1], rw2.shape[1]), precision,
     )  # fmt: skip
+    _check_k(second, "w2")  # before the first product launches
     return _Mlp(first, second)
 
 
