@@ -364,12 +364,17 @@ def attention(q, k, v, *, causal=False, scale=None, config=None):
 
     ``q``: ``(..., Sq, D)``, ``k`` and ``v``: ``(..., Sk, D)``, leading dimensions broadcast
     as in NumPy; D in {16, 32, 64, 128}. ``scale`` defaults to ``1 / sqrt(D)``.
-    ``causal=True`` masks key ``j > i + Sk - Sq`` (aligned to the bottom right, as PyTorch's
-    ``is_causal``); tiles above the diagonal are skipped. A query row with no visible key
-    (``Sk = 0``, or causal with ``Sq > Sk``) gives zeros, as PyTorch's math backend.
+    ``causal=True`` masks key ``j > i + Sk - Sq``: aligned to the bottom right, as FlashAttention
+    (2.1 on) and PyTorch's ``causal_lower_right`` (PyTorch's ``is_causal=True`` aligns to the
+    top left: the two differ where Sq != Sk); tiles above the diagonal are skipped. A query
+    row with no visible key (``Sk = 0``, or causal with ``Sq > Sk``) gives zeros, as
+    PyTorch's math backend.
 
-    float16 in, float16 out, on the tensor cores with float32 softmax statistics; float32 in,
-    float32 out, computed in float32. ``config``: an
+    float16 in, float16 out, on the tensor cores: scores, softmax statistics and O accumulated
+    in float32, the probabilities rounded to float16 for ``P @ V``, O rounded once; float32 in,
+    float32 out, computed in float32. NaN reaches every row that sees it; a +inf score makes
+    its row NaN (``inf - inf``), a -inf score gives its key weight 0, and inf in v passes
+    through ``P @ V``: IEEE arithmetic, as the unfused softmax computes. ``config``: an
     :class:`tessera_tile.kernels.attention.AttentionConfig` (float16) or
     :class:`tessera_tile.kernels.attention_simt.SimtAttentionConfig` (float32); default, the
     family's :func:`default_config` for D. ``out=`` and ``stream=`` as for every op.

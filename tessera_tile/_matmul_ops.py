@@ -616,8 +616,11 @@ def matmul(a, b, *, config=None, precision=None):
     without copies) and 1-D operands (a vector on the left is a row, on the right a column;
     its dimension is dropped from the result).
 
-    a, b: float32 (computed exactly in float32 SIMT) or float16 (on the tensor cores,
-    accumulated in float32 and rounded once); one dtype for both; host or device, any strides.
+    a, b: float32 (computed exactly in float32 SIMT) or float16 (on the tensor cores, or the
+    float32 SIMT kernel for a strided inner axis: products and sums in float32, rounded to
+    float16 once, so a result beyond float16's range is inf); one dtype for both; host or
+    device, any strides. NaN and inf follow IEEE arithmetic, as NumPy (``inf * 0`` is NaN).
+    K = 0 gives zeros.
     config: a :class:`tessera_tile.TileConfig`, or None for the analytic model's default.
     precision: None (float32 computed exactly) or ``"tf32"``: float32 inputs on TF32 tensor
     cores, each input read with 10 mantissa bits (relative error up to ``2**-10`` per input;
@@ -634,7 +637,9 @@ def linear(x, w, bias=None, activation=None, *, config=None, precision=None):
 
     x: (..., K); w: (K, N); bias: None or (N,), all of one dtype (float32 or float16).
     activation: None, ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (tanh approximation)
-    or ``"silu"``, as in PyTorch. K = 0 gives ``activation(bias)``.
+    or ``"silu"``, as in PyTorch. K = 0 gives ``activation(bias)``. float16: the bias and the
+    activation run on the float32 accumulator before the one rounding. NaN propagates through
+    every activation; inputs where ``exp`` overflows give the activation's limit.
     precision: None (exact) or ``"tf32"`` (float32 on TF32 tensor cores), as in :func:`matmul`.
     """
     return _linear(x, w, bias, activation, config, ("x", "w", "bias"), "linear", precision)
@@ -719,7 +724,8 @@ def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
     The hidden activation (..., H) goes through device memory: written once, read once per
     column of output tiles of the second kernel (``docs/matmul.md`` says when keeping it on
     chip would pay). precision: None (exact) or ``"tf32"`` for both products, as in
-    :func:`matmul`.
+    :func:`matmul`. float16: each product computes in float32 as in :func:`linear`, and the
+    hidden activation is rounded to float16 between them; NaN and inf as in :func:`linear`.
     """
     first = _linear(x, w1, b1, activation, None, ("x", "w1", "b1"), "mlp", precision)
     rw2 = _operand(w2, "w2", "mlp")

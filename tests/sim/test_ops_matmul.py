@@ -257,6 +257,20 @@ def test_float16_strided_operands_on_simt(side, view, config):
     assert ("inner axis is strided" in reasons) == (side == "device")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_nan_inf_and_overflow_as_numpy(side, dtype):
+    """IEEE arithmetic, as the docstring says: inf * 0 is NaN, NaN propagates, and a float16
+    result beyond its range (computed in float32) rounds to inf."""
+    big = 60000.0  # a float16 whose sum of two overflows float16, not float32
+    a = np.array([[np.inf, 1, 0], [np.nan, 1, 0], [1, 1, 0], [big, big, 0]], dtype)
+    b = np.array([[0, 1], [1, 1], [1, -1]], dtype)
+    got = back(ops.matmul(*on(side, a, b)), side)
+    with np.errstate(all="ignore"):  # the reference meets the same NaN and overflow
+        want = (a.astype(np.float64) @ b.astype(np.float64)).astype(dtype)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want)  # NaN where NumPy has NaN, inf where it has inf
+
+
 @pytest.mark.parametrize("activation", ["gelu", "silu"])
 def test_mlp_matches_numpy(side, activation):
     rng = np.random.default_rng(6)
