@@ -348,3 +348,19 @@ def test_k_at_the_limit_is_accepted(side):
     """The limit is exact: K_LIMIT passes validation (explain plans it), K_LIMIT + 1 does not."""
     a, b = huge(side, (4, K_LIMIT), np.float16), huge(side, (K_LIMIT, 4), np.float16)
     assert ops.matmul.explain(a, b, config=TC).kernels == 1
+
+
+@pytest.mark.usefixtures("nothing_placed")
+@pytest.mark.parametrize("op", ["softmax", "transpose", "matmul", "attention", "fused"])
+def test_misaligned_simulator_device_array_is_refused(op):
+    """The simulator's own device arrays get the interface's checks: one whose memory starts
+    one byte into a buffer is refused (a GPU would fault on it)."""
+    spec = SPECS[op]
+    names, hosts = list(spec.arrays), list(spec.arrays.values())
+    first = hosts[0]
+    raw = np.zeros(first.nbytes + first.itemsize, np.uint8)[1 : 1 + first.nbytes]
+    misaligned = raw.view(first.dtype).reshape(first.shape)
+    misaligned[...] = first
+    args = [_arrays._fake_device_array(misaligned), *on("device", *hosts[1:])]
+    with refused(ValueError, names[0], "multiples of its itemsize"):
+        spec.call(*args)
