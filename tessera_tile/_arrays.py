@@ -19,6 +19,7 @@ under ``NUMBA_CUDA_ARRAY_INTERFACE_SYNC``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +53,7 @@ class Arg:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # exact (a stand-in's shape may exceed int64)
 
     def extent(self) -> tuple[int, int]:
         """[first, last) byte addresses the array covers."""
@@ -100,9 +101,10 @@ def read(value, name: str, *, scalars: bool = True) -> Arg:
         )  # fmt: skip
     if _config.SIMULATED and getattr(value, "__cuda_ndarray__", False):
         a = value._ary  # the simulator's device array: its memory is this host array
-        return Arg(
+        rec = Arg(
             DEVICE, value, a.shape, a.strides, a.dtype, a.__array_interface__["data"][0], "numba"
         )
+        return _check_device(rec, name)
     try:
         cai = value.__cuda_array_interface__
     except AttributeError:
@@ -110,29 +112,93 @@ def read(value, name: str, *, scalars: bool = True) -> Arg:
             f"{name} is a {type(value).__name__}, not an array (NumPy, CuPy, a numba device "
             "array or any __cuda_array_interface__ object)" + (" or a scalar" if scalars else "")
         ) from None
-    return _from_interface(value, cai, name)
+    return _check_device(_from_interface(value, cai, name), name)
 
 
-def _from_interface(value, cai: dict, name: str) -> Arg:
+def _from_interface(value, cai, name: str) -> Arg:
+    """The record of a ``__cuda_array_interface__`` object, every field checked first:
+    ValueError or TypeError naming ``name``, of the class NumPy raises for the same fault in
+    ``__array_interface__``."""
+    what = f"{name}: __cuda_array_interface__"
+    if not isinstance(cai, dict):
+        raise ValueError(f"{what} must be a dict, got {type(cai).__name__}")
+    for key in ("shape", "typestr", "data"):
+        if key not in cai:
+            raise ValueError(f"{what} has no {key!r} (the protocol requires shape, typestr, data)")
     if cai.get("mask") is not None:
         raise TypeError(f"{name} is a masked array (__cuda_array_interface__ mask): not supported")
     if cai.get("version", 0) >= 3 and cai.get("stream") == 0:
         raise ValueError(
-            f"{name}: __cuda_array_interface__ stream 0 is disallowed by the protocol "
+            f"{what} stream 0 is disallowed by the protocol "
             "(1 is the legacy default stream, 2 the per-thread default stream)"
         )
-    dtype = np.dtype(cai["typestr"])
-    shape = tuple(int(n) for n in cai["shape"])
+    dtype = _interface_dtype(cai["typestr"], what)
+    shape = _interface_ints(cai["shape"], "shape", what)
+    if any(n < 0 for n in shape):
+        raise ValueError(f"{what} shape {shape} has a negative dimension")
     strides = cai.get("strides")
-    strides = contiguous_strides(shape, dtype.itemsize) if strides is None else tuple(strides)
-    pointer, readonly = cai["data"]
+    if strides is None:
+        strides = contiguous_strides(shape, dtype.itemsize)
+    else:
+        strides = _interface_ints(strides, "strides", what)
+        if len(strides) != len(shape):
+            raise ValueError(f"{what} has {len(strides)} strides for the {len(shape)} dimensions")
+    pointer, readonly = _interface_data(cai["data"], what)
     if getattr(value, "__cuda_ndarray__", False):
         family = "numba"
     elif type(value).__module__.partition(".")[0] == "cupy":
         family = "cupy"
     else:
         family = "cai"
-    return Arg(DEVICE, value, shape, strides, dtype, int(pointer or 0), family, bool(readonly))
+    return Arg(DEVICE, value, shape, strides, dtype, pointer, family, bool(readonly))
+
+
+def _interface_dtype(typestr, what: str) -> np.dtype:
+    if not isinstance(typestr, str):
+        raise TypeError(f"{what} typestr must be a str, got {type(typestr).__name__}")
+    try:
+        return np.dtype(typestr)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what} typestr {typestr!r} is not a data type") from None
+
+
+def _interface_ints(values, key: str, what: str) -> tuple[int, ...]:
+    if not isinstance(values, tuple | list):
+        raise TypeError(f"{what} {key} must be a tuple of ints, got {type(values).__name__}")
+    if not all(isinstance(n, int | np.integer) and not isinstance(n, bool) for n in values):
+        raise TypeError(f"{what} {key} {values!r} must hold ints")
+    return tuple(int(n) for n in values)
+
+
+def _interface_data(data, what: str) -> tuple[int, bool]:
+    if not (isinstance(data, tuple | list) and len(data) == 2):
+        raise TypeError(f"{what} data must be a 2-tuple (pointer, read-only flag), got {data!r}")
+    pointer, readonly = data
+    if pointer is None:  # protocol version 2's null pointer of an empty array
+        pointer = 0
+    if isinstance(pointer, bool) or not isinstance(pointer, int | np.integer):
+        raise TypeError(f"{what} data pointer must be an int, got {type(pointer).__name__}")
+    if pointer < 0:
+        raise ValueError(f"{what} data pointer {pointer} is negative")
+    return int(pointer), readonly
+
+
+def _check_device(rec: Arg, name: str) -> Arg:
+    """A device array the kernels can read: a pointer to its elements, and an address and
+    strides that are whole elements (a GPU faults on a misaligned access, and the fault
+    poisons the context)."""
+    if not rec.size:
+        return rec
+    if rec.address == 0:
+        raise ValueError(f"{name} has a null data pointer and {rec.size} element(s)")
+    item = rec.dtype.itemsize
+    used = [s for n, s in zip(rec.shape, rec.strides, strict=True) if n > 1]
+    if rec.address % item or any(s % item for s in used):
+        raise ValueError(
+            f"{name} has address {rec.address:#x} and byte strides {rec.strides}: both must "
+            f"be multiples of its itemsize, {item} (the kernels read whole aligned elements)"
+        )
+    return rec
 
 
 def overlap(a: Arg, b: Arg) -> bool:

@@ -47,6 +47,7 @@ class Family:
     config_type: type
     compute: str  # what explain says of the arithmetic
     unaligned: str  # how rows that are not 16-byte aligned are loaded
+    int32_positions: bool  # the kernel counts query and key positions in int32
 
 
 FAMILIES = {
@@ -56,6 +57,7 @@ FAMILIES = {
         tensor_cores.AttentionConfig,
         "float16: tensor cores (mma.sync m16n8k16), float32 scores and statistics",
         "synchronous guarded loads instead of cp.async",
+        True,
     ),
     np.dtype(np.float32): Family(
         simt,
@@ -63,9 +65,11 @@ FAMILIES = {
         simt.SimtAttentionConfig,
         "float32: computed in float32 (SIMT FFMA), no tensor cores",
         "4-byte cp.async copies of single elements instead of 16-byte ones",
+        False,
     ),
 }
 DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
+INT32_MAX = 2**31 - 1
 LOG2E = math.log2(math.e)
 NAMES = ("q", "k", "v")
 
@@ -360,12 +364,17 @@ def attention(q, k, v, *, causal=False, scale=None, config=None):
 
     ``q``: ``(..., Sq, D)``, ``k`` and ``v``: ``(..., Sk, D)``, leading dimensions broadcast
     as in NumPy; D in {16, 32, 64, 128}. ``scale`` defaults to ``1 / sqrt(D)``.
-    ``causal=True`` masks key ``j > i + Sk - Sq`` (aligned to the bottom right, as PyTorch's
-    ``is_causal``); tiles above the diagonal are skipped. A query row with no visible key
-    (``Sk = 0``, or causal with ``Sq > Sk``) gives zeros, as PyTorch's math backend.
+    ``causal=True`` masks key ``j > i + Sk - Sq``: aligned to the bottom right, as FlashAttention
+    (2.1 on) and PyTorch's ``causal_lower_right`` (PyTorch's ``is_causal=True`` aligns to the
+    top left: the two differ where Sq != Sk); tiles above the diagonal are skipped. A query
+    row with no visible key (``Sk = 0``, or causal with ``Sq > Sk``) gives zeros, as
+    PyTorch's math backend.
 
-    float16 in, float16 out, on the tensor cores with float32 softmax statistics; float32 in,
-    float32 out, computed in float32. ``config``: an
+    float16 in, float16 out, on the tensor cores: scores, softmax statistics and O accumulated
+    in float32, the probabilities rounded to float16 for ``P @ V``, O rounded once; float32 in,
+    float32 out, computed in float32. NaN reaches every row that sees it; a +inf score makes
+    its row NaN (``inf - inf``), a -inf score gives its key weight 0, and inf in v passes
+    through ``P @ V``: IEEE arithmetic, as the unfused softmax computes. ``config``: an
     :class:`tessera_tile.kernels.attention.AttentionConfig` (float16) or
     :class:`tessera_tile.kernels.attention_simt.SimtAttentionConfig` (float32); default, the
     family's :func:`default_config` for D. ``out=`` and ``stream=`` as for every op.
@@ -380,7 +389,24 @@ def attention(q, k, v, *, causal=False, scale=None, config=None):
         )
     if not isinstance(causal, bool | np.bool_):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    return Attention(q, k, v, bool(causal), _scale(scale, d), _config(config, family, d), batch)
+    call = Attention(q, k, v, bool(causal), _scale(scale, d), _config(config, family, d), batch)
+    _check_positions(call)
+    return call
+
+
+def _check_positions(call: Attention) -> None:
+    """The tensor-core kernel holds query and key positions in int32, up to two tiles past the
+    end of a sequence (its last block and its masks): refuse lengths that would wrap."""
+    if not call.family.int32_positions:
+        return
+    cfg = call.tile_config()
+    limit = INT32_MAX - 2 * max(cfg.block_q, cfg.block_kv)
+    for name, length in (("q", call.sq), ("k", call.sk)):
+        if length > limit:
+            raise ValueError(
+                f"{name} has sequence length {length}: the float16 kernel counts positions "
+                f"in int32, so at most {limit}"
+            )
 
 
 attention = PrebuiltOp(attention)

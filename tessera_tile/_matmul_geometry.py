@@ -129,7 +129,8 @@ def layout(mat: Matrix, z_count: int, z_stride: int) -> str:
 
 
 def inner_contiguous(mat: Matrix) -> bool:
-    return mat.cols <= 1 or mat.col_stride == mat.itemsize
+    """A row is contiguous (a matrix without elements has any strides: NumPy gives 0)."""
+    return mat.cols <= 1 or mat.rows == 0 or mat.col_stride == mat.itemsize
 
 
 def rows_aligned(mat: Matrix, z_stride: int, address: int) -> bool:

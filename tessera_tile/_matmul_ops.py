@@ -54,6 +54,7 @@ __all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
 DTYPES = tuple(np.dtype(d) for d in ("float16", "float32"))
 ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
 DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
+INT32_MAX = 2**31 - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -76,9 +77,9 @@ class KernelChoice:
 # float16 operands whose rows are not 16-byte aligned: the tensor-core kernel's synchronous
 # variant, with 8 warps and 2 stages (with 4 warps its guarded loads spill)
 TC_UNALIGNED = TileConfig(128, 128, 32, 8, 2, dtype="float16")
-# precision="tf32" on operands the TF32 kernel cannot take (rows not 16-byte aligned, or an
-# inner axis strided): the exact SIMT kernel with its shipped default tile
-TF32_FALLBACK = CANDIDATES[0]
+# float16 or precision="tf32" on operands the tensor-core kernels cannot take (a strided inner
+# axis; for TF32 also rows not 16-byte aligned): the float32 SIMT kernel's shipped default tile
+SIMT_FALLBACK = CANDIDATES[0]
 
 
 def choose_kernel(
@@ -95,7 +96,8 @@ def choose_kernel(
     widens float16 into float32 tiles. float32 runs on the SIMT kernel, with 16-byte copies
     where ``copy_a``/``copy_b`` say the rows allow them; with a tf32 ``config``
     (``precision="tf32"``) on the TF32 tensor-core kernel where ``tensor_rows`` is
-    ``"aligned"``, else exactly on the SIMT kernel with :data:`TF32_FALLBACK` (a reason says so).
+    ``"aligned"``, else exactly on the SIMT kernel with :data:`SIMT_FALLBACK` (a reason says so);
+    float16 with a float16 ``config`` on a strided inner axis runs on that tile too.
     """
     reasons = []
     if config.dtype == "tf32":
@@ -115,9 +117,9 @@ def choose_kernel(
             + ("an operand's inner axis is strided" if tensor_rows is None else
                "rows are not 16-byte aligned (K or N not a multiple of 4, or an offset view)")
             + ": the exact float32 SIMT kernel instead (TF32 is an opt-in to speed; the "
-            f"fallback computes exactly, tile {TF32_FALLBACK})"
+            f"fallback computes exactly, tile {SIMT_FALLBACK})"
         )  # fmt: skip
-        config = TF32_FALLBACK
+        config = SIMT_FALLBACK
     if dtype == np.float16 and config.dtype == "float16" and tensor_rows is not None:
         if tensor_rows == "contiguous":
             reasons.append(
@@ -137,8 +139,11 @@ def choose_kernel(
             "float16 on the float32 SIMT kernel (staged and accumulated in float32, rounded "
             "once at the store): "
             + ("a float32 TileConfig was given" if config.dtype == "float32" else
-               "an operand's inner axis is strided, which the tensor-core kernel cannot take")
+               "an operand's inner axis is strided, which the tensor-core kernel cannot take "
+               f"(tile {SIMT_FALLBACK})")
         )  # fmt: skip
+        if config.dtype != "float32":
+            config = SIMT_FALLBACK
         kernel = simt.simt_matmul(
             config, activation, has_bias, 4, 4, async_copy=False, vector_store=False
         )
@@ -499,7 +504,6 @@ def _product(
             f"{names[1]} has dtype {rb.dtype} and {names[0]} {ra.dtype}: {what} needs one dtype "
             "(convert one of them first)"
         )
-    arrays.check_one_side([ra, rb], list(names))
     a_vector = "row" if len(ra.shape) == 1 else None
     b_vector = "col" if len(rb.shape) == 1 else None
     k_a = ra.shape[-1]
@@ -542,7 +546,26 @@ def _product(
     tile_m = product.tile_config().tile_m
     if -(-m // tile_m) > MAX_GRID_YZ:
         raise ValueError(f"{names[0]} has {m} rows: more than {MAX_GRID_YZ} tiles of {tile_m}")
+    _check_k(product, names[0])
     return product
+
+
+def _check_k(product: Product, name: str) -> None:
+    """The tensor-core kernels count k-tiles in int32 (with the stages in flight ahead of the
+    current one): refuse a K that would wrap, for every tile a launch may take (a call
+    without ``config`` may be tuned to any of the choices)."""
+    kind = "tf32" if product.precision == "tf32" else product.dtype.name
+    tiles = [product.config] if product.config is not None else CHOICES
+    tiles = [c for c in tiles if c.dtype == kind and kind in ("float16", "tf32")]
+    if tiles and kind == "float16":
+        tiles.append(TC_UNALIGNED)
+    for c in tiles:
+        limit = (INT32_MAX - c.num_stages) * c.tile_k
+        if product.k > limit:
+            raise ValueError(
+                f"{name} has K = {product.k}: the tensor-core kernels count k-tiles of "
+                f"{c.tile_k} in int32, so K is at most {limit}"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -593,8 +616,11 @@ def matmul(a, b, *, config=None, precision=None):
     without copies) and 1-D operands (a vector on the left is a row, on the right a column;
     its dimension is dropped from the result).
 
-    a, b: float32 (computed exactly in float32 SIMT) or float16 (on the tensor cores,
-    accumulated in float32 and rounded once); one dtype for both; host or device, any strides.
+    a, b: float32 (computed exactly in float32 SIMT) or float16 (on the tensor cores, or the
+    float32 SIMT kernel for a strided inner axis: products and sums in float32, rounded to
+    float16 once, so a result beyond float16's range is inf); one dtype for both; host or
+    device, any strides. NaN and inf follow IEEE arithmetic, as NumPy (``inf * 0`` is NaN).
+    K = 0 gives zeros.
     config: a :class:`tessera_tile.TileConfig`, or None for the analytic model's default.
     precision: None (float32 computed exactly) or ``"tf32"``: float32 inputs on TF32 tensor
     cores, each input read with 10 mantissa bits (relative error up to ``2**-10`` per input;
@@ -611,7 +637,9 @@ def linear(x, w, bias=None, activation=None, *, config=None, precision=None):
 
     x: (..., K); w: (K, N); bias: None or (N,), all of one dtype (float32 or float16).
     activation: None, ``"relu"``, ``"gelu"`` (exact, erf), ``"gelu_tanh"`` (tanh approximation)
-    or ``"silu"``, as in PyTorch. K = 0 gives ``activation(bias)``.
+    or ``"silu"``, as in PyTorch. K = 0 gives ``activation(bias)``. float16: the bias and the
+    activation run on the float32 accumulator before the one rounding. NaN propagates through
+    every activation; inputs where ``exp`` overflows give the activation's limit.
     precision: None (exact) or ``"tf32"`` (float32 on TF32 tensor cores), as in :func:`matmul`.
     """
     return _linear(x, w, bias, activation, config, ("x", "w", "bias"), "linear", precision)
@@ -632,7 +660,6 @@ def _linear(x, w, bias, activation, config, names, what, precision=None) -> Prod
             raise TypeError(
                 f"{bias_name} has dtype {rbias.dtype}; it must match {w_name}'s dtype {rw.dtype}"
             )
-        arrays.check_one_side([rw, rbias], [w_name, bias_name])
     return _product(x, w, (x_name, w_name), what, config, rbias, activation, bias_name, precision)
 
 
@@ -697,7 +724,8 @@ def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
     The hidden activation (..., H) goes through device memory: written once, read once per
     column of output tiles of the second kernel (``docs/matmul.md`` says when keeping it on
     chip would pay). precision: None (exact) or ``"tf32"`` for both products, as in
-    :func:`matmul`.
+    :func:`matmul`. float16: each product computes in float32 as in :func:`linear`, and the
+    hidden activation is rounded to float16 between them; NaN and inf as in :func:`linear`.
     """
     first = _linear(x, w1, b1, activation, None, ("x", "w1", "b1"), "mlp", precision)
     rw2 = _operand(w2, "w2", "mlp")
@@ -705,7 +733,6 @@ def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
         raise ValueError(f"w2 has shape {rw2.shape}; mlp needs ({first.n}, N) after w1")
     if rw2.dtype != first.dtype:
         raise TypeError(f"w2 has dtype {rw2.dtype}; it must match x's dtype {first.dtype}")
-    arrays.check_one_side([first.a, rw2], ["x", "w2"])
     hidden = arrays.Arg(
         first.a.kind, None, first.out_shape,
         arrays.contiguous_strides(first.out_shape, first.dtype.itemsize), first.dtype,
@@ -718,12 +745,12 @@ def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
             raise ValueError(f"b2 has shape {rb2.shape}; mlp needs ({rw2.shape[1]},)")
         if rb2.dtype != first.dtype:
             raise TypeError(f"b2 has dtype {rb2.dtype}; it must match x's dtype {first.dtype}")
-        arrays.check_one_side([first.a, rb2], ["x", "b2"])
     second = Product(
         hidden, rw2, rb2, None, None, "mlp", ("hidden", "w2", "b2"),
         first.a_vector, None, first.batch,
         (*first.out_shape[:-1], rw2.shape[1]), precision,
     )  # fmt: skip
+    _check_k(second, "w2")  # before the first product launches
     return _Mlp(first, second)
 
 

@@ -109,11 +109,15 @@ def eps_value(eps) -> float:
 
 
 def check_out(out, shape, dtype, inputs: dict[str, arrays.Arg]) -> arrays.Arg | None:
-    """The record of ``out=`` of a hand-written op, checked against the result."""
-    if out is None:
-        return None
-    o = arrays.read(out, "out", scalars=False)
-    arrays.check_out(o, "out", shape, dtype, inputs)
+    """The record of ``out=`` of a hand-written op, checked against the result; and every
+    array of the call (``inputs``: name -> record, and ``out``) on one side, host or device:
+    TypeError naming two of them otherwise. Every hand-written op calls this before it
+    places or launches anything (the fused functions check the same in their runtime)."""
+    o = None if out is None else arrays.read(out, "out", scalars=False)
+    named = inputs if o is None else {**inputs, "out": o}
+    arrays.check_one_side(list(named.values()), list(named))
+    if o is not None:
+        arrays.check_out(o, "out", shape, dtype, inputs)
     return o
 
 

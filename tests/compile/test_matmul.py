@@ -128,3 +128,29 @@ def test_tf32_linear_inspects_the_kernel_explain_names(k, n, arch, record_proper
         assert report.count("LDGSTS") > 0
     else:
         assert loop.count("FFMA") >= 512 and report.count("HMMA") == 0
+
+
+class DeviceStandIn:
+    """A device array as ``__cuda_array_interface__`` describes it (never dereferenced:
+    ``inspect`` reads only shape, dtype and strides)."""
+
+    def __init__(self, shape, dtype, transposed=False):
+        itemsize = np.dtype(dtype).itemsize
+        strides = (itemsize, shape[0] * itemsize) if transposed else None
+        self.__cuda_array_interface__ = {
+            "version": 3, "shape": shape, "typestr": np.dtype(dtype).str,
+            "data": (256, False), "strides": strides,
+        }  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float16_strided_operand_runs_on_simt(arch, record_property):
+    # a transposed float16 device weight: the float32 SIMT kernel's default tile with
+    # synchronous widening copies (issue 19), exact gelu and a bias; 0 spills, no local memory
+    x, b = DeviceStandIn((256, 512), np.float16), DeviceStandIn((256,), np.float16)
+    w = DeviceStandIn((512, 256), np.float16, transposed=True)
+    (report,) = ops.linear.inspect(x, w, b, "gelu", arch=arch)
+    record_property("resources", f"linear f16 strided gelu {arch}: regs {report.registers}")
+    assert report.name.startswith("matmul_128x128x8_w8_s3_sync_gelu_bias"), report.name
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    assert report.loop_with("FFMA").count("FFMA") >= 512

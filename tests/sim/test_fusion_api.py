@@ -211,7 +211,7 @@ class FakeDeviceArray:
 
     def __init__(self, shape):
         self.__cuda_array_interface__ = {
-            "shape": shape, "typestr": "<f4", "data": (0, False), "strides": None, "version": 3,
+            "shape": shape, "typestr": "<f4", "data": (256, False), "strides": None, "version": 3,
         }  # fmt: skip
 
 

@@ -195,6 +195,25 @@ def test_nan_propagates_as_in_numpy(side, dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("where", ["k +inf", "k -inf", "v +inf"])
+def test_infinities_as_ieee(side, dtype, where):
+    """As the docstring says, IEEE arithmetic: a +inf score makes its row NaN (inf - inf), a
+    -inf score gives its key weight 0 (the other keys within the module's bound), and inf in
+    v passes through P @ V (the other columns within the bound)."""
+    q, k, v = operands(np.random.default_rng(12), (20, 16), (20, 16), dtype)
+    q[:, 0] = np.abs(q[:, 0]) + 0.5  # q . k[5] is +-inf for every row, never inf * 0
+    (v if where == "v +inf" else k)[5, 0] = -np.inf if where == "k -inf" else np.inf
+    got = back(ops.attention(*on(side, q, k, v), scale=0.25), side)
+    if where == "k +inf":
+        assert np.isnan(got).all()
+    elif where == "k -inf":
+        check(got, q, np.delete(k, 5, axis=0), np.delete(v, 5, axis=0), scale=0.25)
+    else:
+        assert np.isposinf(got[:, 0]).all()
+        check(got[:, 1:], q, k, v[:, 1:], scale=0.25)
+
+
 @pytest.mark.sim_only(reason="counts the simulator's host<->device copies and allocations")
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_device_calls_copy_nothing_and_allocate_only_the_result(dtype):

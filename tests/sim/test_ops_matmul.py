@@ -213,6 +213,64 @@ def test_float16_on_tensor_cores(side, k, n, kind):
     assert prof.bank_conflicts == 0
 
 
+@pytest.mark.parametrize("config", [None, TC_SMALL], ids=["default", "float16 tiles"])
+def test_float16_k_zero(side, config):
+    """K = 0 (issue 19): zeros for matmul, activation(bias) for linear and mlp, with float16
+    tiles (the default ones included) as with float32 ones."""
+    bias = np.array([-2.0, -0.5, 0.0, 0.5, 3.0], np.float16)
+    x, w = np.ones((3, 0), np.float16), np.ones((0, 5), np.float16)
+    got = back(ops.matmul(*on(side, x, w), config=config), side)
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, np.zeros((3, 5), np.float16))
+    got = back(ops.linear(*on(side, x, w, bias), "gelu", config=config), side)
+    want = np.broadcast_to(activation_reference("gelu", bias.astype(np.float64)), (3, 5))
+    check(got, want, 8 * U32 * np.abs(want), np.float16)  # gelu in float32, one rounding
+    w2, b2 = np.ones((5, 2), np.float16), np.array([0.25, -1.0], np.float16)
+    got = back(ops.mlp(*on(side, x, w, bias, w2, b2), "relu"), side)
+    hidden = np.maximum(bias, 0).astype(np.float64)
+    want = np.broadcast_to(hidden @ w2 + b2, (3, 2))  # exact: sums of a few halves
+    np.testing.assert_array_equal(got, want.astype(np.float16))
+
+
+F16_VIEWS = {  # shapes of A and B, and the views taken of them: (33, 9) @ (9, 35)
+    "a sliced": ((33, 18), (9, 35), lambda a, b: (a[:, ::2], b)),
+    "b transposed": ((33, 9), (35, 9), lambda a, b: (a, b.T)),
+    "both": ((33, 18), (35, 9), lambda a, b: (a[:, ::2], b.T)),
+}
+
+
+@pytest.mark.parametrize("view", F16_VIEWS)
+@pytest.mark.parametrize("config", [None, TC_SMALL], ids=["default", "float16 tiles"])
+def test_float16_strided_operands_on_simt(side, view, config):
+    """A float16 operand whose inner axis is strided (issue 19): the float32 SIMT kernel,
+    computed in float32 and rounded once. Device operands are read in place; host ones are
+    copied contiguously first, so they run on the tensor cores."""
+    rng = np.random.default_rng(16)
+    a_shape, b_shape, take = F16_VIEWS[view]
+    a_base, b_base, bias = (rand(rng, s, np.float16) for s in (a_shape, b_shape, 35))
+    a, b = take(*on(side, a_base, b_base))
+    a_np, b_np = take(a_base, b_base)
+    (d_bias,) = on(side, bias)
+    got = back(ops.linear(a, b, d_bias, "silu", config=config), side)
+    check(got, *reference(a_np, b_np, bias, "silu"), np.float16)
+    reasons = " ".join(ops.linear.explain(a, b, d_bias, "silu", config=config).reasons)
+    assert ("inner axis is strided" in reasons) == (side == "device")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_nan_inf_and_overflow_as_numpy(side, dtype):
+    """IEEE arithmetic, as the docstring says: inf * 0 is NaN, NaN propagates, and a float16
+    result beyond its range (computed in float32) rounds to inf."""
+    big = 60000.0  # a float16 whose sum of two overflows float16, not float32
+    a = np.array([[np.inf, 1, 0], [np.nan, 1, 0], [1, 1, 0], [big, big, 0]], dtype)
+    b = np.array([[0, 1], [1, 1], [1, -1]], dtype)
+    got = back(ops.matmul(*on(side, a, b)), side)
+    with np.errstate(all="ignore"):  # the reference meets the same NaN and overflow
+        want = (a.astype(np.float64) @ b.astype(np.float64)).astype(dtype)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, want)  # NaN where NumPy has NaN, inf where it has inf
+
+
 @pytest.mark.parametrize("activation", ["gelu", "silu"])
 def test_mlp_matches_numpy(side, activation):
     rng = np.random.default_rng(6)
