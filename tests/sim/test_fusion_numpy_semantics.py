@@ -194,6 +194,8 @@ def test_function_of_scalars_only_follows_numpy():
     assert_same(roots(np.float32(2)), np.sqrt(np.float32(2)) + np.exp(np.float32(2)))
     with pytest.raises(ValueError, match="Integers to negative integer powers"):
         tt.fuse(lambda a, b: a**b)(2, -1)
+    plan = add.explain(2, 3)  # no kernel runs, none is predicted to move anything
+    assert plan.kernels == 0 and plan.bytes_fused == plan.bytes_unfused == 0
 
 
 def test_empty_tuple_returns_empty_tuple(side):
