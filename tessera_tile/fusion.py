@@ -17,6 +17,12 @@ out (copied to the device and back); CuPy in, CuPy out; other device arrays in, 
 arrays out (nothing copied through the host). Under ``NUMBA_ENABLE_CUDASIM=1`` every path runs
 in tessera_tile's simulator. Inputs are never modified.
 
+NumPy's semantics: arguments bind to the function's parameters as in Python (keywords,
+defaults, ``*args``, ``**kwargs``); a result that depends on no array is the NumPy scalar
+NumPy gives, computed on the host; ``out=`` of another dtype receives the result cast under
+``same_kind`` (TypeError otherwise); errors are NumPy's classes (``AxisError``, broadcast
+``ValueError``, ``ValueError`` for an integer to a negative power known on the host).
+
 Caching: the first call with a new *signature* (dtypes, ranks, which axes have length 1, scalar
 kinds, layout class, target) traces and plans; kernels are generated once per stage fingerprint
 and variant. A call that hits the cache does no tracing and no code generation.
@@ -34,6 +40,7 @@ The compiler steps live in ``tessera_tile._fusion`` (see docs/architecture.md).
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +51,18 @@ from ._fusion import persist, runtime, schedule
 from ._fusion import plan as planner
 from ._fusion.compile import CountingCache, KernelCache
 from ._fusion.schedule import MATH_MODES
-from ._fusion.trace import Traced, TraceError, as_node, binary, count, reduce, ternary, trace, unary
+from ._fusion.trace import (
+    Traced,
+    TraceError,
+    as_node,
+    binary,
+    cast_results,
+    count,
+    reduce,
+    ternary,
+    trace,
+    unary,
+)
 from .tile_ir import Op
 
 __all__ = [
@@ -91,6 +109,14 @@ class FusedFunction:
     def __init__(self, fn, math: str = "fast"):
         if math not in MATH_MODES:
             raise ValueError(f"math must be one of {MATH_MODES}, got {math!r}")
+        self._parameters = _parameters_of(fn)
+        # a call of exactly this many positional arguments binds them as they are
+        kinds = {p.kind for p in self._parameters.parameters.values()}
+        plain = kinds <= {
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        }
+        self._arity = len(self._parameters.parameters) if plain else -1
         self.fn = fn
         self.math = math
         functools.update_wrapper(self, fn)
@@ -113,7 +139,10 @@ class FusedFunction:
                     if program is not None:
                         self.loaded += 1
                         return program
-            traced = trace(self.fn, call.stand_ins())
+            traced = trace(self.fn, call.stand_ins(), call.keywords)
+            if call.out is not None:
+                dtypes = [o.dtype for o in call.out]
+                cast_results(traced, dtypes, call.out_names, self.fn.__name__)
             program = runtime.Program(traced, planner.plan(traced))
             self.traced += 1
             if key is not None:
@@ -139,9 +168,21 @@ class FusedFunction:
             "math": self.math,
         }
 
-    def _bound(self, args):
+    def _call(self, args: tuple, kwargs: dict, out=None) -> runtime.Call:
+        """A call of ``fn``: the arguments bound to its parameters as Python binds them, so
+        that ``f(x, 2.0)`` and ``f(x, scale=2.0)`` are one call (and one cache entry)."""
+        if not kwargs and len(args) == self._arity:
+            return runtime.Call(self.fn.__name__, args, out)
+        try:
+            bound = self._parameters.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.fn.__name__}(): {e}") from None
+        values = bound.args + tuple(bound.kwargs.values())
+        return runtime.Call(self.fn.__name__, values, out, tuple(bound.kwargs))
+
+    def _bound(self, args, kwargs):
         """The stages of a call on ``args``, bound to what its arrays would be on the device."""
-        call = runtime.Call(self.fn.__name__, args)
+        call = self._call(args, kwargs)
         program = self._program(call)
         shapes = call.shapes(program)
         records = runtime.planned_records(program, call, shapes)
@@ -167,12 +208,12 @@ class FusedFunction:
             "kernels_from_disk": kernel_cache.loaded,
         }
 
-    def explain(self, *args) -> Explain:
+    def explain(self, *args, **kwargs) -> Explain:
         """The plan for these arguments: kernels, IR, generated source, predicted traffic.
 
         Nothing is allocated or launched; NumPy arrays may stand in for device arrays.
         """
-        _, program, shapes, stages = self._bound(args)
+        _, program, shapes, stages = self._bound(args, kwargs)
         return Explain(
             kernels=len(stages),
             ir=ir.format_ir(program.trace.outputs),
@@ -183,13 +224,13 @@ class FusedFunction:
             stages=[f"{b.generated.name}: {_describe(b)}" for b in stages],
         )
 
-    def flops(self, *args) -> int:
+    def flops(self, *args, **kwargs) -> int:
         """Counted FLOPs of a call on ``args`` (see :mod:`tessera_tile.profiling`)."""
-        call = runtime.Call(self.fn.__name__, args)
+        call = self._call(args, kwargs)
         program = self._program(call)
         return profiling.trace_flops(program.trace.nodes, call.shapes(program))
 
-    def inspect(self, *args, arch: str = "sm_90") -> list:
+    def inspect(self, *args, arch: str = "sm_90", **kwargs) -> list:
         """Compile the kernels of this call offline (no GPU needed) for ``arch``.
 
         Returns one :class:`tessera_tile.inspect.CompileReport` per kernel, in launch order.
@@ -198,15 +239,15 @@ class FusedFunction:
 
         return [
             offline.compile(kernel, signature, arch=arch, block=block)
-            for kernel, signature, block in self.kernel_signatures(*args)
+            for kernel, signature, block in self.kernel_signatures(*args, **kwargs)
         ]
 
-    def kernel_signatures(self, *args) -> list[tuple]:
+    def kernel_signatures(self, *args, **kwargs) -> list[tuple]:
         """``(kernel, argument types, threads per block)`` of each launch a call on ``args``
         makes, in launch order; nothing is launched or allocated."""
         from numba import typeof
 
-        call, program, shapes, stages = self._bound(args)
+        call, program, shapes, stages = self._bound(args, kwargs)
         out = []
         for b in stages:
             params = [
@@ -219,17 +260,19 @@ class FusedFunction:
             out.append((b.generated.kernel, signature, int(np.prod(b.threads))))
         return out
 
-    def __call__(self, *args, out=None, stream=None):
-        """Run on ``args``. ``out``: an array (a tuple of arrays for several results) to write
-        into; ``stream``: a numba stream, a CuPy stream or a raw handle (see the module
-        docstring for the default)."""
-        call = runtime.Call(self.fn.__name__, args, out)
-        if not _config.SIMULATED and not _config.gpu_present():
+    def __call__(self, *args, out=None, stream=None, **kwargs):
+        """Run on ``args`` (and keyword arguments, bound by ``fn``'s signature). ``out``: an
+        array (a tuple of arrays for several results) to write into, each result cast to its
+        dtype under NumPy's ``same_kind`` rule; ``stream``: a numba stream, a CuPy stream or
+        a raw handle (see the module docstring for the default)."""
+        call = self._call(args, kwargs, out)
+        program = self._program(call)
+        if program.plan.stages and not _config.SIMULATED and not _config.gpu_present():
             raise RuntimeError(
                 "no CUDA GPU found: set NUMBA_ENABLE_CUDASIM=1 (before Python starts) to run "
                 "fused functions in tessera_tile's simulator"
             )
-        return runtime.execute(self._program(call), call, kernel_cache, stream, self.math)
+        return runtime.execute(program, call, kernel_cache, stream, self.math)
 
 
 def fuse(fn=None, *, math: str = "fast"):
@@ -243,9 +286,29 @@ def fuse(fn=None, *, math: str = "fast"):
     """
     if fn is None:
         return lambda f: fuse(f, math=math)
-    if not callable(fn):
-        raise TypeError(f"fuse expects a function, got {type(fn).__name__}")
     return FusedFunction(fn, math)
+
+
+_CALL_KEYWORDS = ("out", "stream")  # taken by FusedFunction.__call__ itself
+
+
+def _parameters_of(fn) -> inspect.Signature:
+    """``fn``'s signature; TypeError for what cannot be fused: no Python function, or a
+    parameter that a call's own keywords would hide."""
+    if not callable(fn) or not hasattr(fn, "__code__"):
+        what = type(fn).__name__
+        if isinstance(fn, np.ufunc):
+            what = f"the NumPy ufunc {fn.__name__} (fuse a function that calls it: "
+            what += f"tt.fuse(lambda x: np.{fn.__name__}(x)))"
+        raise TypeError(f"fuse expects a function (a def or a lambda), got {what}")
+    parameters = inspect.signature(fn)
+    for name in _CALL_KEYWORDS:
+        if name in parameters.parameters:
+            raise TypeError(
+                f"{fn.__name__} has a parameter named {name!r}, which a fused call takes for "
+                f"itself ({name}=...): rename it"
+            )
+    return parameters
 
 
 def _stand_in(shape, strides, dtype):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import operator
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
@@ -203,6 +204,19 @@ def _sample(dtype: np.dtype, weak: bool):
     return np.ones(1, dtype)
 
 
+def _apply(op: Op, values: list, arg):
+    """NumPy's result of elementwise ``op`` on ``values`` (Python scalars are weak, NEP 50)."""
+    if op is Op.CAST:
+        return np.asarray(values[0]).astype(arg)
+    if all(_is_python_scalar(v) for v in values):  # only scalars: NumPy's default dtypes
+        values = [np.asarray(v) for v in values]
+    return NUMPY[op](*values)
+
+
+def _is_python_scalar(value) -> bool:
+    return type(value) in (bool, int, float)
+
+
 @functools.cache
 def _infer(op: Op, operands: tuple[tuple[np.dtype, bool], ...], arg) -> np.dtype:
     import warnings
@@ -210,14 +224,11 @@ def _infer(op: Op, operands: tuple[tuple[np.dtype, bool], ...], arg) -> np.dtype
     if op is Op.CAST:
         return np.dtype(arg)
     samples = [_sample(d, w) for d, w in operands]
-    if all(w for _, w in operands):  # only scalars: NumPy gives them default dtypes
-        samples = [np.asarray(s) for s in samples]
-    fn = NUMPY[op]
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         if op in REDUCE:
-            return np.asarray(fn(*samples, axis=0)).dtype
-        return np.asarray(fn(*samples)).dtype
+            return np.asarray(NUMPY[op](np.asarray(samples[0]), axis=0)).dtype
+        return np.asarray(_apply(op, samples, arg)).dtype
 
 
 def infer_dtype(op: Op, srcs, arg=None) -> np.dtype:
@@ -242,13 +253,41 @@ def broadcast_shapes(*shapes) -> tuple[int, ...]:
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
+        raise ValueError(_broadcast_message(shapes)) from None
+
+
+def _broadcast_message(shapes) -> str:
+    """NumPy's words: ``operands could not be broadcast together with shapes (2,3) (4,)``."""
+    text = [f"({','.join(map(str, s))}{',' if len(s) == 1 else ''})" for s in shapes]
+    return "operands could not be broadcast together with shapes " + " ".join(text)
+
+
+def broadcast_operands(op: Op, srcs, shapes) -> tuple[int, ...]:
+    """The shape of ``op`` on ``srcs`` whose shapes are ``shapes``; NumPy's ValueError, naming
+    the op and the arguments each operand comes from, when they do not broadcast."""
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        operands = [f"{_origin(n)} {tuple(s)}" for n, s in zip(srcs, shapes, strict=True)]
         raise ValueError(
-            "shapes " + ", ".join(str(tuple(s)) for s in shapes) + " do not broadcast"
+            f"{_broadcast_message(shapes)} (in {op.name.lower()} of {', '.join(operands)})"
         ) from None
 
 
+def _origin(n: Node) -> str:
+    """Which arguments of the traced function a value comes from."""
+    if n.op is Op.INPUT:
+        return f"argument {n.arg}" if isinstance(n.arg, int) else "an intermediate result"
+    positions = sorted({m.arg for m in walk([n]) if m.op is Op.INPUT and isinstance(m.arg, int)})
+    if not positions:
+        return "a scalar"
+    plural = "s" if len(positions) > 1 else ""
+    return f"a value of argument{plural} {', '.join(map(str, positions))}"
+
+
 def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
-    """``None | int | tuple`` -> sorted tuple of non-negative axes, with NumPy's errors."""
+    """``None | int | tuple`` -> sorted tuple of non-negative axes, with NumPy's errors
+    (``numpy.exceptions.AxisError`` for an axis out of range)."""
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, int | np.integer) else tuple(axis)
@@ -257,11 +296,19 @@ def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
         if not isinstance(a, int | np.integer):
             raise TypeError(f"axis must be an int, a tuple of ints or None, got {axis!r}")
         if not -ndim <= a < ndim:
-            raise ValueError(f"axis {a} is out of bounds for an array of dimension {ndim}")
+            raise np.exceptions.AxisError(int(a), ndim)
         out.append(int(a) % ndim if ndim else 0)
     if len(set(out)) != len(out):
         raise ValueError(f"repeated axis in {axis!r}")
     return tuple(sorted(out))
+
+
+def normalize_keepdims(keepdims) -> bool:
+    """``keepdims`` as NumPy reads it: an integer (``True``, ``False``, 0, 1), else TypeError."""
+    try:
+        return bool(operator.index(keepdims))
+    except TypeError:
+        raise TypeError(f"keepdims must be a bool, got {keepdims!r}") from None
 
 
 def reduced_shape(shape, axes, keepdims: bool) -> tuple[int, ...]:
@@ -293,12 +340,13 @@ def leaf_scalar(position: int, value) -> Node:
 
 def elementwise(op: Op, *srcs: Node, arg=None) -> Node:
     dtype = infer_dtype(op, srcs, arg)
-    shape = broadcast_shapes(*(s.shape for s in srcs))
+    shape = broadcast_operands(op, srcs, [s.shape for s in srcs])
     return Node(op, dtype, tuple(srcs), arg, shape, weak=all(s.weak for s in srcs))
 
 
 def reduction(op: Op, src: Node, axis, keepdims: bool) -> Node:
     axes = normalize_axes(axis, src.ndim)
+    keepdims = normalize_keepdims(keepdims)
     if op in INDEX_REDUCE and axis is not None and len(axes) != 1:
         raise ValueError(f"{op.name.lower()} takes one axis or None, got {axis!r}")
     if op in (Op.MAX, Op.MIN, Op.ARGMAX, Op.ARGMIN) and any(src.shape[a] == 0 for a in axes):
@@ -337,6 +385,31 @@ def walk(outputs) -> list[Node]:
     for o in outputs:
         visit(o)
     return order
+
+
+def on_host(n: Node) -> bool:
+    """True when ``n`` depends on no array (only on constants and scalar arguments): NumPy
+    gives it as a scalar, computed where it is (see :func:`evaluate`)."""
+    return not any(m.op in (Op.INPUT, Op.COUNT) for m in walk([n]))
+
+
+def evaluate(n: Node, scalars) -> np.generic:
+    """NumPy's value of ``n`` (an :func:`on_host` node) given the values of the scalar
+    arguments (``scalars[position]``): a NumPy scalar of ``n``'s dtype. NumPy's errors are
+    raised (an integer to a negative integer power); its warnings are not (kernels cannot
+    warn either)."""
+    values: dict[int, object] = {}
+    with np.errstate(all="ignore"):
+        for m in walk([n]):
+            if m.op is Op.CONST:
+                v = m.arg
+            elif m.op is Op.SCALAR:
+                v = scalars[m.arg]
+            else:
+                v = _apply(m.op, [values[id(s)] for s in m.srcs], m.arg)
+            # a weak value stays a Python scalar, so that it promotes as NumPy's would
+            values[id(m)] = np.asarray(v).item() if m.weak else np.asarray(v, m.dtype)[()]
+    return np.asarray(values[id(n)], n.dtype)[()]
 
 
 def validate(outputs) -> None:

@@ -58,6 +58,14 @@ def cast(expr: str, src: np.dtype, dst: np.dtype) -> str:
     return f"{TYPE_NAMES[target]}({expr})"
 
 
+def literal(value) -> str:
+    """Python source of a constant's value (a Python scalar): its ``repr``, which round-trips
+    every finite float, except for NaN and infinities, whose ``repr`` is no Python name."""
+    if isinstance(value, float) and not np.isfinite(value):
+        return f'float("{value!r}")'
+    return repr(value)
+
+
 def store_cast(n: Node, expr: str) -> str:
     """``expr`` as stored into an array of ``n``'s dtype."""
     return f"float16({expr})" if n.dtype == np.dtype(np.float16) else expr

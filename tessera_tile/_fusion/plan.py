@@ -241,8 +241,7 @@ class _Planner:
         kept = int(np.prod(keep_shape))
         for n, dest in outputs:
             sp = space[id(n)]
-            if sp == "const":
-                raise TypeError("a result of the fused function does not depend on any array")
+            assert sp != "const", "results of scalars alone are computed on the host"
             if sp == "F" and tuple(n.shape) != f_shape:
                 return (dest, n, f"an output of shape {n.shape} gets a kernel of its own")
             if sp == "row" and int(np.prod(n.shape)) != kept:
@@ -312,9 +311,10 @@ def group_outputs(outputs) -> list[list]:
 
 
 def plan(trace) -> Plan:
-    """Stages for a trace, in launch order."""
+    """Stages for a trace, in launch order. Results that depend on no array get none: the
+    call computes them on the host (``tile_ir.evaluate``), as NumPy gives them."""
     planner = _Planner()
-    outputs = [(n, ("out", k)) for k, n in enumerate(trace.outputs)]
+    outputs = [(n, ("out", k)) for k, n in enumerate(trace.outputs) if not ir.on_host(n)]
     for i, group in enumerate(group_outputs(outputs)):
         if i:
             which = ", ".join(str(d[1]) for _, d in group)
@@ -361,7 +361,7 @@ def propagate_shapes(nodes, input_shapes, shapes: dict[str, tuple] | None = None
             else:
                 shapes[n.key] = ir.reduced_shape(src, axes, keepdims)
         else:
-            shapes[n.key] = ir.broadcast_shapes(*(shapes[s.key] for s in n.srcs))
+            shapes[n.key] = ir.broadcast_operands(n.op, n.srcs, [shapes[s.key] for s in n.srcs])
     return shapes
 
 

@@ -10,6 +10,8 @@ the axes it needs; nothing is copied to make it contiguous.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,16 +35,37 @@ class Program:
     trace: Trace
     plan: Plan
 
+    @functools.cached_property
+    def host_results(self) -> tuple[int, ...]:
+        """Positions of the results that depend on no array: computed on the host."""
+        return tuple(k for k, n in enumerate(self.trace.outputs) if ir.on_host(n))
+
+    @functools.cached_property
+    def host_exponents(self) -> list[ir.Node]:
+        """Exponents of integer powers that are known on the host (constants and scalar
+        arguments): a call checks them, as NumPy refuses negative ones. A kernel cannot
+        raise: a negative element of an array exponent gives 0 (docs/fusion.md)."""
+        return [
+            n.srcs[1]
+            for n in self.trace.nodes
+            if n.op is ir.Op.POW and n.dtype.kind in "iu" and ir.on_host(n.srcs[1])
+        ]
+
 
 # --------------------------------------------------------------------------------------------
 # arguments
 
 
 class Call:
-    """One call of a fused function: its arguments, read once."""
+    """One call of a fused function: its arguments, read once.
 
-    def __init__(self, fn_name: str, args: tuple, out=None):
-        names = [f"argument {i} of {fn_name}" for i in range(len(args))]
+    ``args`` holds the values bound to the function's parameters, the last ``len(keywords)``
+    of them passed by these names."""
+
+    def __init__(self, fn_name: str, args: tuple, out=None, keywords: tuple[str, ...] = ()):
+        positional = len(args) - len(keywords)
+        names = [f"argument {i} of {fn_name}" for i in range(positional)]
+        names += [f"argument {k!r} of {fn_name}" for k in keywords]
         self.args = [arrays.read(a, n) for a, n in zip(args, names, strict=True)]
         for a, name in zip(self.args, names, strict=True):
             if a.dtype is not None and a.dtype not in ir.SUPPORTED_DTYPES:
@@ -50,18 +73,30 @@ class Call:
                     f"{name} has dtype {a.dtype}, which tessera_tile does not support "
                     f"(supported: {', '.join(map(str, ir.SUPPORTED_DTYPES))})"
                 )
+        self.keywords = tuple(keywords)
         self.out: list[Arg] | None = None
+        self.out_names: list[str] = []
+        signature = tuple(_signature(a) for a in self.args) + (_config.TARGET,)
+        if keywords:
+            signature += (("keywords", self.keywords),)
         if out is not None:
             outs = out if isinstance(out, tuple) else (out,)
-            self.out = [arrays.read(o, f"out[{k}]", scalars=False) for k, o in enumerate(outs)]
-            names += [f"out[{k}]" for k in range(len(self.out))]
+            self.out_names = [f"out[{k}]" for k in range(len(outs))] if out is outs else ["out"]
+            self.out = [_read_out(o, n) for o, n in zip(outs, self.out_names, strict=True)]
+            names += self.out_names
+            # results are cast into out's dtypes in the kernels: part of the program's key
+            signature += (("out", tuple(o.dtype.str for o in self.out)),)
         arrays.check_one_side(self.args + (self.out or []), names)
-        self.signature = tuple(_signature(a) for a in self.args) + (_config.TARGET,)
+        self.signature = signature
 
     def stand_ins(self) -> list:
         return [
             ("array", a.dtype, a.shape) if a.is_array else ("scalar", a.value) for a in self.args
         ]
+
+    def scalars(self) -> dict[int, object]:
+        """The values of the scalar arguments, by position."""
+        return {i: a.value for i, a in enumerate(self.args) if not a.is_array}
 
     def shapes(self, program: Program) -> dict:
         """Shapes, by node key, of every node of every stage for this call."""
@@ -74,6 +109,16 @@ class Call:
             for node, dest in stage.outputs:
                 known[dest] = shapes[node.key]
         return shapes
+
+
+def _read_out(value, name: str) -> Arg:
+    """The record of one ``out=`` array. ``arrays.read`` takes a 0-d NumPy array for a scalar
+    argument; as ``out=`` it is an array (a full reduction's result): read its 1-element view
+    and give the record its 0-d geometry back."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        rec = arrays.read(value.reshape(1), name, scalars=False)
+        return dataclasses.replace(rec, value=value, shape=(), strides=())
+    return arrays.read(value, name, scalars=False)
 
 
 def _signature(a: Arg) -> tuple:
@@ -92,8 +137,17 @@ def check_out(program: Program, shapes: dict, call: Call) -> None:
     if len(call.out) != len(nodes):
         raise ValueError(f"the function has {len(nodes)} result(s); out= has {len(call.out)}")
     inputs = {f"argument {i}": a for i, a in enumerate(call.args)}
-    for k, (o, n) in enumerate(zip(call.out, nodes, strict=True)):
-        arrays.check_out(o, f"out[{k}]", shapes[n.key], n.dtype, inputs)
+    for o, n, name in zip(call.out, nodes, call.out_names, strict=True):
+        arrays.check_out(o, name, shapes[n.key], n.dtype, inputs)
+
+
+def check_exponents(program: Program, call: Call) -> None:
+    """NumPy's ValueError for an integer power whose exponent, known on the host, is
+    negative."""
+    scalars = call.scalars()
+    for exponent in program.host_exponents:
+        if ir.evaluate(exponent, scalars) < 0:
+            raise ValueError("Integers to negative integer powers are not allowed.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,10 +336,36 @@ def full_scratch_types(stage: Stage) -> list:
 
 
 def execute(program: Program, call: Call, cache: KernelCache, stream, math: str = "fast"):
-    """Run the call; results are of the arguments' family (NumPy, numba, CuPy)."""
+    """Run the call; results are of the arguments' family (NumPy, numba, CuPy), except those
+    that depend on no array: NumPy scalars computed on the host, as NumPy gives them."""
     shapes = call.shapes(program)
     check_out(program, shapes, call)
-    outs = call.out or [None] * len(program.trace.outputs)
+    check_exponents(program, call)
+    nodes = program.trace.outputs
+    outs = call.out or [None] * len(nodes)
+    scalars = call.scalars()
+    results = {
+        k: _host_result(ir.evaluate(nodes[k], scalars), outs[k]) for k in program.host_results
+    }
+    if len(results) < len(nodes):
+        results.update(_run_on_device(program, call, cache, stream, math, shapes, outs))
+    ordered = [results[k] for k in range(len(nodes))]
+    return ordered[0] if program.trace.single else tuple(ordered)
+
+
+def _host_result(value: np.generic, out: Arg | None):
+    """A result computed on the host: the NumPy scalar, or ``out`` holding it."""
+    if out is None:
+        return value
+    if out.kind == DEVICE:
+        arrays.device_handle(out).copy_to_device(np.asarray(value))
+    else:
+        out.value[...] = value
+    return out.value
+
+
+def _run_on_device(program, call, cache, stream, math, shapes, outs) -> dict:
+    """The results that depend on arrays, by position: every stage launched."""
     place = arrays.Placement(call.args, outs, stream)
     records: dict = {}
     handles: dict = {}
@@ -296,14 +376,15 @@ def execute(program: Program, call: Call, cache: KernelCache, stream, math: str 
     for i, a in enumerate(call.args):
         if a.is_array:
             put(i, place.device(a))
-    for k, (n, out) in enumerate(zip(program.trace.outputs, outs, strict=True)):
-        put(("out", k), place.result(shapes[n.key], n.dtype, out))
+    on_device = [k for k in range(len(outs)) if k not in program.host_results]
+    for k in on_device:
+        node = program.trace.outputs[k]
+        put(("out", k), place.result(shapes[node.key], node.dtype, outs[k]))
     for tid, n in program.plan.temps.items():
         put(("temp", tid), place.temp(shapes[n.key], n.dtype))
     for stage in program.plan.stages:
         _launch(bind(stage, records, shapes, cache, math), handles, program, call, shapes, place)
-    results = [place.finish(records[("out", k)], out) for k, out in enumerate(outs)]
-    return results[0] if program.trace.single else tuple(results)
+    return {k: place.finish(records[("out", k)], outs[k]) for k in on_device}
 
 
 def _launch(bound: Bound, handles: dict, program: Program, call: Call, shapes: dict, place) -> None:

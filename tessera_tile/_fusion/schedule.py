@@ -432,10 +432,11 @@ def predicted_bytes(sched: Schedule, n_kept: int, n_red: int, blocks: int) -> in
 
 
 def unfused_bytes(trace, shapes: dict) -> int:
-    """Traffic of one kernel per op, each reading its operands and writing its result."""
+    """Traffic of one kernel per op, each reading its operands and writing its result
+    (values of scalars alone are computed on the host: no kernel)."""
     total = 0
     for n in trace.nodes:
-        if n.op in ir.LEAF:
+        if n.op in ir.LEAF or ir.on_host(n):
             continue
         total += int(np.prod(shapes[n.key], dtype=np.int64)) * n.dtype.itemsize
         for s in n.srcs:

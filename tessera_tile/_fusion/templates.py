@@ -19,6 +19,7 @@ from .lower import (
     compute_dtype,
     emit_approx,
     emit_elementwise,
+    literal,
     store_cast,
 )
 from .schedule import Schedule
@@ -170,7 +171,7 @@ class KernelWriter:
         s(f"# tessera_tile fused kernel: {chain}")
         s(f"# stage: {self.v.kind}, variant: {self.v}")
         for name, value in self.const_values.items():
-            s(f"{name} = {value!r}")
+            s(f"{name} = {literal(value)}")
         s("")
         s("")
         s("@cuda.jit")

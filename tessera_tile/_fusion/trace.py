@@ -144,6 +144,8 @@ class Traced:
         return unary(Op.NEG, self)
 
     def __pos__(self):
+        if self.dtype == np.dtype(bool):
+            raise TypeError("positive (unary +) is not defined for booleans, as in NumPy")
         return self
 
     def __abs__(self):
@@ -196,17 +198,31 @@ class Traced:
     __ipow__ = __iand__ = __ior__ = __ixor__ = _inplace
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        op = _UFUNCS.get(ufunc.__name__) if method == "__call__" and not kwargs else None
-        if op is None:
-            raise TraceError(
-                f"numpy.{ufunc.__name__} cannot be traced; use the tt.* functions "
-                "(see tessera_tile.fuse)"
-            )
-        return unary(op, *inputs) if len(inputs) == 1 else binary(op, *inputs)
+        if method == "__call__" and not kwargs:
+            if ufunc is np.positive:
+                return +inputs[0]
+            op = UFUNCS.get(ufunc)
+            if op is not None:
+                return unary(op, *inputs) if len(inputs) == 1 else binary(op, *inputs)
+        raise TraceError(
+            f"numpy.{ufunc.__name__}{'' if method == '__call__' else '.' + method}"
+            f"{' with keyword arguments' if kwargs else ''} cannot be traced; use the tt.* "
+            "functions (see tessera_tile.fuse)"
+        )
 
     def __array_function__(self, func, types, args, kwargs):
         raise TraceError(
             f"numpy.{func.__name__} cannot be traced; use the tt.* function of the same name"
+        )
+
+    def __getattr__(self, name: str):
+        # only missing attributes get here; NumPy's protocols (dunder names) stay missing
+        if name.startswith("_") or not hasattr(np.ndarray, name):
+            raise AttributeError(f"'Traced' object has no attribute {name!r}")
+        hint = f"use tt.{name}(x)" if name in TT_FUNCTIONS else "it has no tt.* equivalent"
+        raise TraceError(
+            f"the array method .{name} cannot be traced in @tt.fuse: {hint} (a traced value "
+            "has shape, dtype, ndim, size and astype)"
         )
 
     def astype(self, dtype):
@@ -271,36 +287,33 @@ def _result(node: Node, operands) -> Traced:
     return Traced(node)
 
 
-# NumPy ufuncs called on traced values: ufunc name -> op
-_UFUNCS = {
-    "add": Op.ADD, "subtract": Op.SUB, "multiply": Op.MUL, "true_divide": Op.TRUEDIV,
-    "floor_divide": Op.FLOORDIV, "remainder": Op.MOD, "power": Op.POW, "maximum": Op.MAXIMUM,
-    "minimum": Op.MINIMUM, "less": Op.LT, "less_equal": Op.LE, "greater": Op.GT,
-    "greater_equal": Op.GE, "equal": Op.EQ, "not_equal": Op.NE, "negative": Op.NEG,
-    "absolute": Op.ABS, "exp": Op.EXP, "exp2": Op.EXP2, "log": Op.LOG, "log2": Op.LOG2,
-    "log1p": Op.LOG1P, "expm1": Op.EXPM1, "sqrt": Op.SQRT, "sin": Op.SIN, "cos": Op.COS,
-    "tanh": Op.TANH, "floor": Op.FLOOR, "ceil": Op.CEIL, "square": Op.SQUARE,
-    "isnan": Op.ISNAN, "isinf": Op.ISINF, "isfinite": Op.ISFINITE,
-}  # fmt: skip
+# NumPy ufuncs called on traced values: every ufunc that is the NumPy meaning of an op (keyed
+# by the ufunc, so aliases such as true_divide / divide and invert / bitwise_not are one entry)
+UFUNCS: dict[np.ufunc, Op] = {fn: op for op, fn in ir.NUMPY.items() if isinstance(fn, np.ufunc)}
+
+# ndarray methods whose tt.* function of the same name a traced value points to
+TT_FUNCTIONS = frozenset(
+    {"sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "mean", "var", "std", "clip"}
+)
 
 
-def trace(fn, stand_ins: list) -> Trace:
+def trace(fn, stand_ins: list, keywords: tuple[str, ...] = ()) -> Trace:
     """Trace ``fn`` on stand-ins for its arguments: ``("array", dtype, shape)`` or
-    ``("scalar", value)`` per position."""
-    stand_ins = [
+    ``("scalar", value)`` per position; the last ``len(keywords)`` are passed by these names.
+    A function that returns an empty tuple traces to no result, as it returns ``()``."""
+    values = [
         Traced(ir.leaf_input(i, s[1], s[2]) if s[0] == "array" else ir.leaf_scalar(i, s[1]))
         for i, s in enumerate(stand_ins)
     ]
+    positional = len(values) - len(keywords)
     result_trace = Trace(outputs=(), single=True)
     _Tracing.current = result_trace
     try:
-        result = fn(*stand_ins)
+        result = fn(*values[:positional], **dict(zip(keywords, values[positional:], strict=True)))
     finally:
         _Tracing.current = None
     single = not isinstance(result, tuple)
     results = (result,) if single else result
-    if not results:
-        raise TraceError(f"{fn.__name__} returned an empty tuple")
     outputs = []
     for k, r in enumerate(results):
         if not isinstance(r, Traced):
@@ -315,6 +328,25 @@ def trace(fn, stand_ins: list) -> Trace:
     ir.validate(result_trace.outputs)
     _share_common(result_trace)
     return result_trace
+
+
+def cast_results(trace: Trace, dtypes: list, names: list[str], fn_name: str) -> None:
+    """Each result cast to the dtype of its ``out=`` array (``names``: how the call names
+    them) under NumPy's ``same_kind`` rule, TypeError in NumPy's words otherwise: the kernel
+    stores the cast value. A count of arrays that differs is reported by the call."""
+    if len(dtypes) != len(trace.outputs):
+        return
+    outputs = []
+    for node, dtype, name in zip(trace.outputs, map(np.dtype, dtypes), names, strict=True):
+        if node.dtype != dtype:
+            if not np.can_cast(node.dtype, dtype, "same_kind"):
+                raise TypeError(
+                    f"Cannot cast the result of {fn_name} into {name} from dtype('{node.dtype}')"
+                    f" to dtype('{dtype}') with casting rule 'same_kind'"
+                )
+            node = ir.elementwise(Op.CAST, node, arg=dtype.str)
+        outputs.append(node)
+    trace.outputs = tuple(outputs)
 
 
 def _share_common(trace: Trace) -> None:
@@ -338,6 +370,7 @@ __all__ = [
     "Traced",
     "as_node",
     "binary",
+    "cast_results",
     "count",
     "reduce",
     "ternary",

@@ -58,6 +58,11 @@ def gelu_bias(x, b):
     return tt.gelu(x + b)
 
 
+def nan_constants(x):
+    """NaN and infinite constants are written as float("nan") / float("-inf") literals."""
+    return tt.where(x > 0, np.nan, x) + tt.where(x < -1, -np.inf, np.float16(0.5))
+
+
 f32 = np.zeros((64, 1024), np.float32)
 v32 = np.zeros(4096, np.float32)
 CASES = {
@@ -71,6 +76,7 @@ CASES = {
     "total_and_argmax": (total_and_argmax, (v32,)),
     "gelu_bias_broadcast": (gelu_bias, (f32, np.zeros(1024, np.float32))),
     "chain5_float16": (chain5, (v32.astype(np.float16),) * 2),
+    "nan_constants": (nan_constants, (v32,)),
 }
 # the norms with their weights staged in shared memory once per block (see STAGED)
 w512 = np.zeros(512, np.float32)

@@ -119,13 +119,13 @@ def test_bad_device_input_is_named_before_anything_runs():
     readonly = Interface(cuda.to_device(x))
     pointer, _ = readonly.__cuda_array_interface__["data"]
     readonly.__cuda_array_interface__["data"] = (pointer, True)
-    with pytest.raises(ValueError, match=r"out\[0\] is read-only"):
+    with pytest.raises(ValueError, match=r"out is read-only"):
         softmax(d, out=readonly)
     with pytest.raises(TypeError, match="stream= must be a numba stream"):
         softmax(d, stream="fast")
     with pytest.raises(ValueError, match="stream= handle must be >= 0"):
         softmax(d, stream=-1)
-    with pytest.raises(ValueError, match=r"out\[0\] overlaps argument 0"):
+    with pytest.raises(ValueError, match=r"out overlaps argument 0"):
         softmax(d, out=d)
 
 
