@@ -119,7 +119,7 @@ class KernelCache(CountingCache):
         path = self.disk.directory / "src" / f"{name}.py"
         try:
             # An unchanged file keeps its time stamp, which numba-cuda's cache index checks.
-            if not path.exists() or path.read_text() != source:
+            if not path.exists() or path.read_bytes() != source.encode():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
                 with os.fdopen(fd, "w") as f:
