@@ -46,7 +46,7 @@ SCRIPT = """
     @tt.fuse
     def scaled_softmax(x, w):
         e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))
-        return e / tt.sum(e, axis=-1, keepdims=True) * w
+        return e / tt.sum(e, axis=-1, keepdims=True) * w + 0.5
 
     x, w = np.zeros((8, 96), np.float32), np.zeros(96, np.float32)
     (kernel, signature, block), = scaled_softmax.kernel_signatures(x, w)
@@ -64,6 +64,7 @@ SCRIPT = """
         "nvvm": len(nvvm_calls),
         "cache_hits": sum(kernel._cache_hits.values()),
         "ptx_has_entry": f".entry {compiled.entry_name}" in ptx,
+        "ptx": ptx,
         "info": scaled_softmax.cache_info(),
     }))
     """
@@ -71,6 +72,7 @@ SCRIPT = """
 
 def run(tmp_path, which: str) -> dict:
     env = dict(os.environ, TESSERA_TILE_CACHE_DIR=str(tmp_path), NUMBA_ENABLE_CUDASIM="0")
+    env["PYTHONWARNINGS"] = "always::UserWarning"  # every CacheWarning, to count them
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(SCRIPT), which],
@@ -79,7 +81,8 @@ def run(tmp_path, which: str) -> dict:
         text=True,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result | {"cache_warnings": done.stderr.count("CacheWarning:")}
 
 
 def test_a_second_process_loads_the_kernel_without_nvvm(tmp_path):
@@ -113,3 +116,25 @@ def test_a_kernel_numba_cannot_cache_still_launches_with_a_warning():
     guard_saves(kernel)
     with pytest.warns(_cache.CacheWarning, match="could not cache kernel fused_example"):
         kernel._cache.save_overload(("sig",), object())  # returns: the launch goes on
+
+
+HALF, ONE_AND_A_HALF = "0f3F000000", "0f3FC00000"  # float32 0.5 and 1.5 as PTX writes them
+
+
+def test_a_corrupt_kernel_entry_is_rebuilt_and_the_cached_kernel_kept(tmp_path):
+    """A flipped constant in the stored source (valid JSON) was trusted: the kernel computed
+    with 1.5 for 0.5 and NVVM ran again. Now the entry fails its checksum, warns once, and the
+    source generated anew is the file numba-cuda cached: no NVVM, the right constant."""
+    first = run(tmp_path, "first")
+    assert HALF in first["ptx"] and ONE_AND_A_HALF not in first["ptx"]
+    (path,) = tmp_path.glob("kernels/*.json")
+    data = path.read_bytes()
+    assert data.count(b"= 0.5\\n") == 1
+    path.write_bytes(data.replace(b"= 0.5\\n", b"= 1.5\\n"))
+    second = run(tmp_path, "second")
+    assert second["cache_warnings"] == 1
+    assert HALF in second["ptx"] and ONE_AND_A_HALF not in second["ptx"]
+    assert second["nvvm"] == 0 and second["cache_hits"] == 1
+    assert second["info"]["kernels_generated"] == 1 and second["info"]["kernels_from_disk"] == 0
+    third = run(tmp_path, "second")  # rebuilt: read back without a warning
+    assert third["cache_warnings"] == 0 and third["info"]["kernels_from_disk"] == 1
