@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT
 
+import tessera_tile as tt
 from tessera_tile import _cache
 
 
@@ -50,7 +51,7 @@ def test_round_trip_across_processes(tmp_path):
 
 
 def cache_warnings(caught) -> list[str]:
-    return [str(w.message) for w in caught if issubclass(w.category, _cache.CacheWarning)]
+    return [str(w.message) for w in caught if issubclass(w.category, tt.CacheWarning)]
 
 
 def flip_value(data: bytes) -> bytes:
