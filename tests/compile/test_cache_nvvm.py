@@ -55,6 +55,11 @@ SCRIPT = """
         if sys.argv[1] == "first":  # what a first launch does, short of the device
             compiled = dispatcher._Kernel(kernel.py_func, signature, **kernel.targetoptions)
             kernel._cache.save_overload(signature, compiled)
+        elif sys.argv[1] == "load":  # numba-cuda's cache, else what a first launch does
+            compiled = kernel._cache.load_overload(signature, kernel.targetctx)
+            if compiled is None:
+                compiled = dispatcher._Kernel(kernel.py_func, signature, **kernel.targetoptions)
+                kernel._cache.save_overload(signature, compiled)
         else:  # what a launch does: the dispatcher's compile, which looks in its cache first
             compiled = kernel.compile(signature)
         ptx = compiled.library.get_asm_str()
@@ -102,7 +107,7 @@ def test_a_kernel_numba_cannot_cache_still_launches_with_a_warning():
     import pytest
 
     from tessera_tile import _cache
-    from tessera_tile._fusion.compile import guard_saves
+    from tessera_tile._fusion.compile import guard_cache
 
     class Cache:
         def save_overload(self, sig, data):
@@ -113,7 +118,7 @@ def test_a_kernel_numba_cannot_cache_still_launches_with_a_warning():
         _cache = Cache()
 
     kernel = Kernel()
-    guard_saves(kernel)
+    guard_cache(kernel)
     with pytest.warns(_cache.CacheWarning, match="could not cache kernel fused_example"):
         kernel._cache.save_overload(("sig",), object())  # returns: the launch goes on
 
@@ -138,3 +143,17 @@ def test_a_corrupt_kernel_entry_is_rebuilt_and_the_cached_kernel_kept(tmp_path):
     assert second["info"]["kernels_generated"] == 1 and second["info"]["kernels_from_disk"] == 0
     third = run(tmp_path, "second")  # rebuilt: read back without a warning
     assert third["cache_warnings"] == 0 and third["info"]["kernels_from_disk"] == 1
+
+
+def test_a_corrupt_numba_cuda_cache_is_one_warning_and_cached_anew(tmp_path):
+    """numba-cuda raised at every launch on a corrupt index of its cache (an unpickling error):
+    now that is one warning and a miss; the kernel compiles again and the index is rewritten,
+    so the next process loads it without NVVM."""
+    run(tmp_path, "first")
+    (index,) = tmp_path.glob("kernels/src/__pycache__/*.nbi")
+    index.write_bytes(b"\xff not a pickle")
+    loaded = run(tmp_path, "load")
+    assert loaded["cache_warnings"] == 1 and loaded["nvvm"] == 1 and loaded["ptx_has_entry"]
+    again = run(tmp_path, "second")
+    assert again["cache_warnings"] == 0
+    assert again["nvvm"] == 0 and again["cache_hits"] == 1 and again["ptx_has_entry"]
