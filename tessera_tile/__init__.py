@@ -13,6 +13,7 @@ from .sim import _auto_install
 _auto_install()
 
 from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in
+from ._cache import CacheWarning  # noqa: E402 - what the persistent caches warn of
 from .autotune import autotune  # noqa: E402 - the function; the module stays importable by name
 from .fusion import (  # noqa: E402
     abs,
@@ -85,6 +86,7 @@ def __getattr__(name: str):
 __all__ = [
     "__version__",
     "TileConfig",
+    "CacheWarning",
     "fusion",
     "fuse",
     "autotune",

@@ -106,7 +106,7 @@ class Autotuned:
         self._positions = tuple(params.index(k) for k in self.key)
         self.model = model or _default_model
         self.warmup, self.repeat = int(warmup), int(repeat)
-        self.disk = _cache.DiskCache(NAMESPACE) if cache else None
+        self.disk = _cache.DiskCache(NAMESPACE, validate=self._valid_entry) if cache else None
         self._memo: dict = {}  # exact shapes and dtypes -> config (the fast path)
         self._buckets: dict = {}  # digest of the bucketed key -> config
         # What the persistent key names besides the arguments: the launcher and its configs.
@@ -154,7 +154,7 @@ class Autotuned:
         if got is not None:
             return got
         entry = self.disk.get(key) if self.disk is not None else None
-        if entry is not None and 0 <= entry.get("index", -1) < len(self.configs):
+        if entry is not None:
             return self.configs[entry["index"]]
         scores, candidates = self._rank(args, kwargs)
         return self.configs[min(candidates, key=lambda i: (scores[i], i))]
@@ -189,9 +189,8 @@ class Autotuned:
     def _lookup_or_tune(self, key, args, kwargs):
         if self.disk is not None:
             entry = self.disk.get(key)
-            usable = entry is not None and 0 <= entry.get("index", -1) < len(self.configs)
             # a model-chosen entry is not used where a GPU could measure
-            if usable and not (entry.get("chosen_by") == "model" and _config.gpu_present()):
+            if entry is not None and not (entry["chosen_by"] == "model" and _config.gpu_present()):
                 self.stats["disk_hits"] += 1
                 return self.configs[entry["index"]]
         index, chosen_by, scores, times = self.tune(args, kwargs)
@@ -208,6 +207,17 @@ class Autotuned:
                 },
             )
         return self.configs[index]
+
+    def _valid_entry(self, value) -> bool:
+        """An entry this launcher wrote: the index of one of its configs, which the entry
+        names, chosen by the model or measured (anything else is a corrupt entry, rebuilt)."""
+        index = value["index"]
+        return (
+            type(index) is int
+            and 0 <= index < len(self.configs)
+            and value["config"] == repr(self.configs[index])
+            and value["chosen_by"] in ("model", "measured")
+        )
 
     def tune(self, args, kwargs) -> tuple[int, str, list, list | None]:
         """(winner index, "measured" or "model", model scores, median times in ms or None)."""

@@ -342,14 +342,27 @@ def cache() -> None:
 @cache.command("list")
 @json_option
 def cache_list(as_json) -> None:
-    """Every entry of this library version, by cache."""
-    rows = []
+    """Every entry of this library version, by cache; then the files ignored (corrupt, or of other
+    versions), which the next use rebuilds."""
+    rows, ignored = [], []
     for ns in NAMESPACES:
-        for e in _cache.DiskCache(ns).entries():
-            rows.append({"cache": ns, "key": e["key"], "value": e["value"], "file": e["path"].name})
+        for e in _cache.DiskCache(ns).entries(include_ignored=True):
+            row = {"cache": ns, "file": e["path"].name}
+            if e["status"] == "ok":
+                rows.append(row | {"key": e["key"], "value": e["value"]})
+            else:
+                ignored.append(row | {"status": e["status"], "problem": e["problem"]})
     lines = [f"cache directory: {_config.cache_dir()}", f"{len(rows)} entr(y/ies)"]
     lines += [f"  {r['cache']}: {json.dumps(r['key'], default=str)[:100]}" for r in rows]
-    _emit(as_json, {"cache_dir": str(_config.cache_dir()), "entries": rows}, "\n".join(lines))
+    if ignored:
+        lines.append(f"{len(ignored)} ignored, rebuilt at their next use:")
+        lines += [
+            f"  {i['cache']}/{i['file']}: {i['status']}"
+            + (f" ({i['problem']})" if i["problem"] else "")
+            for i in ignored
+        ]
+    data = {"cache_dir": str(_config.cache_dir()), "entries": rows, "ignored": ignored}
+    _emit(as_json, data, "\n".join(lines))
 
 
 @cache.command("clear")

@@ -119,7 +119,7 @@ class KernelCache(CountingCache):
         path = self.disk.directory / "src" / f"{name}.py"
         try:
             # An unchanged file keeps its time stamp, which numba-cuda's cache index checks.
-            if not path.exists() or path.read_text() != source:
+            if not path.exists() or path.read_bytes() != source.encode():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
                 with os.fdopen(fd, "w") as f:
@@ -199,31 +199,48 @@ def build(name: str, source: str, sched: Schedule, helpers: dict, path_of=None) 
     kernel = namespace[name]
     if path is not None and hasattr(kernel, "enable_caching"):  # not in the simulator
         kernel.enable_caching()
-        guard_saves(kernel)
+        guard_cache(kernel)
     return Generated(name, source, kernel, sched)
 
 
-def guard_saves(kernel) -> None:
-    """A kernel numba-cuda cannot save to its disk cache still launches: the failure is one
-    warning, not the launch's exception. numba-cuda saves at the first launch of a signature,
-    through the dispatcher's ``_cache`` (a private name; only this function uses it)."""
+def guard_cache(kernel) -> None:
+    """numba-cuda's disk cache never stops a launch. A kernel it cannot save (pickling, linking
+    files) is one warning: it runs, and compiles again in the next process. Files it cannot
+    load (a corrupt or truncated index or data file, which it would raise on at every launch)
+    are one warning and a miss: the index is emptied, and the save after the compilation
+    writes it anew. Both go through the dispatcher's ``_cache`` (a private name; only this
+    function uses it); numba-cuda numbers its saves at the first launch of a signature."""
     cache = getattr(kernel, "_cache", None)
     save = getattr(cache, "save_overload", None)
-    if save is None:
-        return
+    load = getattr(cache, "load_overload", None)
+    name = kernel.__name__
 
-    def guarded(sig, data):
-        try:
-            save(sig, data)
-        except Exception as e:  # pickling, linking files: run uncached
-            warnings.warn(
-                f"tessera_tile: numba-cuda could not cache kernel {kernel.__name__} ({e}); "
-                "it runs, and compiles again in the next process",
-                _cache.CacheWarning,
-                stacklevel=2,
-            )
+    def guarded_save(sig, data):
+        failed = f"numba-cuda could not cache kernel {name}"
+        return _guarded(
+            save, (sig, data), failed, "it runs, and compiles again in the next process"
+        )
 
-    cache.save_overload = guarded
+    def guarded_load(sig, target_context):
+        failed = f"numba-cuda's cache of kernel {name} cannot be read"
+        then = "it compiles again and is cached anew"
+        return _guarded(load, (sig, target_context), failed, then, getattr(cache, "flush", None))
+
+    if save is not None:
+        cache.save_overload = guarded_save
+    if load is not None:
+        cache.load_overload = guarded_load
+
+
+def _guarded(call, args, failed: str, then: str, on_failure=None):
+    try:
+        return call(*args)
+    except Exception as e:
+        warnings.warn(f"tessera_tile: {failed} ({e}); {then}", _cache.CacheWarning, stacklevel=3)
+        if on_failure is not None:
+            with contextlib.suppress(Exception):  # an index it cannot rewrite: it stays a miss
+                on_failure()
+        return None
 
 
 def generate(stage: Stage, variant: Variant) -> Generated:

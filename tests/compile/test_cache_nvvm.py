@@ -46,7 +46,7 @@ SCRIPT = """
     @tt.fuse
     def scaled_softmax(x, w):
         e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))
-        return e / tt.sum(e, axis=-1, keepdims=True) * w
+        return e / tt.sum(e, axis=-1, keepdims=True) * w + 0.5
 
     x, w = np.zeros((8, 96), np.float32), np.zeros(96, np.float32)
     (kernel, signature, block), = scaled_softmax.kernel_signatures(x, w)
@@ -55,6 +55,11 @@ SCRIPT = """
         if sys.argv[1] == "first":  # what a first launch does, short of the device
             compiled = dispatcher._Kernel(kernel.py_func, signature, **kernel.targetoptions)
             kernel._cache.save_overload(signature, compiled)
+        elif sys.argv[1] == "load":  # numba-cuda's cache, else what a first launch does
+            compiled = kernel._cache.load_overload(signature, kernel.targetctx)
+            if compiled is None:
+                compiled = dispatcher._Kernel(kernel.py_func, signature, **kernel.targetoptions)
+                kernel._cache.save_overload(signature, compiled)
         else:  # what a launch does: the dispatcher's compile, which looks in its cache first
             compiled = kernel.compile(signature)
         ptx = compiled.library.get_asm_str()
@@ -64,6 +69,7 @@ SCRIPT = """
         "nvvm": len(nvvm_calls),
         "cache_hits": sum(kernel._cache_hits.values()),
         "ptx_has_entry": f".entry {compiled.entry_name}" in ptx,
+        "ptx": ptx,
         "info": scaled_softmax.cache_info(),
     }))
     """
@@ -71,6 +77,7 @@ SCRIPT = """
 
 def run(tmp_path, which: str) -> dict:
     env = dict(os.environ, TESSERA_TILE_CACHE_DIR=str(tmp_path), NUMBA_ENABLE_CUDASIM="0")
+    env["PYTHONWARNINGS"] = "always::UserWarning"  # every CacheWarning, to count them
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(SCRIPT), which],
@@ -79,7 +86,8 @@ def run(tmp_path, which: str) -> dict:
         text=True,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result | {"cache_warnings": done.stderr.count("CacheWarning:")}
 
 
 def test_a_second_process_loads_the_kernel_without_nvvm(tmp_path):
@@ -99,7 +107,7 @@ def test_a_kernel_numba_cannot_cache_still_launches_with_a_warning():
     import pytest
 
     from tessera_tile import _cache
-    from tessera_tile._fusion.compile import guard_saves
+    from tessera_tile._fusion.compile import guard_cache
 
     class Cache:
         def save_overload(self, sig, data):
@@ -110,6 +118,42 @@ def test_a_kernel_numba_cannot_cache_still_launches_with_a_warning():
         _cache = Cache()
 
     kernel = Kernel()
-    guard_saves(kernel)
+    guard_cache(kernel)
     with pytest.warns(_cache.CacheWarning, match="could not cache kernel fused_example"):
         kernel._cache.save_overload(("sig",), object())  # returns: the launch goes on
+
+
+HALF, ONE_AND_A_HALF = "0f3F000000", "0f3FC00000"  # float32 0.5 and 1.5 as PTX writes them
+
+
+def test_a_corrupt_kernel_entry_is_rebuilt_and_the_cached_kernel_kept(tmp_path):
+    """A flipped constant in the stored source (valid JSON) was trusted: the kernel computed
+    with 1.5 for 0.5 and NVVM ran again. Now the entry fails its checksum, warns once, and the
+    source generated anew is the file numba-cuda cached: no NVVM, the right constant."""
+    first = run(tmp_path, "first")
+    assert HALF in first["ptx"] and ONE_AND_A_HALF not in first["ptx"]
+    (path,) = tmp_path.glob("kernels/*.json")
+    data = path.read_bytes()
+    assert data.count(b"= 0.5\\n") == 1
+    path.write_bytes(data.replace(b"= 0.5\\n", b"= 1.5\\n"))
+    second = run(tmp_path, "second")
+    assert second["cache_warnings"] == 1
+    assert HALF in second["ptx"] and ONE_AND_A_HALF not in second["ptx"]
+    assert second["nvvm"] == 0 and second["cache_hits"] == 1
+    assert second["info"]["kernels_generated"] == 1 and second["info"]["kernels_from_disk"] == 0
+    third = run(tmp_path, "second")  # rebuilt: read back without a warning
+    assert third["cache_warnings"] == 0 and third["info"]["kernels_from_disk"] == 1
+
+
+def test_a_corrupt_numba_cuda_cache_is_one_warning_and_cached_anew(tmp_path):
+    """numba-cuda raised at every launch on a corrupt index of its cache (an unpickling error):
+    now that is one warning and a miss; the kernel compiles again and the index is rewritten,
+    so the next process loads it without NVVM."""
+    run(tmp_path, "first")
+    (index,) = tmp_path.glob("kernels/src/__pycache__/*.nbi")
+    index.write_bytes(b"\xff not a pickle")
+    loaded = run(tmp_path, "load")
+    assert loaded["cache_warnings"] == 1 and loaded["nvvm"] == 1 and loaded["ptx_has_entry"]
+    again = run(tmp_path, "second")
+    assert again["cache_warnings"] == 0
+    assert again["nvvm"] == 0 and again["cache_hits"] == 1 and again["ptx_has_entry"]

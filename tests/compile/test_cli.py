@@ -114,28 +114,76 @@ def test_tune_fills_the_cache_of_tunable_ops_and_says_when_there_is_none(cli):
     assert launchers == ["tessera_tile._matmul_ops.linear", "tessera_tile._matmul_ops.matmul"]
 
 
-def test_cache_list_and_clear(cli):
-    (cli.tmp / "fill.py").write_text(
-        textwrap.dedent(
-            """
-            import numpy as np
-            import tessera_tile as tt
+FILL = """
+    import numpy as np
+    import tessera_tile as tt
 
-            @tt.autotune(["a", "b"], key=["x"])
-            def launch(x, *, config):
-                return config
+    @tt.autotune(["a", "b"], key=["x"])
+    def launch(x, *, config):
+        return config
 
-            launch(np.zeros(3))
-            """
-        )
+    assert launch(np.zeros(3)) == "a"
+    """
+
+
+def _fill(cli) -> subprocess.CompletedProcess:
+    (cli.tmp / "fill.py").write_text(textwrap.dedent(FILL))
+    env = _env(cli) | {"PYTHONWARNINGS": "always::UserWarning"}
+    return subprocess.run(
+        [sys.executable, "fill.py"],
+        cwd=cli.tmp,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     )
-    subprocess.run([sys.executable, "fill.py"], cwd=cli.tmp, env=_env(cli), check=True)
+
+
+def test_cache_list_and_clear(cli):
+    _fill(cli)
     listed = json.loads(cli("cache", "list", "--json").stdout)
     assert [e["cache"] for e in listed["entries"]] == ["autotune"]
     assert listed["entries"][0]["value"]["config"] == "'a'"
     assert "1 entr" in cli("cache", "list").stdout
     assert json.loads(cli("cache", "clear", "--json").stdout)["autotune"] == 1
     assert json.loads(cli("cache", "list", "--json").stdout)["entries"] == []
+
+
+def _edit_choice(data: bytes) -> bytes:
+    """Valid JSON still: the stored choice edited by hand."""
+    entry = json.loads(data)
+    entry["value"]["chosen_by"] = "by hand"
+    return json.dumps(entry).encode()
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "problem"),
+    [
+        (lambda data: b"\xff" + data, "not UTF-8"),
+        (lambda data: data[:-9], "not JSON, or truncated"),
+        (_edit_choice, "its checksum"),
+    ],
+    ids=["not UTF-8", "truncated", "edited value"],
+)
+def test_cache_list_shows_corrupt_entries_as_such(cli, corrupt, problem):
+    _fill(cli)
+    (path,) = (cli.tmp / "cache" / "autotune").glob("*.json")
+    path.write_bytes(corrupt(path.read_bytes()))
+    listed = json.loads(cli("cache", "list", "--json").stdout)
+    assert listed["entries"] == []
+    (ignored,) = listed["ignored"]
+    assert (ignored["cache"], ignored["file"], ignored["status"]) == (
+        "autotune",
+        path.name,
+        "corrupt",
+    )
+    assert problem in ignored["problem"]
+    text = cli("cache", "list").stdout
+    assert "0 entr" in text and f"autotune/{path.name}: corrupt ({problem}" in text
+    warned = [line for line in _fill(cli).stderr.splitlines() if "CacheWarning" in line]
+    assert len(warned) == 1 and path.name in warned[0]  # the next use: one warning, rebuilt
+    listed = json.loads(cli("cache", "list", "--json").stdout)
+    assert listed["ignored"] == [] and listed["entries"][0]["value"]["config"] == "'a'"
 
 
 def _env(cli):

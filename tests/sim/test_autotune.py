@@ -2,13 +2,15 @@
 the progress bar, and argument checks. Without a GPU the model chooses; on a GPU configs are
 timed, so the tests that check what the model chose hold only without one."""
 
+import json
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 import tessera_tile as tt
-from tessera_tile import _config
+from tessera_tile import _cache, _config
 from tessera_tile.autotune import bucket, key_part
 
 model_chooses = pytest.mark.sim_only(reason="without a GPU the model chooses; a GPU times configs")
@@ -228,3 +230,75 @@ def test_ops_default_configs_come_from_the_tuner(shape, monkeypatch):
     assert tuned.matmul.expected(a, b) == expected
     given = tile_config.CANDIDATES[-1]
     assert str(given) in ops.matmul.explain(a, b, config=given).stages[0]
+
+
+def cache_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, _cache.CacheWarning)]
+
+
+def edit_entry(path, edit, resign: bool) -> None:
+    """Edit a stored choice by hand; ``resign``: recompute its checksum too, as a careful
+    editor would (then only the value's check can tell)."""
+    entry = json.loads(path.read_text())
+    entry["value"] = edit(entry["value"])
+    if resign:
+        entry["checksum"] = _cache.checksum(entry["header"], entry["key"], entry["value"])
+    path.write_text(json.dumps(entry))
+
+
+HAND_EDITS = {
+    "index a string": lambda v: v | {"index": "1"},
+    "index a float": lambda v: v | {"index": 1.0},
+    "index out of range": lambda v: v | {"index": 7},
+    "a list": lambda v: [v["index"]],
+    "chosen_by missing": lambda v: {k: x for k, x in v.items() if k != "chosen_by"},
+    "config of another index": lambda v: v | {"index": 0},
+}
+
+
+@model_chooses
+@pytest.mark.parametrize("resign", [False, True], ids=["checksum", "resigned"])
+@pytest.mark.parametrize("edit", HAND_EDITS)
+def test_a_hand_edited_choice_warns_once_and_is_tuned_again(tmp_path, edit, resign):
+    x = np.zeros((3, 5), np.float32)
+    make([Cfg(64), Cfg(128)], counting({64: 2.0, 128: 1.0}))(x)
+    (path,) = tmp_path.rglob("*.json")
+    edit_entry(path, HAND_EDITS[edit], resign)
+    again = make([Cfg(64), Cfg(128)], counting({64: 2.0, 128: 1.0}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert again.expected(x) == Cfg(128)  # a report, then the call: one read each
+        assert again(x) == Cfg(128)
+    (message,) = cache_warnings(caught)
+    assert str(path) in message
+    assert again.stats["tuned"] == 1 and again.stats["disk_hits"] == 0
+    assert _cache.read_entry(path).status == "ok"  # rebuilt
+    assert make([Cfg(64), Cfg(128)])(x) == Cfg(128)
+
+
+@model_chooses
+def test_an_op_reads_past_a_tuning_entry_that_is_not_utf8(tmp_path):
+    """ops.matmul's config comes from tuned.matmul's cache: a file of bytes that are not UTF-8
+    there is one warning and a new choice per corruption, and the result stays right."""
+    from numba import cuda
+
+    from tessera_tile import ops, tuned
+
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((20, 16)).astype(np.float32)
+    b = rng.standard_normal((16, 12)).astype(np.float32)
+    expected = a.astype(np.float64) @ b.astype(np.float64)
+    path = tuned.matmul.disk.directory / f"{_cache.digest(tuned.matmul.disk_key((a, b), {}))}.json"
+    ops.matmul(a, b)
+    for side in ("host", "device"):
+        path.write_bytes(b"\xff\xfe" + path.read_bytes())
+        tuned.matmul.clear()  # as a new process: the choice comes from the disk
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = ops.matmul(*((a, b) if side == "host" else map(cuda.to_device, (a, b))))
+        got = got if side == "host" else got.copy_to_host()
+        (message,) = cache_warnings(caught)
+        assert str(path) in message and "not UTF-8" in message
+        # float32 products summed over K = 16 terms of magnitude ~1: a few ulps of ~4
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+        assert _cache.read_entry(path).status == "ok"  # rebuilt

@@ -4,12 +4,14 @@ generates no code (counted), and computes the same results. Whether NVVM is skip
 compile tier's test (tests/compile/test_cache_nvvm.py): the simulator never runs NVVM."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
-from test_cache import run_python
+from test_cache import read_only, run_python
 
 import tessera_tile as tt
+from tessera_tile import _cache
 from tessera_tile._fusion import persist
 
 FUSED = """
@@ -129,7 +131,6 @@ def test_a_program_survives_the_round_trip():
 def test_an_unreadable_payload_warns_once_and_is_rewritten(tmp_path, monkeypatch):
     import warnings
 
-    from tessera_tile import _cache
     from tessera_tile import fusion as fusion_module
 
     monkeypatch.setattr(fusion_module, "_programs_disk", _cache.DiskCache("programs", tmp_path))
@@ -143,6 +144,7 @@ def test_an_unreadable_payload_warns_once_and_is_rewritten(tmp_path, monkeypatch
     (path,) = (tmp_path / "programs").glob("*.json")
     entry = json.loads(path.read_text())
     entry["value"] = "bm90IGEgcGlja2xl"  # valid JSON, valid base64, not a pickle
+    entry["checksum"] = _cache.checksum(entry["header"], entry["key"], entry["value"])
     path.write_text(json.dumps(entry))
     again = tt.fuse(doubled.fn)
     with warnings.catch_warnings(record=True) as caught:
@@ -153,3 +155,104 @@ def test_an_unreadable_payload_warns_once_and_is_rewritten(tmp_path, monkeypatch
     third = tt.fuse(doubled.fn)
     third.explain(x)
     assert third.cache_info()["programs_from_disk"] == 1
+
+
+TWO_FUNCTIONS = """
+    import json
+    import numpy as np
+    from numba import cuda
+    import tessera_tile as tt
+
+    @tt.fuse
+    def affine(x):
+        return x * 2.0 + 1.0
+
+    @tt.fuse
+    def centred(x):
+        return x - tt.mean(x, axis=-1, keepdims=True)
+
+    x = np.linspace(-4, 4, 37, dtype=np.float32)
+    print(json.dumps({
+        "affine": affine(x).tolist(),
+        "affine_device": affine(cuda.to_device(x)).copy_to_host().tolist(),
+        "centred": centred(x).tolist(),
+        "centred_device": centred(cuda.to_device(x)).copy_to_host().tolist(),
+    }))
+    """
+
+
+def check_two_functions(done) -> None:
+    """The results of TWO_FUNCTIONS, host and device. affine: x * 2 is exact and the add
+    rounds once (an FMA too), so equal to NumPy's float32; centred: float32 sum of 37 values
+    of at most 4 against a float64 reference, a few ulps of 4."""
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    x = np.linspace(-4, 4, 37, dtype=np.float32)
+    for side in ("", "_device"):
+        np.testing.assert_array_equal(np.float32(got["affine" + side]), x * np.float32(2) + 1)
+        x64 = x.astype(np.float64)
+        np.testing.assert_allclose(got["centred" + side], x64 - x64.mean(), rtol=0, atol=4e-6)
+
+
+def cache_warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "CacheWarning" in line]
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory):
+    """A cache directory TWO_FUNCTIONS filled: two programs, their kernels."""
+    directory = tmp_path_factory.mktemp("warm")
+    check_two_functions(run_python(TWO_FUNCTIONS, directory, sim=True))
+    return directory
+
+
+def flip_constant(data: bytes) -> bytes:
+    assert data.count(b"C0 = 2.0") == 1
+    return data.replace(b"C0 = 2.0", b"C0 = 3.0")  # valid JSON: x * 3 + 1, silently, before
+
+
+ENTRY_CORRUPTIONS = {
+    "not UTF-8": lambda data: data[:30] + b"\xff\xfe" + data[30:],
+    "truncated": lambda data: data[: len(data) // 2],
+    "flipped constant": flip_constant,
+}
+
+
+@pytest.mark.sim_only(reason="runs fused functions in simulator subprocesses")
+@pytest.mark.parametrize("corruption", ENTRY_CORRUPTIONS)
+def test_corrupt_entries_warn_once_each_and_are_rebuilt(warm_cache, tmp_path, corruption):
+    shutil.copytree(warm_cache, tmp_path, dirs_exist_ok=True)
+    entries = sorted(tmp_path.glob("*/*.json"))
+    if corruption == "flipped constant":  # the one entry holding the constant
+        entries = [p for p in entries if b"C0 = 2.0" in p.read_bytes()]
+    for path in entries:
+        path.write_bytes(ENTRY_CORRUPTIONS[corruption](path.read_bytes()))
+    done = run_python(TWO_FUNCTIONS, tmp_path, sim=True)
+    check_two_functions(done)
+    warned = cache_warnings(done.stderr)
+    assert len(warned) == len(entries), warned  # one per corrupt entry, none per reader
+    for path in entries:
+        assert sum(str(path) in line for line in warned) == 1, (path, warned)
+        assert _cache.read_entry(path).status == "ok"  # rebuilt
+    again = run_python(TWO_FUNCTIONS, tmp_path, sim=True)
+    check_two_functions(again)
+    assert cache_warnings(again.stderr) == []
+
+
+@pytest.mark.sim_only(reason="runs fused functions in a simulator subprocess")
+def test_a_read_only_cache_warns_once_and_computes(tmp_path):
+    code = (
+        TWO_FUNCTIONS
+        + """
+    @tt.autotune(["a", "b"], key=["x"])
+    def launch(x, *, config):
+        return config
+
+    assert launch(x) == "a"
+    """
+    )
+    with read_only(tmp_path):
+        done = run_python(code, tmp_path, sim=True)
+    check_two_functions(done)
+    (warned,) = cache_warnings(done.stderr)  # programs, kernels and autotune: one directory
+    assert "cannot write" in warned
