@@ -4,23 +4,48 @@
 * ``gpu``: the same tests without the simulator, on a real device (skipped, with the reason, when
   there is none); tests marked ``sim_only`` (profiler, race detection...) are left out;
 * ``compile``: ``pytest tests/compile``, real compilation for sm_80 and sm_90.
+
+Hypothesis profiles (``HYPOTHESIS_PROFILE``): ``deterministic``, the default and always in CI
+(``CI`` set), draws the same examples on every run and machine (derandomised, no example
+database, no shrinking: a failure shows the example as drawn); ``explore`` draws new random
+examples, keeps failures in ``.hypothesis/`` and shrinks them. A failing example found once is
+kept as an explicit case (``@example`` or a parametrised test).
+
+Skipped tests are summarised as one line per reason. Everything the tests write (caches,
+``tmp_path``) goes to one temporary directory per process, removed when the process ends.
 """
 
+import atexit
+import collections
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
-# Persistent caches (tuning, programs, kernels) go to a directory of this test process, never to
-# the user's cache; set before tessera_tile is imported. A test that needs its own sets its own.
-os.environ["TESSERA_TILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tessera_tile_test_cache_")
+# One directory per test process (xdist workers make their own), removed when it exits.
+_TEMP = Path(tempfile.mkdtemp(prefix="tessera_tile_tests_"))
+atexit.register(shutil.rmtree, _TEMP, ignore_errors=True)
+# Persistent caches (tuning, programs, kernels) go there, never to the user's cache; a test that
+# needs its own sets its own.
+os.environ["TESSERA_TILE_CACHE_DIR"] = str(_TEMP / "cache")
 
 # Simulated launches are slow: few, small examples, and no deadline.
+_COMMON = dict(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
-    "tessera", max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "deterministic",
+    derandomize=True,
+    database=None,
+    phases=[phase for phase in Phase if phase not in (Phase.shrink, Phase.explain)],
+    **_COMMON,
 )
-settings.load_profile("tessera")
+settings.register_profile("explore", **_COMMON)
+_IN_CI = os.environ.get("CI", "").lower() not in ("", "0", "false")  # CI services set CI=true
+settings.load_profile(
+    "deterministic" if _IN_CI else os.environ.get("HYPOTHESIS_PROFILE", "deterministic")
+)
 
 
 def _gpu_reason() -> str | None:
@@ -35,10 +60,13 @@ def _gpu_reason() -> str | None:
         return f"no CUDA GPU: {type(e).__name__}: {e}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook reads the option
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "sim_only(reason): holds only in the simulator (profiler, twins...), and why"
     )
+    if config.option.basetemp is None:  # unless given; xdist gives its workers a subdirectory
+        config.option.basetemp = str(_TEMP / "tmp_path")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -54,3 +82,20 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=reason))
     if tier == "gpu" and _gpu_reason():
         print(f"\nGPU tier skipped: {_gpu_reason()}")
+
+
+def skip_reason(report) -> str:
+    """The reason of a skipped test's report, without pytest's "Skipped: " prefix."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per skip reason with its count (``-r`` leaves skips out: one line per test)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    counts = collections.Counter(skip_reason(report) for report in skipped)
+    if counts:
+        terminalreporter.section("skipped tests, per reason")
+        for reason, count in counts.most_common():
+            terminalreporter.write_line(f"{count:5d}  {reason}")

@@ -5,11 +5,51 @@ Inputs: q and k uniform in [-1, 1] with ``scale = 30 / sqrt(D)``, so scores reac
 (weights spanning e^60: the running max changes from tile to tile and the output is rescaled),
 and v uniform in [-30, 30].
 
-float32 tolerances (the kernel computes in float32, exp2 by ex2.approx):
-* Frobenius norm of the error below ``1e-5`` times the reference's;
-* every element within ``1e-5 * max|v|`` of the reference (an output element is a convex
-  combination of a column of v, so max|v| is its scale);
-* rows with no allowed key (Sk = 0, or causal with Sq > Sk) exactly 0.
+Checks: no NaN or inf; rows with no allowed key (Sk = 0, or causal with Sq > Sk) exactly 0; the
+Frobenius norm of the error below ``1e-5`` times the reference's; every element within the bound
+below, derived from where the kernel rounds (:func:`error_bound`).
+
+The float32 bound, per output element (u = 2**-24, ulp = 2u; to first order, see the end). For
+query row i, with exact scores ``s_j = q . k_j`` over the allowed keys j, ``c = scale log2(e)``
+(the kernel's exponents are in base 2), exact weights ``P_j = 2**(c (s_j - max s))`` and exact
+output ``o = sum P_j v_j / sum P_j``:
+
+1. Score: the kernel accumulates ``q . k_j`` in float32 over the head columns in order (FFMA on
+   a GPU; a rounded product and a rounded sum in the simulator). Each step rounds its partial
+   sum ``S_1 .. S_D`` (and its product), so ``|error| <= u R_j`` with the running bound
+   ``R_j = sum |S_n| + sum |q_n k_jn|``. (Computed partial sums differ from the exact ones by at
+   most ``gamma_D sum |q_n k_jn|`` each: ``R_j`` adds ``D`` times that.) This is the dominant
+   term: ``c u R_j`` is about 1e-4 for D = 128.
+2. Exponent: ``c`` is rounded to float32 (relative u, common to all keys: after normalising only
+   its product with ``s_j - max s`` counts), ``s_j * c`` rounds (``u c |s_j|``), ``s_j c - m``
+   rounds with m the running max (``u c (max s - s_j)``), and the rescale exponents ``m_old -
+   m_new`` of later tiles round (in all ``u c (max s - s_j)``, they telescope). Up to a shift
+   common to the row, key j's exponent is off by at most
+   ``E_j = c u (R_j + |s_j| + 3 (max s - s_j))``.
+3. exp2: each MUFU.EX2 is within 2 ulp (PTX ISA; the simulator's NumPy twin measures 0.9 ulp),
+   and a weight passes through at most ``n_tiles`` of them (its own and the rescales of later
+   tiles): the computed weight is ``P_j (1 + r_j)`` with
+   ``|r_j| <= delta_j = 2**E_j / (1 - 2 ulp)**n_tiles - 1``.
+4. Normalising, exactly: ``sum P_j (1 + r_j) v_j / sum P_j (1 + r_j) - o
+   = sum P_j r_j (v_j - o) / sum P_j (1 + r_j)``, at most
+   ``W = sum P_j delta_j |v_j - o| / sum P_j (1 - delta_j)``.
+5. Sums: the numerator and the denominator each round at most ``n = Sk + n_tiles + 3`` times
+   per term (keys, rescales, 3 shuffles) over positive weights: with ``w`` the weighted mean of
+   |v| and ``|o'| <= |o| + W``, the quotient moves by at most
+   ``gamma_n (w + |o'|) / (1 - gamma_n)``.
+6. ``1 / l`` by MUFU.RCP (1 ulp, PTX ISA) and one product: ``(1 ulp + u)`` of the quotient.
+7. ``.ftz``: weights below 2**-126 of the row's max become 0: at most ``Sk 2**-126 2 max|v|``.
+
+Dropped: products of two of these relative errors, each below 2**-10 (asserted), so the bound is
+multiplied by ``1 + 2**-10``.
+
+How tight: on issue 19's example (D = 128) the worst element reaches 0.11 of its bound; over 40
+random draws 0.06 to 0.16 in the simulator (0 with one key: exact). The slack is the running
+bound's (1.), which assumes that all the rounding errors of a score have one sign: the worst
+score error reaches 0.17 of it. The bound used before, ``1e-5 max|v|``, was not derived: a score
+error ``u R_j`` moves a weight by ``scale u R_j`` and O by that times ``|v_j - o|``, which for
+D = 128 exceeds it. Issue 19's example: 3.8e-4 against 3.0e-4, and the same 3.8e-4 from float32
+scores summed in the kernel's order with exact arithmetic after them: the error is the scores'.
 """
 
 import math
@@ -17,7 +57,7 @@ import math
 import numpy as np
 import pytest
 from helpers import attention_reference
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from numba import cuda
 
@@ -27,11 +67,17 @@ from tessera_tile.kernels import attention_simt as at
 Config = at.SimtAttentionConfig
 LOG2E = math.log2(math.e)
 RTOL_FRO = 1e-5
-ATOL_V = 1e-5  # per element, times max|v|
+U = 2.0**-24
+ULP = 2 * U  # the largest relative spacing of float32 numbers
+EX2_ERROR = 2 * ULP  # MUFU.EX2 (ex2.approx), PTX ISA
+RCP_ERROR = ULP  # MUFU.RCP (rcp.approx), PTX ISA
+SECOND_ORDER = 2.0**-10  # the largest relative error for which the first-order bound holds
 
 # Small blocks of one warp keep the simulator fast; the default configs run in the profile tests.
 SMALL = (Config(16, 16, 32), Config(32, 16, 32), Config(8, 32, 64))
 LAYOUTS = ("host", "device", "padded", "strided")
+# Failing examples found once, kept as explicit cases
+ISSUE_19 = dict(z=2, sq=21, sk=44, d=128, causal=False, config=SMALL[0], layout="host", seed=149)
 
 
 def operands(z, sq, sk, d, seed):
@@ -102,15 +148,57 @@ def run(q, k, v, causal, config, layout="host", scale=None):
     return out[:, :, :d]
 
 
+def allowed_keys(sq, sk, causal):
+    """``allowed[i, j]``: query row i sees key j (causal: bottom-right aligned)."""
+    allowed = np.ones((sq, sk), bool)
+    if causal:
+        allowed &= np.arange(sk)[None, :] <= np.arange(sq)[:, None] + (sk - sq)
+    return allowed
+
+
 def masked_rows(sq, sk, causal):
     """Query rows with no allowed key."""
-    rows = np.arange(sq)
-    if sk == 0:
-        return np.ones(sq, bool)
-    return rows + (sk - sq) < 0 if causal else np.zeros(sq, bool)
+    return ~allowed_keys(sq, sk, causal).any(axis=1)
 
 
-def check(got, q, k, v, causal, scale):
+def gamma(n):
+    return n * U / (1 - n * U)
+
+
+def error_bound(q, k, v, causal, scale, config):
+    """The per-element bound of the module doc (float64, same shape as the output)."""
+    q64, k64, v64 = (np.asarray(x, np.float64) for x in (q, k, v))
+    d, sk = q64.shape[-1], k64.shape[-2]
+    terms = q64[..., :, None, :] * k64[..., None, :, :]  # (Z, Sq, Sk, D), products exact
+    partial = np.cumsum(terms, axis=-1)  # the kernel's order: head column 0 first
+    s = partial[..., -1]
+    magnitude = np.abs(terms).sum(axis=-1)
+    running = np.abs(partial).sum(axis=-1) + magnitude + d * gamma(d) * magnitude  # (1.)
+    allowed = allowed_keys(q64.shape[-2], sk, causal)
+    s = np.where(allowed, s, -np.inf)
+    top = s.max(axis=-1, keepdims=True, initial=-np.inf)
+    live = np.isfinite(top)  # rows with an allowed key
+    top = np.where(live, top, 0.0)
+    c = scale * LOG2E
+    exponent = np.where(allowed, c * U * (running + np.abs(s) + 3 * (top - s)), 0.0)  # (2.)
+    n_tiles = -(-sk // config.block_kv)
+    delta = np.exp2(exponent) / (1 - EX2_ERROR) ** n_tiles - 1  # (3.)
+    assert delta.max(initial=0.0) < SECOND_ORDER, "the first-order bound does not hold"
+    p = np.exp2(c * (s - top))
+    low = np.where(live, (p * (1 - delta)).sum(axis=-1, keepdims=True), 1.0)
+    o = (p @ v64) / np.where(live, p.sum(axis=-1, keepdims=True), 1.0)
+    spread = np.abs(v64[..., None, :, :] - o[..., :, None, :])  # |v_j - o| (Z, Sq, Sk, D)
+    weights = np.einsum("...ij,...ije->...ie", p * delta, spread) / low  # (4.)
+    mean_v = (p * (1 + delta)) @ np.abs(v64) / low
+    quotient = np.abs(o) + weights
+    g = gamma(sk + n_tiles + 3)
+    sums = g * (mean_v + quotient) / (1 - g)  # (5.)
+    final = (RCP_ERROR + U + RCP_ERROR * U) * (quotient + sums)  # (6.)
+    flush = sk * 2.0**-125 * np.abs(v64).max(initial=0.0)  # (7.)
+    return np.where(live, (weights + sums + final + flush) * (1 + SECOND_ORDER), 0.0)
+
+
+def check(got, q, k, v, causal, scale, config):
     want = attention_reference(q, k, v, causal, scale)
     assert got.shape == want.shape and got.dtype == np.float32
     assert np.isfinite(got).all(), "NaN or inf in the output"
@@ -120,8 +208,14 @@ def check(got, q, k, v, causal, scale):
     if norm > 0:
         err = np.linalg.norm(got - want) / norm
         assert err < RTOL_FRO, f"relative Frobenius error {err:.3g}"
-    bound = ATOL_V * max(float(np.abs(v).max(initial=0.0)), 1.0)
-    np.testing.assert_allclose(got, want, rtol=0, atol=bound)
+    err = np.abs(got - want)
+    bound = error_bound(q, k, v, causal, scale, config)
+    bad = ~(err <= bound)
+    assert not bad.any(), (
+        f"{int(bad.sum())} of {err.size} elements off, worst {err.max():.3g}, "
+        f"{(err[bad] / bound[bad]).max():.3g} times its bound"
+    )
+    return err, bound
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,10 +234,22 @@ def check(got, q, k, v, causal, scale):
     layout=st.sampled_from(LAYOUTS),
     seed=st.integers(0, 2**16),
 )
+@example(**ISSUE_19)
 def test_hypothesis_small_shapes(z, sq, sk, d, causal, config, layout, seed):
     q, k, v, scale = operands(z, sq, sk, d, seed)
     got = run(q, k, v, causal, config, layout, scale)
-    check(got, q, k, v, causal, scale)
+    check(got, q, k, v, causal, scale, config)
+
+
+def test_issue_19_example_within_a_tight_bound():
+    # Issue 19's example: 9 elements beyond the former bound 1e-5 max|v| (3.8e-4 > 3.0e-4).
+    # Inside the derived bound, and not vacuously: its worst element reaches 0.11 of the bound
+    # in the simulator (a GPU's FFMA rounds once per step, not twice: somewhat less).
+    case = ISSUE_19
+    q, k, v, scale = operands(case["z"], case["sq"], case["sk"], case["d"], case["seed"])
+    got = run(q, k, v, case["causal"], case["config"], case["layout"], scale)
+    err, bound = check(got, q, k, v, case["causal"], scale, case["config"])
+    assert (err / bound).max() > 0.02, f"a loose bound: {(err / bound).max():.3g}"
 
 
 SHAPES = [(1, 1), (1, 70), (70, 1), (17, 33), (33, 17), (32, 32), (16, 47), (5, 0), (0, 5)]
@@ -155,7 +261,7 @@ def test_edges(sq, sk, causal):
     # Around the block sizes (16), Sq != Sk both ways, single rows and keys, empty sides.
     q, k, v, scale = operands(2, sq, sk, 32, seed=sq * 100 + sk)
     got = run(q, k, v, causal, SMALL[0], "device", scale)
-    check(got, q, k, v, causal, scale)
+    check(got, q, k, v, causal, scale, SMALL[0])
 
 
 @pytest.mark.parametrize(
@@ -163,8 +269,8 @@ def test_edges(sq, sk, causal):
 )
 def test_head_dim_128(causal, layout):
     q, k, v, scale = operands(1, 19, 35, 128, seed=128)
-    got = run(q, k, v, causal, Config(16, 16, 32), layout, scale)
-    check(got, q, k, v, causal, scale)
+    got = run(q, k, v, causal, SMALL[0], layout, scale)
+    check(got, q, k, v, causal, scale, SMALL[0])
 
 
 @pytest.mark.parametrize("rising", [True, False], ids=["rising", "falling"])
@@ -178,7 +284,7 @@ def test_online_rescaling(rising):
     k[0] = np.float32(0.2) * k[0] + (ramp if rising else -ramp)
     scale = 30 / d
     got = run(q, k, v, False, SMALL[0], "host", scale)
-    check(got, q, k, v, False, scale)
+    check(got, q, k, v, False, scale, SMALL[0])
 
 
 def test_broadcast_batch():
@@ -192,7 +298,7 @@ def test_broadcast_batch():
         SMALL[0], scale, d,
     )  # fmt: skip
     got = o.copy_to_host()
-    check(got, q, np.repeat(k1, z, 0), np.repeat(v1, z, 0), True, scale)
+    check(got, q, np.repeat(k1, z, 0), np.repeat(v1, z, 0), True, scale, SMALL[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,7 +317,7 @@ def profiled(z, sq, sk, d, causal, config, layout):
     q, k, v, scale = operands(z, sq, sk, d, seed=11)
     with sim.profile() as prof:
         got = run(q, k, v, causal, config, layout, scale)
-    check(got, q, k, v, causal, scale)
+    check(got, q, k, v, causal, scale, config)
     assert prof.races == [] and prof.out_of_bounds == [], str(prof)
     traffic = {arg: rw for (_, arg), rw in prof.traffic.items()}
     kv = planned_kv_bytes(z, sq, sk, d, causal, config)
