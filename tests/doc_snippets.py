@@ -83,7 +83,11 @@ def snippets(doc: str) -> list[Snippet]:
             source, needs = previous.source + source, previous.needs
             inherited = previous.inherited + (previous.output or "")
         after = blocks[i + 1] if i + 1 < len(blocks) else None
-        follows = after is not None and after.group(1) == "" and not text[block.end() : after.start()].strip()
+        follows = (
+            after is not None
+            and after.group(1) == ""
+            and not text[block.end() : after.start()].strip()
+        )
         found.append(
             Snippet(
                 doc=doc,
