@@ -1,5 +1,7 @@
 # Two commands for a newcomer (Python 3.11, nothing else installed):
-#   make demo   set up .venv and run the main demo (GPU if there is one, else the simulator)
+#   make demo   set up .venv and run every example against NumPy (GPU if there is one, else the
+#               simulator); one summary line per check. The compile reports of the kernels:
+#               .venv/bin/python examples/demo.py --reports
 #   make test   set up .venv and run all test tiers
 PYTHON ?= python3
 VENV := .venv

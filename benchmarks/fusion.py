@@ -113,7 +113,14 @@ def traffic() -> None:
     )
 
 
-def sass() -> None:
+SASS_CASES = (("chain", np.float32), ("chain", np.float16), ("softmax", np.float32),
+              ("softmax", np.float16), ("layer_norm", np.float32))  # fmt: skip
+
+
+def sass_figures() -> list[dict]:
+    """Each SASS case compiled for sm_90: ``op``, ``dtype``, the ``report``, its steady-state
+    ``per_element`` instructions and ``in_flight`` bytes, and the table's ``title``. What the
+    ``sass`` step prints and docs/fusion.md quotes (tests/compile/test_docs.py compares them)."""
     import tessera_tile as tt
 
     def chain(a, b, c):
@@ -131,10 +138,8 @@ def sass() -> None:
         return (x - mu) * tt.rsqrt(var + 1e-5)
 
     v = np.zeros(1 << 20, np.float32)
-    keys = ("LDG", "STG", "FFMA", "MUFU", "SHFL", "BAR", "LDS", "STS")
-    cases = (("chain", np.float32), ("chain", np.float16), ("softmax", np.float32),
-             ("softmax", np.float16), ("layer_norm", np.float32))  # fmt: skip
-    for op, dtype in cases:
+    figures = []
+    for op, dtype in SASS_CASES:
         name = np.dtype(dtype).name
         if op == "chain":
             x = v.astype(dtype)
@@ -153,7 +158,18 @@ def sass() -> None:
             report = tt.fuse(layer_norm).inspect(np.zeros((4096, 4096), dtype), arch="sm_90")[0]
             per_element, in_flight = whole(report, 16), report.bytes_in_flight()
             title = f"layer norm (no weights), 4096 {name} per row, a block per row, sm_90"
-        table = Table(title=title)
+        figures.append(
+            {"op": op, "dtype": name, "report": report, "per_element": per_element,
+             "in_flight": in_flight, "title": title}
+        )  # fmt: skip
+    return figures
+
+
+def sass() -> None:
+    keys = ("LDG", "STG", "FFMA", "MUFU", "SHFL", "BAR", "LDS", "STS")
+    for figure in sass_figures():
+        report = figure["report"]
+        table = Table(title=figure["title"])
         cols = ("kernel", "regs", "spills", "smem (B)", "instr", "instr/element",
                 "B in flight", "key opcodes")  # fmt: skip
         for col in cols:
@@ -164,12 +180,12 @@ def sass() -> None:
             str(report.spill_stores + report.spill_loads),
             str(report.shared_bytes),
             str(report.instructions),
-            f"{per_element:.2f}",
-            str(in_flight),
+            f"{figure['per_element']:.2f}",
+            str(figure["in_flight"]),
             report.key_opcodes(keys),
         )
-        if dtype == np.float32:
-            for peer, regs, instr, opcodes in ANCHORS[op]:
+        if figure["dtype"] == "float32":
+            for peer, regs, instr, opcodes in ANCHORS[figure["op"]]:
                 table.add_row(peer, str(regs), "0", "-", str(instr), PER_ELEMENT.get(peer, "-"),
                               "-", opcodes)  # fmt: skip
         console.print(table)

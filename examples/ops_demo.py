@@ -77,6 +77,22 @@ def cases(rows: int = 8, cols: int = 300, seed: int = 0):
     ]  # fmt: skip
 
 
+def check(name, op, args, kwargs, want):
+    """One op on device arrays against NumPy (asserted, rtol and atol 2e-5); returns the
+    largest relative error and the result."""
+    d_result = op(*[to_device(a) for a in args], **kwargs)
+    got = to_host(d_result)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=name)
+    return float(np.max(np.abs(got - want) / (1 + np.abs(want)), initial=0.0)), d_result
+
+
+def checks(rows: int = 8, cols: int = 300, seed: int = 0) -> list:
+    """``(label, check)`` per op for the demo: ``check()`` returns the largest relative error."""
+    return [
+        (f"ops.{case[0]}", lambda case=case: check(*case)[0]) for case in cases(rows, cols, seed)
+    ]
+
+
 def run(rows: int = 8, cols: int = 300, seed: int = 0, show: bool = False) -> float:
     """Every op on device arrays against NumPy; returns the largest relative error. With
     ``show``, prints the traffic table."""
@@ -84,20 +100,16 @@ def run(rows: int = 8, cols: int = 300, seed: int = 0, show: bool = False) -> fl
 
     worst, lines = 0.0, []
     for name, op, args, kwargs, want in cases(rows, cols, seed):
-        d_args = [to_device(a) for a in args]
         if _config.SIMULATED:
             with sim.profile() as prof:
-                d_result = op(*d_args, **kwargs)
+                err, d_result = check(name, op, args, kwargs, want)
             moved = prof.bytes_read + prof.bytes_written
         else:
-            d_result = op(*d_args, **kwargs)
+            err, d_result = check(name, op, args, kwargs, want)
             moved = op.explain(*args, **kwargs).bytes_fused
-        got = to_host(d_result)
-        err = float(np.max(np.abs(got - want) / (1 + np.abs(want)), initial=0.0))
-        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=name)
         worst = max(worst, err)
         ex = op.explain(*args, **kwargs)
-        minimum = sum(a.nbytes for a in args) + np.asarray(got).nbytes
+        minimum = sum(a.nbytes for a in args) + np.asarray(to_host(d_result)).nbytes
         lines.append((name, type(d_result).__name__, ex.kernels, moved, minimum, ex.bytes_unfused))
     if show:
         what = "measured (simulator)" if _config.SIMULATED else "planned"

@@ -69,7 +69,22 @@ def _checked(fn, *args, **kwargs):
         raise click.UsageError(str(e).splitlines()[0]) from None
 
 
-shape_option = click.option("--shape", default="4096x1024", show_default=True, help="NxM...")
+# Each op's shape when --shape is not given: (rows, length) for the row ops and reductions, (M, K)
+# for the matmul family; attention's is (heads, S, D), as its D must be a head dimension.
+DEFAULT_SHAPE = (4096, 1024)
+DEFAULT_SHAPES = {"attention": (16, 4096, 64)}
+
+
+def _shape_of(op: str, text: str | None) -> tuple[int, ...]:
+    """``--shape`` if given, else the op's default shape."""
+    return _shape(text) if text is not None else DEFAULT_SHAPES.get(op, DEFAULT_SHAPE)
+
+
+shape_option = click.option(
+    "--shape",
+    default=None,
+    help="NxM... [default: 4096x1024; attention 16x4096x64 (heads x S x D)]",
+)
 dtype_option = click.option(
     "--dtype", type=click.Choice(DTYPES), default="float32", show_default=True
 )
@@ -210,7 +225,7 @@ def explain(op, shape, dtype, as_json) -> None:
     """What a prebuilt op does at a shape: kernels, predicted traffic, FLOPs, IR.
 
     NumPy zeros stand in for the arrays (see docs/tuning.md for the weights and targets)."""
-    fn, shape = _op(op), _shape(shape)
+    fn, shape = _op(op), _shape_of(op, shape)
     args, kwargs = _roofline.stand_ins(op, shape, dtype)
     report = _checked(fn.explain, *args, **kwargs)
     flops = profiling.explain_flops(fn, *args, **kwargs) or _roofline.hand_flops(op, shape)
@@ -240,7 +255,7 @@ def tune(op, shape, dtype, as_json) -> None:
     from . import tuned
 
     _op(op)
-    shape = _shape(shape)
+    shape = _shape_of(op, shape)
     tuner = getattr(tuned, op, None) if op in tuned.__all__ else None
     if tuner is None:
         message = f"{op} has no tunable configs: its launch is chosen from the data"
@@ -272,13 +287,13 @@ def bench(op_names, shape, dtype, device, repeat, as_json) -> None:
     """Time each op against CuPy's unfused chain on a GPU; without one, the static report."""
     names = list(op_names) or list(_ops().__all__)
     fns = [_op(n) for n in names]
-    shape = _shape(shape)
+    shapes = [_shape_of(n, shape) for n in names]
     if not _config.gpu_present():
         with profiling.profile(device=device) as prof:
-            for name, fn in zip(names, fns, strict=True):
-                _checked(prof.add, fn, *_roofline.stand_ins(name, shape, dtype)[0])
+            for name, fn, at in zip(names, fns, shapes, strict=True):
+                _checked(prof.add, fn, *_roofline.stand_ins(name, at, dtype)[0])
                 if not prof.records[-1].flops:  # a hand-written kernel: counted from its source
-                    prof.records[-1].flops = _roofline.hand_flops(name, shape)
+                    prof.records[-1].flops = _roofline.hand_flops(name, at)
         _emit(as_json, {"measured": False, "rows": prof.rows()}, str(prof))
         return
     try:
@@ -288,8 +303,8 @@ def bench(op_names, shape, dtype, device, repeat, as_json) -> None:
             "bench on a GPU compares with CuPy: pip install 'tessera_tile[cupy]'"
         ) from None
     rows = [
-        _bench_gpu(cupy, name, fn, shape, dtype, device, repeat)
-        for name, fn in zip(names, fns, strict=True)
+        _bench_gpu(cupy, name, fn, at, dtype, device, repeat)
+        for name, fn, at in zip(names, fns, shapes, strict=True)
     ]
     lines = [f"{'op':>14}  {'tessera_tile ms':>15}  {'CuPy unfused ms':>15}  speed-up"]
     for r in rows:

@@ -340,8 +340,13 @@ def default_config(
 
 
 def waves_text(e: Estimate) -> str:
+    """The model's figures as ``explain`` prints them, labelled as an estimate: explain compiles
+    nothing, so the blocks per SM come from :func:`estimated_registers` (the plain product's;
+    an epilogue adds some), not from ptxas (``inspect()`` gives its count)."""
+    regs = estimated_registers(e.config)
     return (
-        f"{e.tiles} tiles, {e.blocks_per_sm} block(s)/SM, {e.waves} wave(s) over {SMS} SMs, "
-        f"model bound {e.seconds * 1e6:.3g} us "
+        f"{e.tiles} tiles; model estimate, assuming {regs} registers/thread (the plain "
+        f"product's; ptxas's count is in inspect()): {e.blocks_per_sm} block(s)/SM, "
+        f"{e.waves} wave(s) over {SMS} SMs, bound {e.seconds * 1e6:.3g} us "
         f"({'compute' if e.compute_s >= e.memory_s else 'memory'})"
     )

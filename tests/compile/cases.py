@@ -45,6 +45,13 @@ ATT_BUDGET = {
 
 CASES = [
     Case(
+        "examples/axpy",
+        "axpy",
+        f"void(float32, {F32_1D}, {F32_1D})",
+        budget={"sm_80": 32, "sm_90": 32},
+        opcodes={"FFMA": 1},
+    ),
+    Case(
         "examples/elementwise_chain",
         "tanh_sigmoid_chain",
         f"void({F32_1D}, {F32_1D}, {F32_1D}, {F32_1D})",

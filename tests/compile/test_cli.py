@@ -200,6 +200,19 @@ def test_bench_without_a_gpu_gives_the_static_report(cli):
     assert "no GPU" in cli("bench", "softmax", "--shape", "64x256").stdout
 
 
+def test_bench_and_explain_with_no_arguments_use_each_ops_default_shape(cli):
+    """issue 20: `bench` alone exited 2, its one default shape 4096x1024 being no attention
+    shape (D = 1024)."""
+    from tessera_tile import ops
+
+    data = json.loads(cli("bench", "--json").stdout)
+    assert sorted(r["kernel"].split()[0] for r in data["rows"]) == sorted(ops.__all__)
+    assert all(r["roofline_ms"] > 0 for r in data["rows"])
+    explained = json.loads(cli("explain", "attention", "--json").stdout)
+    assert explained["shape"] == [16, 4096, 64] and explained["kernels"] == 1
+    assert json.loads(cli("explain", "softmax", "--json").stdout)["shape"] == [4096, 1024]
+
+
 def test_report_writes_a_roofline_png(cli):
     pytest.importorskip("matplotlib", reason="the report is the optional extra [report]")
     data = json.loads(

@@ -19,6 +19,12 @@ def test_elementwise_chain_reference_is_not_trivial():
     assert chain.reference(a, a, a)[0] == pytest.approx(np.tanh(0.75) / (1 + np.exp(-0.75)) - 0.5)
 
 
+@given(n=st.sampled_from([0, 1, 31, 32, 33, 127, 128, 129, 300]), seed=st.integers(0, 2**16))
+def test_axpy_matches_numpy(n, seed):
+    axpy = load_example("axpy")
+    assert axpy.run(n=n, a=-1.5, threads=64, blocks=2, seed=seed) <= 1e-5  # asserted per element
+
+
 def test_fused_softmax_example_matches_numpy():
     example = load_example("fused_softmax")
     assert example.run(rows=5, cols=70) < 1e-4
