@@ -86,8 +86,8 @@ def read(value, name: str, *, scalars: bool = True) -> Arg:
     if isinstance(value, Arg):
         return value
     is_scalar = _python_scalar(value) or isinstance(value, np.generic)
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        is_scalar, value = True, value[()]
+    if isinstance(value, np.ndarray) and value.ndim == 0 and scalars:
+        is_scalar, value = True, value[()]  # a 0-d array argument is a scalar; as out=, an array
     if is_scalar:
         if not scalars:
             raise TypeError(f"{name} is a {type(value).__name__}, not an array")

@@ -64,8 +64,8 @@ def attention_reference(q, k, v, causal: bool, scale: float) -> np.ndarray:
     """``softmax(q @ k^T * scale) @ v`` in float64 over the last two axes (..., S, D).
 
     ``causal``: key ``j`` is allowed for query ``i`` iff ``j <= i + Sk - Sq`` (bottom-right
-    aligned, PyTorch's ``is_causal``). A query row with no allowed key (``Sk = 0``, or causal
-    with ``Sq > Sk``) gives 0, as PyTorch's math backend does.
+    aligned, PyTorch's ``causal_lower_right``). A query row with no allowed key (``Sk = 0``, or
+    causal with ``Sq > Sk``) gives 0, as PyTorch's ``scaled_dot_product_attention`` since 2.5.
     """
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     s = np.matmul(q, np.swapaxes(k, -1, -2)) * scale

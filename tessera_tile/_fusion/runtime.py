@@ -10,7 +10,6 @@ the axes it needs; nothing is copied to make it contiguous.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -82,7 +81,9 @@ class Call:
         if out is not None:
             outs = out if isinstance(out, tuple) else (out,)
             self.out_names = [f"out[{k}]" for k in range(len(outs))] if out is outs else ["out"]
-            self.out = [_read_out(o, n) for o, n in zip(outs, self.out_names, strict=True)]
+            self.out = [
+                arrays.read(o, n, scalars=False) for o, n in zip(outs, self.out_names, strict=True)
+            ]
             names += self.out_names
             # results are cast into out's dtypes in the kernels: part of the program's key
             signature += (("out", tuple(o.dtype.str for o in self.out)),)
@@ -109,16 +110,6 @@ class Call:
             for node, dest in stage.outputs:
                 known[dest] = shapes[node.key]
         return shapes
-
-
-def _read_out(value, name: str) -> Arg:
-    """The record of one ``out=`` array. ``arrays.read`` takes a 0-d NumPy array for a scalar
-    argument; as ``out=`` it is an array (a full reduction's result): read its 1-element view
-    and give the record its 0-d geometry back."""
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        rec = arrays.read(value.reshape(1), name, scalars=False)
-        return dataclasses.replace(rec, value=value, shape=(), strides=())
-    return arrays.read(value, name, scalars=False)
 
 
 def _signature(a: Arg) -> tuple:

@@ -55,7 +55,7 @@ instructions per score for D = 16 / 32 / 64 / 128 (of which 32 / 64 / 128 / 256 
 ``MUFU.EX2`` per score plus one per row. Registers 96-170, no spills, no local memory.
 
 Masking: keys ``>= Sk`` and, when ``causal``, keys ``j > i + Sk - Sq`` (bottom-right aligned, as
-PyTorch's ``is_causal``) get ``s = -inf``. Tiles past the last key any row of the block may see
+FlashAttention 2.1+) get ``s = -inf``. Tiles past the last key any row of the block may see
 are never loaded (:func:`kv_rows` gives the rows a block reads); only tiles that straddle the
 diagonal or ``Sk`` are masked element by element. Rows past ``Sk``/``Sq`` are zero-filled by the
 copies (``cp.async`` with 0 source bytes: nothing is read). A row whose keys are all masked gets

@@ -130,6 +130,9 @@ def test_out_and_stream():
     scalar_out = cuda.device_array((), np.float32)
     assert ops.cross_entropy(*on("device", x, t), out=scalar_out) is scalar_out
     check(scalar_out.copy_to_host(), x, t, "mean")
+    host_scalar_out = np.empty((), np.float32)  # a 0-d host out= is an array, as on the device
+    assert ops.cross_entropy(x, t, reduction="sum", out=host_scalar_out) is host_scalar_out
+    check(host_scalar_out, x, t, "sum")
 
 
 x32, t64 = np.zeros((4, 8), np.float32), np.zeros(4, np.int64)
