@@ -51,7 +51,9 @@ REDUCE = {
 def trees(n_inputs: int, depth: int):
     leaf = st.one_of(
         st.tuples(st.just("input"), st.integers(0, n_inputs - 1)),
-        st.tuples(st.just("const"), st.sampled_from([0.5, 2, -1.25])),
+        st.tuples(
+            st.just("const"), st.sampled_from([0.5, 2, -1.25, math.nan, math.inf, -math.inf])
+        ),
     )
     if depth == 0:
         return leaf
