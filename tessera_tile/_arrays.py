@@ -127,11 +127,6 @@ def _from_interface(value, cai, name: str) -> Arg:
             raise ValueError(f"{what} has no {key!r} (the protocol requires shape, typestr, data)")
     if cai.get("mask") is not None:
         raise TypeError(f"{name} is a masked array (__cuda_array_interface__ mask): not supported")
-    if cai.get("version", 0) >= 3 and cai.get("stream") == 0:
-        raise ValueError(
-            f"{what} stream 0 is disallowed by the protocol "
-            "(1 is the legacy default stream, 2 the per-thread default stream)"
-        )
     dtype = _interface_dtype(cai["typestr"], what)
     shape = _interface_ints(cai["shape"], "shape", what)
     if any(n < 0 for n in shape):

@@ -1,0 +1,132 @@
+"""What one call costs on the host: tessera_tile's own Python, and numba-cuda's launch under it.
+Prints tables; asserts nothing.
+
+    python benchmarks/overhead.py gpu    # a GPU: first call, then whole warm calls, vs CuPy
+
+``gpu`` times small calls on device arrays, where the host, not the GPU, bounds a loop of
+calls: the warm figure is the wall time of many calls (one synchronisation at the end) over
+their number. Beside it, numba-cuda's own launch of an empty kernel, through its dispatcher
+and through the compiled kernel object, and CuPy's chain of the same op.
+"""
+
+import time
+
+import numpy as np
+from _steps import run
+from rich.console import Console
+from rich.table import Table
+
+CALLS = 300
+
+
+def _per_call_us(fn, sync, calls: int = CALLS) -> float:
+    fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def _first_call_ms(fn, sync) -> float:
+    start = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - start) * 1e3
+
+
+def _cases(cuda, rng):
+    import tessera_tile as tt
+    from tessera_tile import ops
+
+    @tt.fuse
+    def softmax(x):
+        e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))
+        return e / tt.sum(e, axis=-1, keepdims=True)
+
+    @tt.fuse
+    def centred_total(x):  # two kernels: the mean, then the sum that needs it
+        return tt.sum(x - tt.mean(x))
+
+    def dev(*shape):
+        return cuda.to_device(rng.standard_normal(shape).astype(np.float32))
+
+    x = dev(64, 512)
+    w, b = dev(512), dev(512)
+    xl, wl, bl = dev(64, 32), dev(32, 64), dev(64)
+    q, k, v = dev(1, 64, 32), dev(1, 64, 32), dev(1, 64, 32)
+    return [
+        ("@tt.fuse softmax 64x512", lambda: softmax(x), "softmax", (x,)),
+        ("@tt.fuse centred_total 64x512 (2 kernels)", lambda: centred_total(x), None, ()),
+        ("ops.softmax 64x512", lambda: ops.softmax(x), "softmax", (x,)),
+        ("ops.layer_norm 64x512, weight, bias", lambda: ops.layer_norm(x, w, b), "ln", (x, w, b)),
+        ("ops.linear 64x32x64, bias, gelu", lambda: ops.linear(xl, wl, bl, "gelu"), None, ()),
+        ("ops.attention (1, 64, 32)", lambda: ops.attention(q, k, v), None, ()),
+    ]
+
+
+def gpu() -> None:
+    from numba import cuda
+
+    console = Console(width=120)
+    if not cuda.is_available():
+        console.print("gpu: skipped, no CUDA GPU on this machine (nothing was timed)")
+        return
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+    from tessera_tile._bench_ref import REFERENCE
+
+    rng = np.random.default_rng(0)
+    sync = cuda.synchronize
+    device = cuda.get_current_device().name
+    device = device.decode() if isinstance(device, bytes) else device
+    table = Table(title=f"{device}: host time per call")
+    for column in ("call (float32 device arrays)", "first call ms", "warm µs/call", "CuPy µs/call"):
+        table.add_column(column, justify="left" if column.startswith("call") else "right")
+    chains = {"softmax": REFERENCE["softmax"], "ln": REFERENCE["layer_norm"]}
+    for name, fn, chain, args in _cases(cuda, rng):
+        first = _first_call_ms(fn, sync)
+        warm = _per_call_us(fn, sync)
+        theirs = "-"
+        if cupy is not None and chain:
+            cargs = [cupy.asarray(a) for a in args]
+            theirs = f"{_per_call_us(lambda: chains[chain](cupy, *cargs), sync):.1f}"  # noqa: B023
+        table.add_row(name, f"{first:.0f}", f"{warm:.1f}", theirs)
+    console.print(table)
+
+    @cuda.jit
+    def empty(a):
+        pass
+
+    a = cuda.device_array(32, np.float32)
+    empty[1, 32](a)
+    kernel = next(iter(empty.overloads.values()))
+    launches = Table(title="numba-cuda: one launch of an empty kernel, host time")
+    launches.add_column("path")
+    launches.add_column("µs/launch", justify="right")
+    launches.add_row(
+        "dispatcher: empty[1, 32](numba array)",
+        f"{_per_call_us(lambda: empty[1, 32](a), sync):.1f}",
+    )
+    launches.add_row(
+        "compiled kernel: kernel.launch((a,), 1, 32)",
+        f"{_per_call_us(lambda: kernel.launch((a,), 1, 32), sync):.1f}",
+    )
+    if cupy is not None:
+        c = cupy.zeros(32, np.float32)
+        launches.add_row(
+            "dispatcher: empty[1, 32](CuPy array)",
+            f"{_per_call_us(lambda: empty[1, 32](c), sync):.1f}",
+        )
+        launches.add_row(
+            "CuPy: c += 1 (an elementwise kernel)",
+            f"{_per_call_us(lambda: c.__iadd__(1), sync):.1f}",
+        )
+    console.print(launches)
+
+
+if __name__ == "__main__":
+    run(__doc__, {"gpu": gpu})
