@@ -102,29 +102,25 @@ def gpu() -> None:
         pass
 
     a = cuda.device_array(32, np.float32)
-    empty[1, 32](a)
+    configured = empty[1, 32]  # the launch configuration, made once
+    configured(a)
     kernel = next(iter(empty.overloads.values()))
+    paths = {
+        "empty[1, 32](a): configure, type, launch": lambda: empty[1, 32](a),
+        "configured(a): type, launch": lambda: configured(a),
+        "kernel.launch((a,), ...): launch only": lambda: kernel.launch(
+            (a,), configured.griddim, configured.blockdim, configured.stream
+        ),
+    }
+    if cupy is not None:
+        c = cupy.zeros(32, np.float32)
+        paths["configured(CuPy array): type, launch"] = lambda: configured(c)
+        paths["CuPy: c += 1 (one elementwise kernel)"] = lambda: c.__iadd__(1)
     launches = Table(title="numba-cuda: one launch of an empty kernel, host time")
     launches.add_column("path")
     launches.add_column("µs/launch", justify="right")
-    launches.add_row(
-        "dispatcher: empty[1, 32](numba array)",
-        f"{_per_call_us(lambda: empty[1, 32](a), sync):.1f}",
-    )
-    launches.add_row(
-        "compiled kernel: kernel.launch((a,), 1, 32)",
-        f"{_per_call_us(lambda: kernel.launch((a,), 1, 32), sync):.1f}",
-    )
-    if cupy is not None:
-        c = cupy.zeros(32, np.float32)
-        launches.add_row(
-            "dispatcher: empty[1, 32](CuPy array)",
-            f"{_per_call_us(lambda: empty[1, 32](c), sync):.1f}",
-        )
-        launches.add_row(
-            "CuPy: c += 1 (an elementwise kernel)",
-            f"{_per_call_us(lambda: c.__iadd__(1), sync):.1f}",
-        )
+    for name, fn in paths.items():
+        launches.add_row(name, f"{_per_call_us(fn, sync):.1f}")
     console.print(launches)
 
 

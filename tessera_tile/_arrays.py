@@ -99,12 +99,6 @@ def read(value, name: str, *, scalars: bool = True) -> Arg:
             HOST, value, value.shape, value.strides, value.dtype,
             value.__array_interface__["data"][0], "numpy", not value.flags.writeable,
         )  # fmt: skip
-    if _config.SIMULATED and getattr(value, "__cuda_ndarray__", False):
-        a = value._ary  # the simulator's device array: its memory is this host array
-        rec = Arg(
-            DEVICE, value, a.shape, a.strides, a.dtype, a.__array_interface__["data"][0], "numba"
-        )
-        return _check_device(rec, name)
     try:
         cai = value.__cuda_array_interface__
     except AttributeError:
@@ -141,6 +135,9 @@ def _from_interface(value, cai, name: str) -> Arg:
     pointer, readonly = _interface_data(cai["data"], what)
     if getattr(value, "__cuda_ndarray__", False):
         family = "numba"
+        # numba-cuda's interface calls an array with a stride-0 axis contiguous and leaves its
+        # strides out (is_contiguous skips broadcast axes): the array's own strides are true.
+        strides = tuple(int(s) for s in value.strides)
     elif type(value).__module__.partition(".")[0] == "cupy":
         family = "cupy"
     else:

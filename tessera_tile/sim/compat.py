@@ -9,6 +9,7 @@ The supported numba-cuda range is checked once, when this module is imported.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import threading
 
@@ -92,6 +93,9 @@ __all__ = [
     "cuda_math_registry",
     "current_device_answered",
     "driver_names",
+    "device_array_module",
+    "device_array_modules",
+    "dummy_array",
     "from_dtype",
     "is_signature",
     "normalize_indices",
@@ -103,6 +107,44 @@ __all__ = [
     "_get_kernel_context",
     "_push_kernel_context",
 ]
+
+
+# -- device-array indexing (sim.device_arrays): numba-cuda's dummyarray, as on a GPU ------------
+
+
+@functools.cache
+def _dummyarray():
+    """numba-cuda's ``cudadrv/dummyarray.py``, which indexes device arrays on a GPU. Under the
+    simulator its module name resolves to a stub, so the real file (plain Python and NumPy) is
+    loaded from numba-cuda's package under a private name."""
+    import importlib.util
+    import pathlib
+
+    import numba_cuda
+
+    path = pathlib.Path(numba_cuda.__file__).parent / "numba" / "cuda" / "cudadrv" / "dummyarray.py"
+    spec = importlib.util.spec_from_file_location("tessera_tile.sim._numba_dummyarray", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def dummy_array(shape, strides, itemsize: int):
+    """numba-cuda's dummy array of a device array's layout (offset 0)."""
+    return _dummyarray().Array.from_desc(0, shape, strides, itemsize)
+
+
+def device_array_module():
+    """The simulator's devicearray module (its ``device_array`` makes every new array)."""
+    import numba.cuda.simulator.cudadrv.devicearray as module
+
+    return module
+
+
+def device_array_modules() -> tuple:
+    """Where ``device_array`` is looked up: the module that defines it (its ``_like`` and pinned
+    variants call it there) and the namespaces that import it."""
+    return (device_array_module(), numba.cuda.simulator, numba.cuda)
 
 
 # -- inspect: compiling kernels that call device functions without a GPU -----------------------

@@ -25,7 +25,7 @@ from greenlet import getcurrent, greenlet
 from numba import cuda as numba_cuda
 from numba.cuda import types
 
-from . import compat, cuda_math, ints
+from . import compat, cuda_math, device_arrays, ints
 from ._base import SimulationError, format_site, user_site
 from .profiler import Profile, TrackedArray, active, own_allocation
 from .warp_ops import (
@@ -735,6 +735,7 @@ def patch() -> None:
     compat.FakeCUDAKernel.__call__ = _call
     for module in compat.JIT_MODULES:
         module.jit = _jit
+    device_arrays.patch()
 
 
 def unpatch() -> None:
@@ -742,6 +743,7 @@ def unpatch() -> None:
     compat.FakeCUDAKernel.__call__ = _stock_call
     for module in compat.JIT_MODULES:
         module.jit = _stock_jit
+    device_arrays.unpatch()
 
 
 def patched() -> bool:

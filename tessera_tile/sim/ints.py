@@ -84,10 +84,16 @@ def _numpy(op):
     return forward, reflected
 
 
-def _unary(op):
+def _unary(op, base: type):
+    """Numba negates and inverts at the operand's width, then widens to 64 bits
+    (``int_negate_impl``: "negate before upcasting"): -int32(-2**31) is -2**31 as an int64."""
+    bits, signed = np.iinfo(base).bits, np.iinfo(base).min < 0
+
     def apply(self):
-        r = op(int(self))
-        return _uint64(r) if isinstance(self, np.unsignedinteger) else _int64(r)
+        r = op(int(self)) & ((1 << bits) - 1)  # wraps at the operand's width
+        if signed and r >> (bits - 1):
+            r -= 1 << bits
+        return np.int64(r) if signed else np.uint64(r)
 
     return apply
 
@@ -103,7 +109,7 @@ _EXACT = {
     "xor": operator.xor,
 }
 _NUMPY = {"floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow, "divmod": divmod}
-# Numba widens -x, +x and ~x (abs keeps the type: NumPy's abs already matches it).
+# -x, +x and ~x are 64-bit results of a narrow operation (abs keeps the type: NumPy's matches).
 _UNARY = {"neg": operator.neg, "pos": operator.pos, "invert": operator.invert}
 
 
@@ -114,7 +120,7 @@ def _narrow_type(base: type) -> type:
     for name, op in _NUMPY.items():
         namespace[f"__{name}__"], namespace[f"__r{name}__"] = _numpy(op)
     for name, op in _UNARY.items():
-        namespace[f"__{name}__"] = _unary(op)
+        namespace[f"__{name}__"] = _unary(op, base)
     return type(f"Sim{base.__name__.capitalize()}", (base,), namespace)
 
 

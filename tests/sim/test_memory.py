@@ -237,7 +237,9 @@ def test_a_strided_host_array_is_refused_as_on_a_gpu():
     _, _, copy, _ = kernels((32, 32), np.float32, "auto")
     base = random_array((40, 80), np.float32)
     dst = np.zeros((40, 40), np.float32)
-    with pytest.raises(ValueError, match="non-contiguous"):
+    # numba-cuda's own check says "non-contiguous"; on an H200 (numba-cuda 0.30.4, cuda-core
+    # 1.2.0) cuda-core refused the copy first: "Buffer size is too small for the layout".
+    with pytest.raises(ValueError, match="non-contiguous|too small for the layout"):
         copy[grid(dst.shape, (32, 32)), THREADS](base[:, ::2], dst)
     assert not dst.any()
 

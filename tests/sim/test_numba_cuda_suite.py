@@ -5,7 +5,8 @@ that the stock simulator passes (or fails as numba-cuda expects) must do the sam
 
 The modules are those whose kernels reach what tessera_tile's simulator replaces: the launch
 path and its arguments, thread identity and bit intrinsics, shared and local arrays, barriers,
-atomics, integer typing, device functions and exceptions. Cases that numba-cuda skips under its
+atomics, integer typing, device functions and exceptions, and the host-side indexing of device
+arrays. Cases that numba-cuda skips under its
 simulator are not collected; those it skips at run time, or that the stock simulator fails, are
 skipped here with its reason. :data:`DIFFERENCES` lists where ours departs from the stock
 simulator on purpose; each must still depart, so the list stays true.
@@ -50,6 +51,12 @@ MODULES = tuple(
         "cudapy.test_device_func",
         "cudapy.test_cooperative_groups",
         "cudasim.test_cudasim_issues",
+        # host-side indexing of device arrays (sim.device_arrays)
+        "cudadrv.test_array_attr",
+        "cudadrv.test_cuda_array_slicing",
+        "cudadrv.test_cuda_ndarray",
+        "cudapy.test_array",
+        "cudapy.test_slicing",
     )
 )
 _ALIGNMENT = (

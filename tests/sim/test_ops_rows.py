@@ -94,7 +94,9 @@ class View:
         self.x = self.of(base)
 
     def of(self, a):
-        return {"contiguous": a, "strided": a[..., ::2], "transposed": a.T}[self.how]
+        # numba's device arrays take no Ellipsis: the index is spelled out
+        every_other = (slice(None),) * (a.ndim - 1) + (slice(None, None, 2),)
+        return {"contiguous": a, "strided": a[every_other], "transposed": a.T}[self.how]
 
     def placed(self):
         return self.of(on(self.side, self.base)[0])

@@ -264,14 +264,16 @@ def int_arithmetic(x, u, wide, narrow):
     wide[i, 1] = x[i] * 4 - 1
     wide[i, 2] = (x[i] << 2) >> 1
     wide[i, 3] = u[i] + u[i]  # uint32 + uint32 is uint64
-    wide[i, 4] = -x[i]
+    wide[i, 4] = -x[i]  # negated at 32 bits, then widened: -(-2**31) stays -2**31
+    wide[i, 5] = -u[i]
+    wide[i, 6] = ~u[i]  # inverted at 32 bits, then widened
     narrow[i] = x[i] + x[i]  # stored back into int32: wraps around
 
 
 def test_int32_arithmetic_widens_to_64_bits_and_stores_wrap():
     x = np.array([2**30, 2**31 - 1, -(2**31), -5], np.int32)
     u = np.array([2**31, 2**32 - 1, 0, 7], np.uint32)
-    wide = np.zeros((4, 5), np.int64)
+    wide = np.zeros((4, 7), np.int64)
     narrow = np.zeros(4, np.int32)
     int_arithmetic[1, 4](x, u, wide, narrow)
     x64, u64 = x.astype(np.int64), u.astype(np.int64)
@@ -279,7 +281,9 @@ def test_int32_arithmetic_widens_to_64_bits_and_stores_wrap():
     np.testing.assert_array_equal(wide[:, 1], 4 * x64 - 1)
     np.testing.assert_array_equal(wide[:, 2], (x64 << 2) >> 1)
     np.testing.assert_array_equal(wide[:, 3], 2 * u64)
-    np.testing.assert_array_equal(wide[:, 4], -x64)
+    np.testing.assert_array_equal(wide[:, 4], (-x64).astype(np.int32))  # seen on an H200
+    np.testing.assert_array_equal(wide[:, 5], -u64 % 2**32)
+    np.testing.assert_array_equal(wide[:, 6], 2**32 - 1 - u64)
     np.testing.assert_array_equal(narrow, (2 * x64).astype(np.int32))  # two's complement wrap
 
 

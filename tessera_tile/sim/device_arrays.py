@@ -1,0 +1,147 @@
+"""Host-side indexing of the simulator's device arrays, as numba-cuda indexes on a GPU.
+
+numba-cuda's ``DeviceNDArray.__getitem__`` does not index a NumPy array: it computes the view
+with ``numba.cuda.cudadrv.dummyarray`` and slices the device pointer to the view's extent. Its
+rules differ from NumPy's, and the stock simulator (which indexes its host array with NumPy)
+accepts what a GPU refuses and computes other views:
+
+* an ``Ellipsis`` is refused (``TypeError`` or ``IndexError``);
+* slicing an axis of stride 0 gives size 1 (``broadcast_to(x, (3, n))[1:3]`` has 1 row);
+* a 0-byte allocation has a null pointer: a view of it whose extent is not empty raises
+  ``RuntimeError: non-empty slice into empty slice`` (seen on an H200, numba-cuda 0.30.4);
+  whether it is depends on the strides, and numba-cuda gives an empty ``device_array`` its own
+  (``(8,)`` for 0 float64), where NumPy 2 gives every stride of an empty array as 0.
+
+Here a fake device array is indexed through the same ``dummyarray`` code, so it raises the same
+errors and gives the same shapes, strides and first element as on a GPU. It also gets numba-cuda's
+``__cuda_array_interface__`` (the stock fake has none), quirk included: an array with a stride-0
+axis is called contiguous and its strides are left out (``is_contiguous`` skips broadcast axes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import compat
+
+_stock_getitem = compat.FakeCUDAArray.__getitem__
+_stock_setitem = compat.FakeCUDAArray.__setitem__
+_stock_device_array = compat.device_array_module().device_array
+
+
+def _root(ary: np.ndarray) -> np.ndarray:
+    """The array that owns ``ary``'s memory: the simulator's allocation."""
+    while isinstance(ary.base, np.ndarray):
+        ary = ary.base
+    return ary
+
+
+def _at(fake, offset: int, shape, strides) -> np.ndarray:
+    """A view of ``fake``'s allocation at byte ``offset`` from its first element, made on the
+    allocation itself so that the profiler still sees where the allocation ends."""
+    ary = fake._ary
+    root = _root(ary)
+    start = ary.__array_interface__["data"][0] + offset - root.__array_interface__["data"][0]
+    if 0 in shape:  # nothing to address: NumPy refuses an offset at or past the end
+        start = 0
+    return np.ndarray(shape, ary.dtype, buffer=root, offset=start, strides=strides)
+
+
+def _null(fake) -> bool:
+    """Whether numba would hold a null pointer here: the allocation had 0 bytes."""
+    flag = getattr(fake, "_tt_null", None)
+    if flag is not None:
+        return flag
+    return _root(fake._ary).nbytes == 0
+
+
+def _view(fake, item, getting: bool):
+    """numba-cuda's view of ``fake[item]``: (its dummy array, the byte offset of its pointer).
+    Reading slices the pointer to the first contiguous extent when there is one, writing to the
+    whole extent (``_do_getitem``, ``_do_setitem``)."""
+    ary = fake._ary
+    dummy = compat.dummy_array(ary.shape, ary.strides, ary.itemsize)[item]
+    extents = list(dummy.iter_contiguous_extent()) if getting else []
+    begin, end = extents[0] if len(extents) == 1 else dummy.extent
+    if _null(fake) and end - begin != 0:
+        raise RuntimeError("non-empty slice into empty slice")  # numba-cuda's driver message
+    return dummy, begin
+
+
+def _getitem(self, item):
+    if self._ary.dtype.fields is not None:  # records: numba-cuda returns DeviceRecords
+        return _stock_getitem(self, item)
+    dummy, begin = _view(self, item, getting=True)
+    if not dummy.is_array:  # one element, copied to the host as numba-cuda does
+        return _at(self, begin, (), ())[()]
+    view = compat.FakeCUDAArray(_at(self, begin, dummy.shape, dummy.strides), stream=self.stream)
+    view._tt_null = _null(self)
+    return view
+
+
+def _setitem(self, item, value):
+    if self._ary.dtype.fields is not None:
+        return _stock_setitem(self, item, value)
+    dummy, begin = _view(self, item, getting=False)
+    shape, strides = (dummy.shape, dummy.strides) if dummy.is_array else ((), ())
+    target = _at(self, begin, shape, strides)
+    target[...] = value._ary if isinstance(value, compat.FakeCUDAArray) else value
+
+
+def _numba_contiguous(ary: np.ndarray) -> bool:
+    """numba-cuda's ``is_contiguous``: C order, skipping axes of size 1 or stride 0."""
+    size = ary.itemsize
+    for n, stride in zip(reversed(ary.shape), reversed(ary.strides), strict=True):
+        if n > 1 and stride != 0:
+            if stride != size:
+                return False
+            size *= n
+    return True
+
+
+def _interface(self) -> dict:
+    ary = self._ary
+    return {
+        "shape": ary.shape,
+        "strides": None if _numba_contiguous(ary) else ary.strides,
+        "data": (0 if _null(self) else ary.__array_interface__["data"][0], False),
+        "typestr": ary.dtype.str,
+        "stream": None,
+        "version": 3,
+    }
+
+
+def _contiguous_strides(shape, itemsize: int, order: str) -> tuple:
+    """The strides numba-cuda gives a new device array (``_fill_stride_by_order``)."""
+    strides, step = [], itemsize
+    for n in reversed(shape) if order == "C" else shape:
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides)) if order == "C" else tuple(strides)
+
+
+def _device_array(shape, dtype=np.float64, strides=None, order="C", stream=0):
+    fake = _stock_device_array(shape, dtype, strides=strides, order=order, stream=stream)
+    if strides is None and fake._ary.size == 0:
+        want = _contiguous_strides(fake._ary.shape, fake._ary.itemsize, order)
+        fake._ary = np.lib.stride_tricks.as_strided(fake._ary, strides=want)
+    return fake
+
+
+def _set(getitem, setitem, device_array) -> None:
+    compat.FakeCUDAArray.__getitem__ = getitem
+    compat.FakeCUDAArray.__setitem__ = setitem
+    if getitem is _getitem:
+        compat.FakeCUDAArray.__cuda_array_interface__ = property(_interface)
+    elif "__cuda_array_interface__" in vars(compat.FakeCUDAArray):
+        del compat.FakeCUDAArray.__cuda_array_interface__
+    for module in compat.device_array_modules():
+        module.device_array = device_array
+
+
+def patch() -> None:
+    _set(_getitem, _setitem, _device_array)
+
+
+def unpatch() -> None:
+    _set(_stock_getitem, _stock_setitem, _stock_device_array)
