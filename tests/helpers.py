@@ -1,5 +1,6 @@
 """Helpers shared by the test tiers."""
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -45,6 +46,47 @@ def back(result, side: str):
         return result
     assert getattr(result, "__cuda_ndarray__", False), f"expected a device array, got {result!r}"
     return result.copy_to_host()
+
+
+class Launches:
+    """What :func:`counting_launches` counted: ``launches``, kernels launched in its block."""
+
+    launches = 0
+
+
+@contextlib.contextmanager
+def counting_launches():
+    """Count the kernels launched inside the block, on either tier.
+
+    Simulator: its profiler's launch count. GPU: every ``kernel[grid, block, stream](...)``
+    of a numba dispatcher ends in ``CUDADispatcher.call`` -> ``_Kernel.launch``, which makes
+    the driver launch; wrapping ``_Kernel.launch`` counts each launch once (a dispatcher that
+    forwards to a specialised one calls ``call`` twice, ``launch`` once). It sees every path
+    of the library (fused runtime, hand-written kernels, matmul), unlike
+    ``tessera_tile.profile()``, which times fused kernels only."""
+    counted = Launches()
+    if SIMULATED:
+        from tessera_tile import sim
+
+        with sim.profile() as prof:
+            try:
+                yield counted
+            finally:
+                counted.launches = prof.launches
+        return
+    from numba.cuda import dispatcher
+
+    real = dispatcher._Kernel.launch  # private numba-cuda name (0.30): fails loudly if renamed
+
+    def launch(self, *args, **kwargs):
+        counted.launches += 1
+        return real(self, *args, **kwargs)
+
+    dispatcher._Kernel.launch = launch
+    try:
+        yield counted
+    finally:
+        dispatcher._Kernel.launch = real
 
 
 def assert_close_rounded(got, want, rtol: float, atol: float = 0.0) -> None:

@@ -2,6 +2,7 @@
 the progress bar, and argument checks. Without a GPU the model chooses; on a GPU configs are
 timed, so the tests that check what the model chose hold only without one."""
 
+import importlib
 import json
 import warnings
 from dataclasses import dataclass
@@ -175,12 +176,22 @@ def test_with_a_gpu_pruned_configs_are_never_launched_and_choices_are_measured(m
 
 
 def test_a_model_choice_is_tuned_again_where_a_gpu_can_measure(monkeypatch):
+    # The first call without a GPU (the model chooses), the second with one, on either tier;
+    # both under one arch, which the disk key names, so the second finds the first's entry.
+    monkeypatch.setattr(importlib.import_module("tessera_tile.autotune"), "_arch", lambda: "sm_90")
+    monkeypatch.setattr(_config, "gpu_present", lambda: False)
     model = counting({64: 2.0, 128: 1.0})
-    make([Cfg(64), Cfg(128)], model)(np.zeros(4))
+    first = make([Cfg(64), Cfg(128)], model)
+    first(np.zeros(4))
+    (entry,) = first.disk.entries()
+    assert entry["value"]["chosen_by"] == "model"
     monkeypatch.setattr(_config, "gpu_present", lambda: True)
     again = make([Cfg(64), Cfg(128)], model)
+    assert again.disk.get(again.disk_key((np.zeros(4),), {})) == entry["value"]
     again(np.zeros(4))
     assert again.stats["tuned"] == 1 and again.stats["disk_hits"] == 0
+    (entry,) = again.disk.entries()
+    assert entry["value"]["chosen_by"] == "measured"
 
 
 @model_chooses

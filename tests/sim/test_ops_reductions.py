@@ -15,11 +15,11 @@ reference is the float64 result; a float16 result past 65,504 is inf. Inputs rea
 
 import numpy as np
 import pytest
-from helpers import assert_close_rounded, back, on
+from helpers import assert_close_rounded, back, counting_launches, on
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera_tile import ops, sim
+from tessera_tile import ops
 
 NAMES = ["sum", "mean", "max", "min", "var", "std", "argmax", "argmin"]
 EXACT = {"max", "min", "argmax", "argmin"}
@@ -140,9 +140,17 @@ BAD = [
 
 @pytest.mark.parametrize("call, error, words", BAD)
 def test_bad_input_raises_before_any_launch(call, error, words):
-    with sim.profile() as prof, pytest.raises(error, match=words):
+    with counting_launches() as counted, pytest.raises(error, match=words):
         call()
-    assert prof.launches == 0
+    assert counted.launches == 0
+
+
+def test_the_launch_counter_sees_a_valid_call():
+    # the control of the test above: the same counter counts this family's fused launch
+    x = np.ones((2, 3))
+    with counting_launches() as counted:
+        ops.sum(x, axis=1)
+    assert counted.launches == ops.sum.explain(x, axis=1).kernels == 1
 
 
 def test_float16_var_and_std_are_computed_in_float32(side):

@@ -3,7 +3,7 @@ read and written once, and zero bank conflicts in the simulator profile."""
 
 import numpy as np
 import pytest
-from helpers import back, on
+from helpers import back, counting_launches, on
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -76,6 +76,13 @@ BAD = [
 
 @pytest.mark.parametrize("call, error, words", BAD)
 def test_bad_input_raises_before_any_launch(call, error, words):
-    with sim.profile() as prof, pytest.raises(error, match=words):
+    with counting_launches() as counted, pytest.raises(error, match=words):
         call()
-    assert prof.launches == 0
+    assert counted.launches == 0
+
+
+def test_the_launch_counter_sees_a_valid_call():
+    # the control of the test above: the same counter counts the hand-written kernel's launch
+    with counting_launches() as counted:
+        ops.transpose(x32)
+    assert counted.launches == ops.transpose.explain(x32).kernels == 1

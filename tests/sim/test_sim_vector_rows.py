@@ -49,6 +49,12 @@ def host_of(a):
     return a if isinstance(a, np.ndarray) else a.copy_to_host()
 
 
+def device_address(d) -> int:
+    """The address of a device array's first element: a GPU's arrays give it in their
+    ``__cuda_array_interface__``; the simulator's are NumPy arrays in host memory."""
+    return (d.__array_interface__ if sim.enabled() else d.__cuda_array_interface__)["data"][0]
+
+
 def crossing_starts(shape, dtype) -> list[tuple[int, int]]:
     """Every (row, col) of a C-contiguous array starting at a 16-byte boundary whose 16-byte run
     crosses the row end and stays inside the array."""
@@ -107,7 +113,7 @@ def test_load16_crossing_a_row_end_reads_the_next_row(side, dtype):
     assert len(starts) >= 2, starts  # the case exists: aligned starts whose run crosses a row
     out = np.zeros((len(starts), 16 // x.itemsize), dtype)
     src = on_side(side, x)
-    assert sim.address(x if side == "host" else src._ary) % 16 == 0
+    assert (sim.address(x) if side == "host" else device_address(src)) % 16 == 0
     load_runs[1, 32](src, np.array(starts, np.int32), out)
     np.testing.assert_array_equal(out, _expected_runs(x, starts))  # exact: a copy of bytes
 
@@ -195,7 +201,7 @@ def test_a_strided_view_reads_and_writes_the_buffer_after_its_row(profiled):
     # lie inside the device allocation: a GPU reads and writes them.
     x = np.arange(64, dtype=np.float16).reshape(4, 16)
     d = cuda.to_device(x)
-    assert sim.address(d._ary) % 16 == 0
+    assert device_address(d) % 16 == 0
     view = d[:, :12]
     starts = np.array([[r, 8] for r in range(4)], np.int32)
     out = np.zeros((4, 8), np.float16)
@@ -216,7 +222,7 @@ def test_a_strided_view_run_past_its_base_allocation_is_reported():
     # d[:, 4:] of a (3, 12) float16 device array (72 bytes): (2, 4) sits on byte 64, 16-byte
     # aligned; its run would read bytes 64..79, past the allocation's end.
     d = cuda.to_device(np.ones((3, 12), np.float16))
-    assert sim.address(d._ary) % 16 == 0
+    assert device_address(d) % 16 == 0
     out = np.zeros((1, 8), np.float16)
     with sim.profile() as prof:
         load_runs[1, 1](d[:, 4:], np.array([[2, 4]], np.int32), out)
