@@ -117,6 +117,12 @@ The simulated TF32 ``mma`` does the same with the inputs' TF32 values: the tenso
 the upper 19 bits of each 32-bit input (sign, 8 exponent bits, 10 mantissa bits) and ignores the
 low 13, so a float32 that is not a TF32 value is truncated toward zero; the twin masks the low 13
 bits the same way. Round first with ``to_tf32`` for round-to-nearest.
+
+The hardware's sums are not the twin's: probed on an H200, the TF32 ``mma`` aligns every addend
+to the largest one's exponent (taken as the operands' exponent sum), truncates each to 2 bits
+below float32's last place, adds them exactly and rounds the sum toward zero. Results differ from
+the twin's in the last bits and both lie within the PTX ISA's guarantee ("at least single
+precision", order and rounding unspecified), which is what the tests check on both tiers.
 """
 
 from __future__ import annotations
