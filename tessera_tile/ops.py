@@ -552,8 +552,9 @@ class _Transpose:
 
 def transpose(x):
     """``x.T`` of a 2-D array as a new C-contiguous array: float16, float32 or float64, any
-    strides in. One hand-written kernel through a padded shared-memory tile: each element read
-    and written once, both coalesced, no bank conflicts.
+    strides in; values are copied bit for bit (NaN and ±inf included, float16 stays float16).
+    One hand-written kernel through a padded shared-memory tile: each element read and written
+    once, both coalesced, no bank conflicts.
     """
     a = array_arg(x, "x", FLOATS, "transpose")
     if len(a.shape) != 2:
