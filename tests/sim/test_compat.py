@@ -131,3 +131,19 @@ def test_jit_and_signature_helpers():
     argtypes, restype = compat.normalize_signature("int32(uint32, float32[:])")
     assert argtypes[0] == types.uint32 and restype == types.int32
     assert issubclass(compat.RequireLiteralValue, Exception)
+
+
+def test_dummy_array_is_numba_cudas_device_array_layout():
+    # sim.device_arrays indexes fake device arrays through it, as DeviceNDArray does on a GPU
+    view = compat.dummy_array((4, 6), (24, 4), 4)[1:3, ::2]
+    assert (view.shape, view.strides, view.is_array) == ((2, 3), (24, 8), True)
+    begin, end = view.extent
+    assert (begin, end) == (24, 24 + 24 + 16 + 4)
+    assert [tuple(e) for e in view.iter_contiguous_extent()][0][0] == 24
+
+
+def test_device_array_is_looked_up_where_the_simulator_defines_it():
+    module = compat.device_array_module()
+    assert callable(module.device_array)
+    for namespace in compat.device_array_modules():
+        assert callable(namespace.device_array), namespace
