@@ -1,8 +1,14 @@
 """What one call costs on the host: tessera_tile's own Python, and numba-cuda's launch under it.
 Prints tables; asserts nothing.
 
-    python benchmarks/overhead.py gpu    # a GPU: first call, then whole warm calls, vs CuPy
+    python benchmarks/overhead.py stubbed  # simulator: our host time per call, launches skipped
+    python benchmarks/overhead.py gpu      # a GPU: first call, then whole warm calls, vs CuPy
+    python benchmarks/overhead.py          # both
 
+``stubbed`` runs each call once for real in the simulator, then times warm calls with every
+kernel launch skipped (``tessera_tile.sim.launches_skipped``): what is left is tessera_tile's own
+Python per call, against the targets of 10 µs for a one-kernel fused function or row op and 15 µs
+for ``linear`` and ``attention``.
 ``gpu`` times small calls on device arrays, where the host, not the GPU, bounds a loop of
 calls: the warm figure is the wall time of many calls (one synchronisation at the end) over
 their number. Beside it, numba-cuda's own launch of an empty kernel, through its dispatcher
@@ -66,6 +72,26 @@ def _cases(cuda, rng):
     ]
 
 
+TARGET_US = {"ops.linear": 15, "ops.attention": 15}
+
+
+def stubbed() -> None:
+    from numba import cuda
+
+    from tessera_tile import sim
+
+    table = Table(title="tessera_tile's host time per warm call, launches skipped (simulator)")
+    for column in ("call (float32 device arrays)", "µs/call", "target µs"):
+        table.add_column(column, justify="left" if column.startswith("call") else "right")
+    for name, fn, _, _ in _cases(cuda, np.random.default_rng(0)):
+        fn()  # plans, compiles and runs once for real
+        with sim.launches_skipped():
+            warm = _per_call_us(fn, lambda: None, calls=2000)
+        target = next((t for key, t in TARGET_US.items() if name.startswith(key)), 10)
+        table.add_row(name, f"{warm:.1f}", str(target) if "2 kernels" not in name else "-")
+    Console(width=120).print(table)
+
+
 def gpu() -> None:
     from numba import cuda
 
@@ -125,4 +151,4 @@ def gpu() -> None:
 
 
 if __name__ == "__main__":
-    run(__doc__, {"gpu": gpu})
+    run(__doc__, {"stubbed": stubbed, "gpu": gpu}, simulated=frozenset({"stubbed"}))

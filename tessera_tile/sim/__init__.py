@@ -62,6 +62,7 @@ __all__ = [
     "in_shared_memory",
     "install",
     "installed",
+    "launches_skipped",
     "load",
     "profile",
     "register_aligned",
@@ -105,6 +106,18 @@ def stock():
     finally:
         if was:
             engine.patch()
+
+
+@contextlib.contextmanager
+def launches_skipped():
+    """Inside, a kernel launch returns at once without running: what a call costs then is the
+    host's own work (``benchmarks/overhead.py`` times it). Not for results: outputs stay unset."""
+    install()
+    engine.skip_launches(True)
+    try:
+        yield
+    finally:
+        engine.skip_launches(False)
 
 
 def current_thread():

@@ -746,6 +746,15 @@ def unpatch() -> None:
     device_arrays.unpatch()
 
 
+def _skip(self, *args):
+    return None
+
+
+def skip_launches(skip: bool) -> None:
+    """Launches return without running (``sim.launches_skipped``), or run again."""
+    compat.FakeCUDAKernel.__call__ = _skip if skip else _call
+
+
 def patched() -> bool:
     """Whether launches go through :class:`Launch`."""
-    return compat.FakeCUDAKernel.__call__ is _call
+    return compat.FakeCUDAKernel.__call__ in (_call, _skip)
