@@ -301,19 +301,22 @@ class Product:
             return
         if self.config is None:  # the first launch of a shape bucket tunes (times, on a GPU)
             self._tuner().choose(a, b)
-        geo, (ma, mb, mc), launches = self.plan_launches(a, b, c)
-        ha, hb, hc = (arrays.device_handle(r) for r in (a, b, c))
         hbias = arrays.device_handle(bias) if bias is not None else arrays.unused(np.float32)
-        za, zb, zc = geo.z_strides
-        for index, _z0, count, choice in launches:
-            grid = choice.grid(self.m, self.n, count)
+        for choice, grid, (va, vb, vc) in self.launch_views(a, b, c):
             with np.errstate(all="ignore"):  # the simulator computes in NumPy
-                choice.kernel[grid, choice.threads, place.stream](
-                    matrix_view(ha, ma, index, count, za),
-                    matrix_view(hb, mb, index, count, zb),
-                    hbias,
-                    matrix_view(hc, mc, index, count, zc),
-                )
+                choice.kernel[grid, choice.threads, place.stream](va, vb, hbias, vc)
+
+    def launch_views(self, a, b, c):
+        """Per launch on device records ``a``, ``b``, ``c``: its KernelChoice, grid, and the
+        (z, rows, cols) views of A, B and C it takes."""
+        geo, (ma, mb, mc), launches = self.plan_launches(a, b, c)
+        handles = [arrays.device_handle(r) for r in (a, b, c)]
+        for index, _z0, count, choice in launches:
+            views = tuple(
+                matrix_view(h, m, index, count, z)
+                for h, m, z in zip(handles, (ma, mb, mc), geo.z_strides, strict=True)
+            )
+            yield choice, choice.grid(self.m, self.n, count), views
 
     def run(self, out, stream):
         o = check_out(out, self.out_shape, self.dtype, self._inputs())

@@ -299,6 +299,43 @@ def test_float16_default_tunes_among_float16_tiles_where_a_gpu_times(monkeypatch
     assert ops.linear.explain(contiguous, d_b, d_bias, "silu").stages[0].startswith("matmul_tc_")
 
 
+@pytest.fixture
+def unindexable(monkeypatch):
+    """Device arrays that host code cannot index. On a GPU numba's ``DeviceNDArray`` indexes
+    through its dummyarray, unlike NumPy: size 1 along a stride-0 axis, and RuntimeError
+    ("non-empty slice into empty slice") for a view into an empty (null) allocation, such as
+    ``[0]`` of a (2, 3, 0) array. The ops build every view from the operand's record instead."""
+    from numba import cuda
+
+    def refuse(self, item):
+        raise AssertionError(f"host code indexed a device array with {item!r}")
+
+    monkeypatch.setattr(type(cuda.to_device(np.zeros(1))), "__getitem__", refuse)
+
+
+# A and B shapes: K = 0 (empty operands, batched on either side) and a batch split into two
+# launches (b's stride-0 dimension does not merge), whose second views start past the first
+# matrices
+VIEWS = {
+    "k zero": ((2, 3, 0), (0, 5), 1),
+    "k zero, batched b": ((4, 0), (3, 0, 6), 1),
+    "two launches": ((2, 3, 9, 8), (2, 1, 8, 12), 2),
+}
+
+
+@pytest.mark.parametrize("shapes", VIEWS)
+@pytest.mark.parametrize("config", [SMALL2, TC_SMALL], ids=["float32", "float16"])
+def test_device_views_are_built_without_indexing(unindexable, shapes, config):
+    a_shape, b_shape, launches = VIEWS[shapes]
+    dtype = np.float16 if config is TC_SMALL else np.float32
+    rng = np.random.default_rng(18)
+    a, b = rand(rng, a_shape, dtype), rand(rng, b_shape, dtype)
+    args = on("device", a, b)
+    got = back(ops.matmul(*args, config=config), "device")
+    check(got, *reference(a, b), dtype)
+    assert f"in {launches} launch(es)" in ops.matmul.explain(*args, config=config).stages[0]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_nan_inf_and_overflow_as_numpy(side, dtype):
     """IEEE arithmetic, as the docstring says: inf * 0 is NaN, NaN propagates, and a float16
