@@ -9,6 +9,7 @@ and the Numba type a view of it has.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -20,8 +21,8 @@ from .sim import compat
 
 __all__ = [
     "MAX_GRID_YZ", "Geometry", "Matrix", "array_type", "as_matrix", "copy_bytes",
-    "first_address", "geometry", "inner_contiguous", "layout", "matrix_view", "rows_aligned",
-    "view_at",
+    "first_address", "geometry", "inner_contiguous", "layout", "matrix_view", "numba_strides",
+    "rows_aligned", "view_at",
 ]  # fmt: skip
 
 MAX_GRID_YZ = 65535
@@ -127,6 +128,18 @@ def view_at(handle, offset: int, shape, strides):
         item = handle.dtype.itemsize
         shifted = device_ndarray((1,), (item,), handle.dtype, gpu_data=handle.gpu_data.view(offset))
     return arrays.view(shifted, shape, strides)
+
+
+def numba_strides(rec: arrays.Arg) -> arrays.Arg:
+    """``rec`` with the strides of the numba device array itself. numba's
+    ``__cuda_array_interface__`` gives ``strides: None`` (C-contiguous) for an array whose only
+    non-contiguous axes have stride 0 (``devicearray.is_contiguous`` skips them), e.g.
+    ``cuda.to_device(np.broadcast_to(x, (3, 33, 24)))``: read as contiguous, its later batches
+    lie past its allocation."""
+    if _config.SIMULATED or rec.kind != arrays.DEVICE or rec.family != "numba":
+        return rec
+    strides = tuple(int(s) for s in rec.value.strides)
+    return rec if strides == rec.strides else dataclasses.replace(rec, strides=strides)
 
 
 def first_address(rec: arrays.Arg, mat: Matrix, index) -> int:

@@ -336,6 +336,30 @@ def test_device_views_are_built_without_indexing(unindexable, shapes, config):
     assert f"in {launches} launch(es)" in ops.matmul.explain(*args, config=config).stages[0]
 
 
+@pytest.mark.parametrize("config", [SMALL2, TC_SMALL], ids=["float32", "float16"])
+def test_stride_0_device_operands(config):
+    """cuda.to_device of a broadcast array keeps its stride 0 (numba's interface reports such an
+    array as C-contiguous, which read as such puts its later batches past its allocation)."""
+    dtype = np.float16 if config is TC_SMALL else np.float32
+    rng = np.random.default_rng(19)
+    a = np.broadcast_to(rand(rng, (1, 33, 24), dtype), (3, 33, 24))
+    b, w = rand(rng, (3, 24, 32), dtype), rand(rng, (24, 32), dtype)
+    bias = np.broadcast_to(rand(rng, 1, dtype), (32,))
+    got = back(ops.matmul(*on("device", a, b), config=config), "device")
+    check(got, *reference(a, b), dtype)
+    got = back(ops.linear(*on("device", a, w, bias), "gelu", config=config), "device")
+    check(got, *reference(a, w, bias, "gelu"), dtype)
+
+
+def test_a_device_out_repeating_memory_is_refused():
+    from numba import cuda
+
+    a, b = on("device", np.ones((2, 3, 4), np.float32), np.ones((4, 5), np.float32))
+    out = _arrays.view(cuda.device_array((3, 5), np.float32), (2, 3, 5), (0, 20, 4))
+    with pytest.raises(ValueError, match="out repeats memory"):
+        ops.matmul(a, b, out=out, config=SMALL)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_nan_inf_and_overflow_as_numpy(side, dtype):
     """IEEE arithmetic, as the docstring says: inf * 0 is NaN, NaN propagates, and a float16
