@@ -9,16 +9,20 @@ and the Numba type a view of it has.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _arrays as arrays
+from . import _config
+from .sim import compat
 
 __all__ = [
     "MAX_GRID_YZ", "Geometry", "Matrix", "array_type", "as_matrix", "copy_bytes",
-    "first_address", "geometry", "inner_contiguous", "layout", "matrix_view", "rows_aligned",
+    "first_address", "geometry", "inner_contiguous", "layout", "matrix_view", "numba_strides",
+    "rows_aligned", "view_at",
 ]  # fmt: skip
 
 MAX_GRID_YZ = 65535
@@ -29,15 +33,13 @@ class Matrix:
     """One operand as the kernel sees it: a stack of matrices over the broadcast batch.
 
     ``rows``/``cols`` and their byte strides; ``batch_strides``: one per broadcast batch
-    dimension (0 where the operand broadcasts), ``index_of``: for each broadcast batch
-    dimension, the operand's own dimension to index (None where it broadcasts)."""
+    dimension (0 where the operand broadcasts)."""
 
     rows: int
     cols: int
     row_stride: int
     col_stride: int
     batch_strides: tuple[int, ...]
-    index_of: tuple[int | None, ...]
     itemsize: int
 
 
@@ -51,19 +53,13 @@ def as_matrix(rec: arrays.Arg, batch: tuple[int, ...], vector: str | None) -> Ma
         shape, strides = [*shape, 1], [*strides, 0]
     own = len(shape) - 2
     offset = len(batch) - own
-    batch_strides, index_of = [], []
+    batch_strides = []
     for d, size in enumerate(batch):
         o = d - offset
-        if o >= 0 and shape[o] == size and size > 1:
-            batch_strides.append(strides[o])
-            index_of.append(o)
-        else:
-            batch_strides.append(0)
-            index_of.append(None)
+        batch_strides.append(strides[o] if o >= 0 and shape[o] == size and size > 1 else 0)
     return Matrix(
-        shape[-2], shape[-1], strides[-2], strides[-1],
-        tuple(batch_strides), tuple(index_of), rec.dtype.itemsize,
-    )  # fmt: skip
+        shape[-2], shape[-1], strides[-2], strides[-1], tuple(batch_strides), rec.dtype.itemsize
+    )
 
 
 @dataclass(frozen=True)
@@ -109,10 +105,41 @@ def geometry(batch: tuple[int, ...], mats: list[Matrix]) -> Geometry:
 
 
 def matrix_view(handle, mat: Matrix, index, z_count: int, z_stride: int):
-    own = tuple(index[d] for d, o in enumerate(mat.index_of) if o is not None)
-    sub = handle[own] if own else handle
+    """The (z, rows, cols) view of one launch, from batch ``index`` on, built from the record's
+    strides and never by indexing ``handle``: numba's ``DeviceNDArray.__getitem__`` (its
+    dummyarray) gives size 1 along stride-0 axes, and raises on any view into a 0-byte (null)
+    allocation, e.g. ``[0]`` of a (2, 3, 0) array."""
+    offset = sum(i * s for i, s in zip(index, mat.batch_strides, strict=True))
     shape = (z_count, mat.rows, mat.cols)
-    return arrays.view(sub, shape, (z_stride, mat.row_stride, mat.col_stride))
+    return view_at(handle, offset, shape, (z_stride, mat.row_stride, mat.col_stride))
+
+
+def view_at(handle, offset: int, shape, strides):
+    """:func:`tessera_tile._arrays.view` starting ``offset`` bytes past ``handle``'s first
+    element. A view without elements has nothing to point at: it never touches the memory (an
+    empty array's device pointer is null)."""
+    if offset == 0 or not math.prod(shape):
+        return arrays.view(handle, shape, strides)
+    if _config.SIMULATED:  # device memory is host memory: a NumPy view at the offset
+        start = np.lib.stride_tricks.as_strided(handle._ary, (2,), (offset,))[1:]
+        shifted = compat.FakeCUDAArray(start)
+    else:
+        device_ndarray, _, _ = compat.driver_names()
+        item = handle.dtype.itemsize
+        shifted = device_ndarray((1,), (item,), handle.dtype, gpu_data=handle.gpu_data.view(offset))
+    return arrays.view(shifted, shape, strides)
+
+
+def numba_strides(rec: arrays.Arg) -> arrays.Arg:
+    """``rec`` with the strides of the numba device array itself. numba's
+    ``__cuda_array_interface__`` gives ``strides: None`` (C-contiguous) for an array whose only
+    non-contiguous axes have stride 0 (``devicearray.is_contiguous`` skips them), e.g.
+    ``cuda.to_device(np.broadcast_to(x, (3, 33, 24)))``: read as contiguous, its later batches
+    lie past its allocation."""
+    if _config.SIMULATED or rec.kind != arrays.DEVICE or rec.family != "numba":
+        return rec
+    strides = tuple(int(s) for s in rec.value.strides)
+    return rec if strides == rec.strides else dataclasses.replace(rec, strides=strides)
 
 
 def first_address(rec: arrays.Arg, mat: Matrix, index) -> int:

@@ -31,6 +31,7 @@ from ._matmul_geometry import (
     inner_contiguous,
     layout,
     matrix_view,
+    numba_strides,
     rows_aligned,
 )
 from ._prebuilt import PrebuiltOp, array_arg, check_out, source_of
@@ -301,22 +302,25 @@ class Product:
             return
         if self.config is None:  # the first launch of a shape bucket tunes (times, on a GPU)
             self._tuner().choose(a, b)
-        geo, (ma, mb, mc), launches = self.plan_launches(a, b, c)
-        ha, hb, hc = (arrays.device_handle(r) for r in (a, b, c))
         hbias = arrays.device_handle(bias) if bias is not None else arrays.unused(np.float32)
-        za, zb, zc = geo.z_strides
-        for index, _z0, count, choice in launches:
-            grid = choice.grid(self.m, self.n, count)
+        for choice, grid, (va, vb, vc) in self.launch_views(a, b, c):
             with np.errstate(all="ignore"):  # the simulator computes in NumPy
-                choice.kernel[grid, choice.threads, place.stream](
-                    matrix_view(ha, ma, index, count, za),
-                    matrix_view(hb, mb, index, count, zb),
-                    hbias,
-                    matrix_view(hc, mc, index, count, zc),
-                )
+                choice.kernel[grid, choice.threads, place.stream](va, vb, hbias, vc)
+
+    def launch_views(self, a, b, c):
+        """Per launch on device records ``a``, ``b``, ``c``: its KernelChoice, grid, and the
+        (z, rows, cols) views of A, B and C it takes."""
+        geo, (ma, mb, mc), launches = self.plan_launches(a, b, c)
+        handles = [arrays.device_handle(r) for r in (a, b, c)]
+        for index, _z0, count, choice in launches:
+            views = tuple(
+                matrix_view(h, m, index, count, z)
+                for h, m, z in zip(handles, (ma, mb, mc), geo.z_strides, strict=True)
+            )
+            yield choice, choice.grid(self.m, self.n, count), views
 
     def run(self, out, stream):
-        o = check_out(out, self.out_shape, self.dtype, self._inputs())
+        o = _out(check_out(out, self.out_shape, self.dtype, self._inputs()))
         place = arrays.Placement(self._input_list(), [o], stream)
         result = place.result(self.out_shape, self.dtype, o)
         a, b = place.device(self.a), place.device(self.b)
@@ -433,10 +437,20 @@ class Product:
 
 
 def _operand(value, name: str, what: str) -> arrays.Arg:
-    rec = array_arg(value, name, DTYPES, what)
+    rec = numba_strides(array_arg(value, name, DTYPES, what))
     if not rec.shape:
         raise ValueError(f"{name} is 0-dimensional; {what} needs at least 1 dimension")
     return rec
+
+
+def _out(o: arrays.Arg | None) -> arrays.Arg | None:
+    """``out=``'s record with its true strides; ValueError where it repeats memory."""
+    if o is None:
+        return None
+    o = numba_strides(o)
+    if o.size and any(n > 1 and s == 0 for n, s in zip(o.shape, o.strides, strict=True)):
+        raise ValueError("out repeats memory (a stride of 0): its copies would race")
+    return o
 
 
 def _broadcast(a: arrays.Arg, b: arrays.Arg, names, a_batch, b_batch) -> tuple[int, ...]:
@@ -653,7 +667,7 @@ def _linear(x, w, bias, activation, config, names, what, precision=None) -> Prod
     _check_activation(activation)
     rbias = None
     if bias is not None:
-        rbias = arrays.read(bias, bias_name, scalars=False)
+        rbias = numba_strides(arrays.read(bias, bias_name, scalars=False))
         if rbias.shape != rw.shape[1:]:
             raise ValueError(f"{bias_name} has shape {rbias.shape}; {what} needs ({rw.shape[1]},)")
         if rbias.dtype != rw.dtype:
@@ -673,7 +687,7 @@ class _Mlp:
         inputs = {**self.first._inputs(), "w2": second.b}
         if second.bias is not None:
             inputs["b2"] = second.bias
-        o = check_out(out, second.out_shape, second.dtype, inputs)
+        o = _out(check_out(out, second.out_shape, second.dtype, inputs))
         place = arrays.Placement(list(inputs.values()), [o], stream)
         x, w1, w2 = (place.device(r) for r in (self.first.a, self.first.b, second.b))
         b1 = None if self.first.bias is None else place.device(self.first.bias)
@@ -740,7 +754,7 @@ def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
     )  # fmt: skip
     rb2 = None
     if b2 is not None:
-        rb2 = arrays.read(b2, "b2", scalars=False)
+        rb2 = numba_strides(arrays.read(b2, "b2", scalars=False))
         if rb2.shape != rw2.shape[1:]:
             raise ValueError(f"b2 has shape {rb2.shape}; mlp needs ({rw2.shape[1]},)")
         if rb2.dtype != first.dtype:

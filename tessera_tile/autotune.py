@@ -13,7 +13,9 @@ dtypes select an entry (see :func:`bucket` for the shape buckets). What happens 
 
 * every config gets a score from ``model(config, *args, **kwargs)`` (lower is better). Configs
   the model ranks worse than the default are pruned: tuning never picks one unless a
-  measurement says so (the default itself is always a candidate);
+  measurement says so (the default itself is always a candidate). A score of inf says a config
+  cannot take these arguments: it is never a candidate, nor timed, the default included (then
+  every finite score is one);
 * with a GPU, each remaining config is launched ``warmup`` times, then timed ``repeat`` times
   with CUDA events; the median wins, and the entry is recorded as ``"measured"``;
 * without a GPU (or in the simulator), the best-ranked config wins (ties go to the earlier
@@ -154,16 +156,23 @@ class Autotuned:
         if got is not None:
             return got
         entry = self.disk.get(key) if self.disk is not None else None
-        if entry is not None:
+        if entry is not None and _fits(entry):
             return self.configs[entry["index"]]
         scores, candidates = self._rank(args, kwargs)
         return self.configs[min(candidates, key=lambda i: (scores[i], i))]
 
     def _rank(self, args, kwargs) -> tuple[list, list]:
         """The model's scores of every config, and the configs it does not rank worse than
-        the shipped default (``configs[0]``). Ranking takes microseconds: no progress bar."""
+        the shipped default (``configs[0]``), less those it scores inf (they cannot take these
+        arguments; where all do, the default alone). Ranking takes microseconds: no progress
+        bar."""
         scores = [float(self.model(c, *args, **kwargs)) for c in self.configs]
-        return scores, [i for i, s in enumerate(scores) if i == 0 or s <= scores[0]]
+        feasible = [i for i, s in enumerate(scores) if math.isfinite(s)]
+        if not feasible:
+            return scores, [0]
+        if 0 not in feasible:  # e.g. float16 inputs, where the default is a float32 tile
+            return scores, feasible
+        return scores, [i for i in feasible if scores[i] <= scores[0]]
 
     # a miss: the disk, then tuning ---------------------------------------------------------
     def disk_key(self, args, kwargs) -> dict:
@@ -189,8 +198,13 @@ class Autotuned:
     def _lookup_or_tune(self, key, args, kwargs):
         if self.disk is not None:
             entry = self.disk.get(key)
-            # a model-chosen entry is not used where a GPU could measure
-            if entry is not None and not (entry["chosen_by"] == "model" and _config.gpu_present()):
+            # a model-chosen entry is not used where a GPU could measure, nor one whose config
+            # cannot take these arguments (timed before such configs were pruned)
+            if (
+                entry is not None
+                and not (entry["chosen_by"] == "model" and _config.gpu_present())
+                and _fits(entry)
+            ):
                 self.stats["disk_hits"] += 1
                 return self.configs[entry["index"]]
         index, chosen_by, scores, times = self.tune(args, kwargs)
@@ -210,13 +224,17 @@ class Autotuned:
 
     def _valid_entry(self, value) -> bool:
         """An entry this launcher wrote: the index of one of its configs, which the entry
-        names, chosen by the model or measured (anything else is a corrupt entry, rebuilt)."""
-        index = value["index"]
+        names, chosen by the model or measured, with a score per config (anything else is a
+        corrupt entry, rebuilt)."""
+        index, scores = value["index"], value["scores"]
         return (
             type(index) is int
             and 0 <= index < len(self.configs)
             and value["config"] == repr(self.configs[index])
             and value["chosen_by"] in ("model", "measured")
+            and isinstance(scores, list)
+            and len(scores) == len(self.configs)
+            and all(type(x) in (int, float) for x in scores)
         )
 
     def tune(self, args, kwargs) -> tuple[int, str, list, list | None]:
@@ -242,6 +260,12 @@ class Autotuned:
         """Forget the in-process choices (the disk cache stays; see ``tessera-tile cache``)."""
         self._memo.clear()
         self._buckets.clear()
+
+
+def _fits(entry) -> bool:
+    """The entry's config was not scored inf when it was chosen (one that was cannot take the
+    arguments: timed and picked before such configs were pruned)."""
+    return math.isfinite(entry["scores"][entry["index"]])
 
 
 def autotune(

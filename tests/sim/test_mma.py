@@ -219,16 +219,17 @@ def test_store_accumulator_masks(shape, row0, col0):
 
 
 # ---------------------------------------------------------------------------------------------
-# Uses the hardware leaves undefined are refused
+# Uses the hardware leaves undefined are refused (fragments written out in full: Numba has no
+# tuple repetition, which the simulator's Python would accept; tests/compile compiles these)
 # ---------------------------------------------------------------------------------------------
 
 
 @cuda.jit
 def divergent_mma(out):
     lane = cuda.threadIdx.x
-    z = float32(0)
+    z, u = float32(0), uint32(0)
     if lane < 16:
-        d = mma.mma_m16n8k16((uint32(0),) * 4, (uint32(0),) * 2, (z, z, z, z))
+        d = mma.mma_m16n8k16((u, u, u, u), (u, u), (z, z, z, z))
         out[lane] = d[0]
     cuda.syncthreads()
 
@@ -236,11 +237,12 @@ def divergent_mma(out):
 @cuda.jit
 def branchy_mma(out):
     lane = cuda.threadIdx.x
-    z = float32(0)
+    z, u = float32(0), uint32(0)
+    one = uint32(1)
     if lane < 16:
-        d = mma.mma_m16n8k16((uint32(0),) * 4, (uint32(0),) * 2, (z, z, z, z))
+        d = mma.mma_m16n8k16((u, u, u, u), (u, u), (z, z, z, z))
     else:
-        d = mma.mma_m16n8k16((uint32(1),) * 4, (uint32(1),) * 2, (z, z, z, z))
+        d = mma.mma_m16n8k16((one, one, one, one), (one, one), (z, z, z, z))
     out[lane] = d[0]
 
 
@@ -249,16 +251,16 @@ def early_exit_mma(out):
     lane = cuda.threadIdx.x
     if lane >= 16:
         return
-    z = float32(0)
-    d = mma.mma_m16n8k16((uint32(0),) * 4, (uint32(0),) * 2, (z, z, z, z))
+    z, u = float32(0), uint32(0)
+    d = mma.mma_m16n8k16((u, u, u, u), (u, u), (z, z, z, z))
     out[lane] = d[0]
 
 
 @cuda.jit
 def full_mma(out):
     lane = cuda.threadIdx.x
-    z = float32(0)
-    d = mma.mma_m16n8k16((uint32(0),) * 4, (uint32(0),) * 2, (z, z, z, z))
+    z, u = float32(0), uint32(0)
+    d = mma.mma_m16n8k16((u, u, u, u), (u, u), (z, z, z, z))
     out[lane] = d[0]
 
 

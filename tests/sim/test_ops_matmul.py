@@ -18,7 +18,7 @@ from helpers import SIDES, back, on
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tessera_tile import TileConfig, ops, sim
+from tessera_tile import TileConfig, _arrays, ops, sim
 from tessera_tile.kernels.epilogue import reference as activation_reference
 from tessera_tile.tile_config import CANDIDATES
 
@@ -62,6 +62,14 @@ def rand(rng, shape, dtype=np.float32):
     return rng.standard_normal(shape).astype(dtype)
 
 
+def transposed(x):
+    """``x.T`` as a view, host or device: numba's ``DeviceNDArray.T`` is a transposing copy on
+    a GPU (``numba.cuda.kernels.transpose``), contiguous, where the simulator's is a view."""
+    if isinstance(x, np.ndarray):
+        return x.T
+    return _arrays.view(x, x.shape[::-1], x.strides[::-1])
+
+
 # --------------------------------------------------------------------------------------------
 # matmul
 
@@ -100,11 +108,11 @@ def test_non_contiguous_inputs(side, view):
     rng = np.random.default_rng(2)
     a_base, b_base = rand(rng, (2, 33, 18)), rand(rng, (35, 9))
     a_dev, b_dev = on(side, a_base, b_base)
-    strided, transposed = view in ("a_strided", "both"), view in ("b_transposed", "both")
+    strided, b_t = view in ("a_strided", "both"), view in ("b_transposed", "both")
     a, a_np = (
         (a_dev[:, :, ::2], a_base[:, :, ::2]) if strided else (a_dev[:, :, :9], a_base[:, :, :9])
     )
-    b, b_np = (b_dev.T, b_base.T) if transposed else (b_dev[:9, :], b_base[:9, :])
+    b, b_np = (transposed(b_dev), b_base.T) if b_t else (b_dev[:9, :], b_base[:9, :])
     got = back(ops.matmul(a, b, config=SMALL2), side)
     check(got, *reference(a_np, b_np), np.float32)
     assert "copies, read in place" in " ".join(ops.matmul.explain(a, b, config=SMALL2).reasons)
@@ -247,8 +255,8 @@ def test_float16_k_zero(side, config):
 
 F16_VIEWS = {  # shapes of A and B, and the views taken of them: (33, 9) @ (9, 35)
     "a sliced": ((33, 18), (9, 35), lambda a, b: (a[:, ::2], b)),
-    "b transposed": ((33, 9), (35, 9), lambda a, b: (a, b.T)),
-    "both": ((33, 18), (35, 9), lambda a, b: (a[:, ::2], b.T)),
+    "b transposed": ((33, 9), (35, 9), lambda a, b: (a, transposed(b))),
+    "both": ((33, 18), (35, 9), lambda a, b: (a[:, ::2], transposed(b))),
 }
 
 
@@ -268,6 +276,101 @@ def test_float16_strided_operands_on_simt(side, view, config):
     check(got, *reference(a_np, b_np, bias, "silu"), np.float16)
     reasons = " ".join(ops.linear.explain(a, b, d_bias, "silu", config=config).reasons)
     assert ("inner axis is strided" in reasons) == (side == "device")
+    assert "was given" not in reasons
+
+
+def test_float16_default_tunes_among_float16_tiles_where_a_gpu_times(monkeypatch):
+    """Where a GPU times configs, a float16 call without config= times only the tiles the
+    model does not score inf for float16. The tuner used to time the float32 SIMT tiles too and
+    keep the fastest (a SIMT tile at this size, on an H200): explain then said "a float32
+    TileConfig was given", and contiguous operands of the shape bucket ran on SIMT."""
+    import importlib
+
+    from tessera_tile import _config, tuned
+
+    autotune = importlib.import_module("tessera_tile.autotune")  # the package exports a function
+    timed = []
+
+    def time_config(launch, args, kwargs, config, warmup, repeat):
+        timed.append(config)
+        return 1.0 if config.dtype == "float32" else 2.0  # as if the SIMT tiles were faster
+
+    monkeypatch.setattr(_config, "gpu_present", lambda: True)
+    monkeypatch.setattr(autotune, "_time_config", time_config)
+    for name, value in (("_memo", {}), ("_buckets", {}), ("disk", None)):
+        monkeypatch.setattr(tuned.matmul, name, value)
+    rng = np.random.default_rng(17)
+    a, b, bias = (rand(rng, s, np.float16) for s in ((33, 18), (9, 35), 35))
+    d_a, d_b, d_bias = on("device", a, b, bias)
+    strided = d_a[:, ::2]
+    got = back(ops.linear(strided, d_b, d_bias, "silu"), "device")
+    check(got, *reference(a[:, ::2], b, bias, "silu"), np.float16)
+    reasons = " ".join(ops.linear.explain(strided, d_b, d_bias, "silu").reasons)
+    assert "inner axis is strided" in reasons and "was given" not in reasons, reasons
+    assert all(c.dtype == "float16" for c in timed), timed
+    (contiguous,) = on("device", np.ascontiguousarray(a[:, ::2]))
+    assert ops.linear.explain(contiguous, d_b, d_bias, "silu").stages[0].startswith("matmul_tc_")
+
+
+@pytest.fixture
+def unindexable(monkeypatch):
+    """Device arrays that host code cannot index. On a GPU numba's ``DeviceNDArray`` indexes
+    through its dummyarray, unlike NumPy: size 1 along a stride-0 axis, and RuntimeError
+    ("non-empty slice into empty slice") for a view into an empty (null) allocation, such as
+    ``[0]`` of a (2, 3, 0) array. The ops build every view from the operand's record instead."""
+    from numba import cuda
+
+    def refuse(self, item):
+        raise AssertionError(f"host code indexed a device array with {item!r}")
+
+    monkeypatch.setattr(type(cuda.to_device(np.zeros(1))), "__getitem__", refuse)
+
+
+# A and B shapes: K = 0 (empty operands, batched on either side) and a batch split into two
+# launches (b's stride-0 dimension does not merge), whose second views start past the first
+# matrices
+VIEWS = {
+    "k zero": ((2, 3, 0), (0, 5), 1),
+    "k zero, batched b": ((4, 0), (3, 0, 6), 1),
+    "two launches": ((2, 3, 9, 8), (2, 1, 8, 12), 2),
+}
+
+
+@pytest.mark.parametrize("shapes", VIEWS)
+@pytest.mark.parametrize("config", [SMALL2, TC_SMALL], ids=["float32", "float16"])
+def test_device_views_are_built_without_indexing(unindexable, shapes, config):
+    a_shape, b_shape, launches = VIEWS[shapes]
+    dtype = np.float16 if config is TC_SMALL else np.float32
+    rng = np.random.default_rng(18)
+    a, b = rand(rng, a_shape, dtype), rand(rng, b_shape, dtype)
+    args = on("device", a, b)
+    got = back(ops.matmul(*args, config=config), "device")
+    check(got, *reference(a, b), dtype)
+    assert f"in {launches} launch(es)" in ops.matmul.explain(*args, config=config).stages[0]
+
+
+@pytest.mark.parametrize("config", [SMALL2, TC_SMALL], ids=["float32", "float16"])
+def test_stride_0_device_operands(config):
+    """cuda.to_device of a broadcast array keeps its stride 0 (numba's interface reports such an
+    array as C-contiguous, which read as such puts its later batches past its allocation)."""
+    dtype = np.float16 if config is TC_SMALL else np.float32
+    rng = np.random.default_rng(19)
+    a = np.broadcast_to(rand(rng, (1, 33, 24), dtype), (3, 33, 24))
+    b, w = rand(rng, (3, 24, 32), dtype), rand(rng, (24, 32), dtype)
+    bias = np.broadcast_to(rand(rng, 1, dtype), (32,))
+    got = back(ops.matmul(*on("device", a, b), config=config), "device")
+    check(got, *reference(a, b), dtype)
+    got = back(ops.linear(*on("device", a, w, bias), "gelu", config=config), "device")
+    check(got, *reference(a, w, bias, "gelu"), dtype)
+
+
+def test_a_device_out_repeating_memory_is_refused():
+    from numba import cuda
+
+    a, b = on("device", np.ones((2, 3, 4), np.float32), np.ones((4, 5), np.float32))
+    out = _arrays.view(cuda.device_array((3, 5), np.float32), (2, 3, 5), (0, 20, 4))
+    with pytest.raises(ValueError, match="out repeats memory"):
+        ops.matmul(a, b, out=out, config=SMALL)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
