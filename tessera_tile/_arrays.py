@@ -356,13 +356,21 @@ def _fake_device_array(host: np.ndarray):
     return compat.FakeCUDAArray(host)
 
 
-def view(handle, shape, strides):
-    """A view of a numba device array, starting at its first element, with these byte strides."""
+def view(handle, shape, strides, offset: int = 0):
+    """A view of a numba device array, starting ``offset`` bytes past its first element, with
+    these byte strides. It is made from the pointer, never by indexing: numba's indexing gives
+    a stride-0 axis size 1 and refuses any view of an empty array (its pointer is null), so a
+    view without elements never touches the memory."""
+    if not math.prod(shape):
+        offset = 0
     if _config.SIMULATED:
         base = handle._ary
+        if offset:
+            base = np.lib.stride_tricks.as_strided(base, (2,), (offset,))[1:]
         return _fake_device_array(np.lib.stride_tricks.as_strided(base, shape, strides))
     device_ndarray, _, _ = compat.driver_names()
-    return device_ndarray(shape, strides, handle.dtype, gpu_data=handle.gpu_data)
+    data = handle.gpu_data.view(offset) if offset else handle.gpu_data
+    return device_ndarray(shape, strides, handle.dtype, gpu_data=data)
 
 
 def empty(shape, dtype, family: str, stream):

@@ -9,20 +9,17 @@ and the Numba type a view of it has.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _arrays as arrays
-from . import _config
-from .sim import compat
 
 __all__ = [
     "MAX_GRID_YZ", "Geometry", "Matrix", "array_type", "as_matrix", "copy_bytes",
-    "first_address", "geometry", "inner_contiguous", "layout", "matrix_view", "numba_strides",
-    "rows_aligned", "view_at",
+    "first_address", "geometry", "inner_contiguous", "layout", "matrix_view",
+    "rows_aligned",
 ]  # fmt: skip
 
 MAX_GRID_YZ = 65535
@@ -111,35 +108,7 @@ def matrix_view(handle, mat: Matrix, index, z_count: int, z_stride: int):
     allocation, e.g. ``[0]`` of a (2, 3, 0) array."""
     offset = sum(i * s for i, s in zip(index, mat.batch_strides, strict=True))
     shape = (z_count, mat.rows, mat.cols)
-    return view_at(handle, offset, shape, (z_stride, mat.row_stride, mat.col_stride))
-
-
-def view_at(handle, offset: int, shape, strides):
-    """:func:`tessera_tile._arrays.view` starting ``offset`` bytes past ``handle``'s first
-    element. A view without elements has nothing to point at: it never touches the memory (an
-    empty array's device pointer is null)."""
-    if offset == 0 or not math.prod(shape):
-        return arrays.view(handle, shape, strides)
-    if _config.SIMULATED:  # device memory is host memory: a NumPy view at the offset
-        start = np.lib.stride_tricks.as_strided(handle._ary, (2,), (offset,))[1:]
-        shifted = compat.FakeCUDAArray(start)
-    else:
-        device_ndarray, _, _ = compat.driver_names()
-        item = handle.dtype.itemsize
-        shifted = device_ndarray((1,), (item,), handle.dtype, gpu_data=handle.gpu_data.view(offset))
-    return arrays.view(shifted, shape, strides)
-
-
-def numba_strides(rec: arrays.Arg) -> arrays.Arg:
-    """``rec`` with the strides of the numba device array itself. numba's
-    ``__cuda_array_interface__`` gives ``strides: None`` (C-contiguous) for an array whose only
-    non-contiguous axes have stride 0 (``devicearray.is_contiguous`` skips them), e.g.
-    ``cuda.to_device(np.broadcast_to(x, (3, 33, 24)))``: read as contiguous, its later batches
-    lie past its allocation."""
-    if _config.SIMULATED or rec.kind != arrays.DEVICE or rec.family != "numba":
-        return rec
-    strides = tuple(int(s) for s in rec.value.strides)
-    return rec if strides == rec.strides else dataclasses.replace(rec, strides=strides)
+    return arrays.view(handle, shape, (z_stride, mat.row_stride, mat.col_stride), offset)
 
 
 def first_address(rec: arrays.Arg, mat: Matrix, index) -> int:

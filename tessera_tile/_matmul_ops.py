@@ -31,7 +31,6 @@ from ._matmul_geometry import (
     inner_contiguous,
     layout,
     matrix_view,
-    numba_strides,
     rows_aligned,
 )
 from ._prebuilt import PrebuiltOp, array_arg, check_out, source_of
@@ -437,17 +436,16 @@ class Product:
 
 
 def _operand(value, name: str, what: str) -> arrays.Arg:
-    rec = numba_strides(array_arg(value, name, DTYPES, what))
+    rec = array_arg(value, name, DTYPES, what)
     if not rec.shape:
         raise ValueError(f"{name} is 0-dimensional; {what} needs at least 1 dimension")
     return rec
 
 
 def _out(o: arrays.Arg | None) -> arrays.Arg | None:
-    """``out=``'s record with its true strides; ValueError where it repeats memory."""
+    """``out=``'s record; ValueError where it repeats memory (a stride-0 axis)."""
     if o is None:
         return None
-    o = numba_strides(o)
     if o.size and any(n > 1 and s == 0 for n, s in zip(o.shape, o.strides, strict=True)):
         raise ValueError("out repeats memory (a stride of 0): its copies would race")
     return o
@@ -667,7 +665,7 @@ def _linear(x, w, bias, activation, config, names, what, precision=None) -> Prod
     _check_activation(activation)
     rbias = None
     if bias is not None:
-        rbias = numba_strides(arrays.read(bias, bias_name, scalars=False))
+        rbias = arrays.read(bias, bias_name, scalars=False)
         if rbias.shape != rw.shape[1:]:
             raise ValueError(f"{bias_name} has shape {rbias.shape}; {what} needs ({rw.shape[1]},)")
         if rbias.dtype != rw.dtype:
@@ -754,7 +752,7 @@ def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
     )  # fmt: skip
     rb2 = None
     if b2 is not None:
-        rb2 = numba_strides(arrays.read(b2, "b2", scalars=False))
+        rb2 = arrays.read(b2, "b2", scalars=False)
         if rb2.shape != rw2.shape[1:]:
             raise ValueError(f"b2 has shape {rb2.shape}; mlp needs ({rw2.shape[1]},)")
         if rb2.dtype != first.dtype:
