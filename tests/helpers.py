@@ -37,6 +37,16 @@ def on(side: str, *arrays):
     return tuple(cuda.to_device(a) if isinstance(a, np.ndarray) and a.ndim else a for a in arrays)
 
 
+def transposed(x):
+    """``x.T`` as a view, host or device: numba's ``DeviceNDArray.T`` is a transposing copy
+    (2-D only), so the device view is made from the pointer."""
+    if isinstance(x, np.ndarray):
+        return x.T
+    from tessera_tile import _arrays
+
+    return _arrays.view(x, x.shape[::-1], x.strides[::-1])
+
+
 def back(result, side: str):
     """A fused result as NumPy, checking it came back on the caller's side."""
     if isinstance(result, tuple):

@@ -7,6 +7,8 @@ accepts what a GPU refuses and computes other views:
 
 * an ``Ellipsis`` is refused (``TypeError`` or ``IndexError``);
 * slicing an axis of stride 0 gives size 1 (``broadcast_to(x, (3, n))[1:3]`` has 1 row);
+* ``.T`` and ``transpose()`` copy, into a new C-contiguous array (a transpose kernel), and
+  refuse an array that is not 2-D with ``NotImplementedError`` (a 1-D ``.T`` too);
 * a 0-byte allocation has a null pointer: a view of it whose extent is not empty raises
   ``RuntimeError: non-empty slice into empty slice`` (seen on an H200, numba-cuda 0.30.4);
   whether it is depends on the strides, and numba-cuda gives an empty ``device_array`` its own
@@ -27,6 +29,7 @@ from . import compat
 _stock_getitem = compat.FakeCUDAArray.__getitem__
 _stock_setitem = compat.FakeCUDAArray.__setitem__
 _stock_device_array = compat.device_array_module().device_array
+_stock_transpose = compat.FakeCUDAArray.transpose
 
 
 def _root(ary: np.ndarray) -> np.ndarray:
@@ -88,6 +91,17 @@ def _setitem(self, item, value):
     target[...] = value._ary if isinstance(value, compat.FakeCUDAArray) else value
 
 
+def _transpose(self, axes=None):
+    """numba-cuda's ``DeviceNDArray.transpose``: a copy, 2-D only."""
+    if axes and tuple(axes) == tuple(range(self._ary.ndim)):
+        return self
+    if self._ary.ndim != 2:
+        raise NotImplementedError("transposing a non-2D DeviceNDArray isn't supported")
+    if axes is not None and set(axes) != {0, 1}:
+        raise ValueError(f"invalid axes list {axes!r}")
+    return compat.FakeCUDAArray(np.ascontiguousarray(self._ary.T), stream=self.stream)
+
+
 def _numba_contiguous(ary: np.ndarray) -> bool:
     """numba-cuda's ``is_contiguous``: C order, skipping axes of size 1 or stride 0."""
     size = ary.itemsize
@@ -128,9 +142,10 @@ def _device_array(shape, dtype=np.float64, strides=None, order="C", stream=0):
     return fake
 
 
-def _set(getitem, setitem, device_array) -> None:
+def _set(getitem, setitem, device_array, transpose) -> None:
     compat.FakeCUDAArray.__getitem__ = getitem
     compat.FakeCUDAArray.__setitem__ = setitem
+    compat.FakeCUDAArray.transpose = transpose  # .T calls it
     if getitem is _getitem:
         compat.FakeCUDAArray.__cuda_array_interface__ = property(_interface)
     elif "__cuda_array_interface__" in vars(compat.FakeCUDAArray):
@@ -140,8 +155,8 @@ def _set(getitem, setitem, device_array) -> None:
 
 
 def patch() -> None:
-    _set(_getitem, _setitem, _device_array)
+    _set(_getitem, _setitem, _device_array, _transpose)
 
 
 def unpatch() -> None:
-    _set(_stock_getitem, _stock_setitem, _stock_device_array)
+    _set(_stock_getitem, _stock_setitem, _stock_device_array, _stock_transpose)

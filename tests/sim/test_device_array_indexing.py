@@ -64,3 +64,16 @@ def test_an_op_on_a_broadcast_array_reads_each_row_once(side):
     got = got if side == "host" else got.copy_to_host()
     e = np.exp(row - row.max())
     np.testing.assert_allclose(got, np.broadcast_to(e / e.sum(), (3, 40)), rtol=1e-6, atol=1e-7)
+
+
+def test_transpose_is_a_copy_and_2d_only():
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    d = cuda.to_device(host)
+    t = d.T
+    np.testing.assert_array_equal(t.copy_to_host(), host.T)
+    assert t.strides == (8, 4)  # a new C-contiguous array, not a view
+    d[0, 0] = 100
+    assert t.copy_to_host()[0, 0] == 0
+    for shape in [(6,), (1, 2, 3)]:
+        with pytest.raises(NotImplementedError, match="non-2D"):
+            cuda.to_device(np.zeros(shape, np.float32)).transpose()

@@ -14,7 +14,7 @@ its 32-wide tiles; each default config runs once, on a shape just past its tile.
 
 import numpy as np
 import pytest
-from helpers import SIDES, back, on
+from helpers import SIDES, back, on, transposed
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -60,14 +60,6 @@ def check(got, ref, tol, dtype) -> None:
 
 def rand(rng, shape, dtype=np.float32):
     return rng.standard_normal(shape).astype(dtype)
-
-
-def transposed(x):
-    """``x.T`` as a view, host or device: numba's ``DeviceNDArray.T`` is a transposing copy on
-    a GPU (``numba.cuda.kernels.transpose``), contiguous, where the simulator's is a view."""
-    if isinstance(x, np.ndarray):
-        return x.T
-    return _arrays.view(x, x.shape[::-1], x.strides[::-1])
 
 
 # --------------------------------------------------------------------------------------------
@@ -312,8 +304,7 @@ def test_float16_default_tunes_among_float16_tiles_where_a_gpu_times(monkeypatch
     assert ops.linear.explain(contiguous, d_b, d_bias, "silu").stages[0].startswith("matmul_tc_")
 
 
-@pytest.fixture
-def unindexable(monkeypatch):
+def refuse_indexing(monkeypatch):
     """Device arrays that host code cannot index. On a GPU numba's ``DeviceNDArray`` indexes
     through its dummyarray, unlike NumPy: size 1 along a stride-0 axis, and RuntimeError
     ("non-empty slice into empty slice") for a view into an empty (null) allocation, such as
@@ -338,12 +329,13 @@ VIEWS = {
 
 @pytest.mark.parametrize("shapes", VIEWS)
 @pytest.mark.parametrize("config", [SMALL2, TC_SMALL], ids=["float32", "float16"])
-def test_device_views_are_built_without_indexing(unindexable, shapes, config):
+def test_device_views_are_built_without_indexing(monkeypatch, shapes, config):
     a_shape, b_shape, launches = VIEWS[shapes]
     dtype = np.float16 if config is TC_SMALL else np.float32
     rng = np.random.default_rng(18)
     a, b = rand(rng, a_shape, dtype), rand(rng, b_shape, dtype)
-    args = on("device", a, b)
+    args = on("device", a, b)  # numba's to_device indexes its new array on a GPU
+    refuse_indexing(monkeypatch)
     got = back(ops.matmul(*args, config=config), "device")
     check(got, *reference(a, b), dtype)
     assert f"in {launches} launch(es)" in ops.matmul.explain(*args, config=config).stages[0]

@@ -10,7 +10,7 @@ infinities anywhere in a row give NumPy's result: NaN where NumPy's is NaN.
 
 import numpy as np
 import pytest
-from helpers import back, counting_launches, on
+from helpers import back, counting_launches, on, transposed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,7 +96,7 @@ class View:
     def of(self, a):
         # numba's device arrays take no Ellipsis: the index is spelled out
         every_other = (slice(None),) * (a.ndim - 1) + (slice(None, None, 2),)
-        return {"contiguous": a, "strided": a[every_other], "transposed": a.T}[self.how]
+        return {"contiguous": a, "strided": a[every_other], "transposed": transposed(a)}[self.how]
 
     def placed(self):
         return self.of(on(self.side, self.base)[0])

@@ -3,7 +3,7 @@ read and written once, and zero bank conflicts in the simulator profile."""
 
 import numpy as np
 import pytest
-from helpers import back, counting_launches, on
+from helpers import back, counting_launches, on, transposed
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -28,9 +28,9 @@ def test_transpose_matches_numpy(dtype, m, n, view, side):
     }[view]
     before = base.copy()
     (placed,) = on(side, base)
-    x = {"contiguous": lambda a: a, "strided": lambda a: a[:, ::2], "transposed": lambda a: a.T}[
-        view
-    ](placed)
+    x = {"contiguous": lambda a: a, "strided": lambda a: a[:, ::2], "transposed": transposed}[view](
+        placed
+    )
     got = back(ops.transpose(x), side)
     want = {"contiguous": base, "strided": base[:, ::2], "transposed": base.T}[view].T
     np.testing.assert_array_equal(got, want)
