@@ -39,6 +39,7 @@ The compiler steps live in ``tessera_tile._fusion`` (see docs/architecture.md).
 
 from __future__ import annotations
 
+import builtins
 import functools
 import inspect
 from dataclasses import dataclass
@@ -192,13 +193,17 @@ class FusedFunction:
         return call, program, shapes, stages
 
     def cache_info(self) -> dict:
-        """Program-cache hits and misses of this function (``traced``: signatures traced and
+        """Program-cache hits and misses of this function (``launch_plans``: launch plans made,
+        one per layout of a signature's arrays, and their hits; ``traced``: signatures traced and
         planned here, ``programs_from_disk``: read from the persistent cache; ``persistent``:
         whether the function could be fingerprinted, None before its first call), and the
         shared kernel cache's (kernels generated here or rebuilt from disk)."""
+        plans = [p.launch_plans for p in self._programs.values()]
         return {
             "hits": self._programs.hits,
             "misses": self._programs.misses,
+            "launch_plans": builtins.sum(c.misses for c in plans),  # `sum` is tt.sum here
+            "launch_plan_hits": builtins.sum(c.hits for c in plans),
             "traced": self.traced,
             "programs_from_disk": self.loaded,
             "persistent": bool(self._fingerprint) if self._fingerprint is not False else None,

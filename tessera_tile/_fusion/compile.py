@@ -64,6 +64,10 @@ class CountingCache:
             got = self._entries[key] = make()
             return got
 
+    def values(self) -> list:
+        with self._lock:
+            return list(self._entries.values())
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

@@ -21,7 +21,7 @@ from .. import tile_ir as ir
 from .._arrays import DEVICE, Arg
 from . import lower, schedule
 from . import plan as planner
-from .compile import Generated, KernelCache
+from .compile import CountingCache, Generated, KernelCache
 from .plan import Plan, Stage
 from .schedule import Variant
 from .trace import Trace
@@ -29,10 +29,15 @@ from .trace import Trace
 
 @dataclass
 class Program:
-    """What a call signature traces and plans to (cached per signature)."""
+    """What a call signature traces and plans to (cached per signature); its launch plans are
+    cached per layout of the call's arrays (:func:`launch_plan`)."""
 
     trace: Trace
     plan: Plan
+
+    @functools.cached_property
+    def launch_plans(self) -> CountingCache:
+        return CountingCache()
 
     @functools.cached_property
     def host_results(self) -> tuple[int, ...]:
@@ -326,20 +331,102 @@ def full_scratch_types(stage: Stage) -> list:
 # execution
 
 
+@dataclass(frozen=True)
+class StageLaunch:
+    """One stage of a launch plan: everything its launch needs but this call's memory."""
+
+    bound: Bound
+    keys: tuple  # the record key of each array parameter: position, ("out", k), ("temp", k)
+    views: tuple  # (shape, strides) of each
+    scalars: tuple  # per scalar parameter: ("count", value) or ("arg", position)
+    scratch: tuple  # a full stage's (length, dtype): partials per block, then its ticket
+    flops: int
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What a call does, for one layout of its arrays: shapes, results, temporaries, and each
+    stage's kernel, launch configuration and views. Made once (:func:`launch_plan`); a later
+    call with the same layout looks it up, allocates, makes views and launches."""
+
+    shapes: dict
+    on_device: tuple  # positions of the results computed by kernels
+    results: tuple  # (shape, dtype) of each of them
+    temps: tuple  # (id, shape, dtype) of each temporary
+    launches: tuple[StageLaunch, ...]
+
+
+def layout_key(call: Call) -> tuple:
+    """What a launch plan depends on beyond the program: each array's side, shape, strides,
+    and address modulo the vector width (a kernel loads 16 bytes at a time where it may)."""
+
+    def of(a: Arg | None):
+        if a is None or not a.is_array:
+            return None
+        return (a.kind, a.shape, a.strides, a.address % schedule.VECTOR_BYTES, a.readonly)
+
+    return (tuple(of(a) for a in call.args), tuple(of(o) for o in call.out or ()))
+
+
+def launch_plan(program: Program, call: Call, cache: KernelCache, math: str) -> LaunchPlan:
+    """The call's launch plan, made at the first call with this layout."""
+    key = (layout_key(call), math)
+    return program.launch_plans.get(key, lambda: _make_plan(program, call, cache, math))
+
+
+def _make_plan(program: Program, call: Call, cache: KernelCache, math: str) -> LaunchPlan:
+    shapes = call.shapes(program)
+    nodes = program.trace.outputs
+    on_device = tuple(k for k in range(len(nodes)) if k not in program.host_results)
+    records = planned_records(program, call, shapes)
+    for k, o in enumerate(call.out or ()):
+        if o.kind == DEVICE:  # the kernels write into a device out= where it is
+            records[("out", k)] = o
+    counts = planner.count_values(program.trace, shapes)
+    launches = []
+    for stage in program.plan.stages:
+        bound = bind(stage, records, shapes, cache, math)
+        if bound.empty:
+            continue
+        keys = [n.arg for n in stage.leaves] + [dest for _, dest in stage.outputs]
+        launches.append(
+            StageLaunch(
+                bound,
+                tuple(keys),
+                tuple((shape, strides) for shape, strides, *_ in bound.layout.views),
+                tuple(
+                    ("count", counts[n.arg]) if n.op is ir.Op.COUNT else ("arg", n.arg)
+                    for n in stage.scalars
+                ),
+                tuple(full_scratch_types(stage)) if stage.kind == "full" else (),
+                profiling.stage_flops(stage, bound.layout.n_kept, bound.layout.n_red),
+            )
+        )
+    return LaunchPlan(
+        shapes,
+        on_device,
+        tuple((shapes[nodes[k].key], nodes[k].dtype) for k in on_device),
+        tuple((tid, shapes[n.key], n.dtype) for tid, n in program.plan.temps.items()),
+        tuple(launches),
+    )
+
+
 def execute(program: Program, call: Call, cache: KernelCache, stream, math: str = "fast"):
     """Run the call; results are of the arguments' family (NumPy, numba, CuPy), except those
     that depend on no array: NumPy scalars computed on the host, as NumPy gives them."""
-    shapes = call.shapes(program)
-    check_out(program, shapes, call)
-    check_exponents(program, call)
+    plan = launch_plan(program, call, cache, math)
+    check_out(program, plan.shapes, call)
+    if program.host_exponents:
+        check_exponents(program, call)
     nodes = program.trace.outputs
     outs = call.out or [None] * len(nodes)
-    scalars = call.scalars()
-    results = {
-        k: _host_result(ir.evaluate(nodes[k], scalars), outs[k]) for k in program.host_results
-    }
-    if len(results) < len(nodes):
-        results.update(_run_on_device(program, call, cache, stream, math, shapes, outs))
+    results = {}
+    if program.host_results:
+        scalars = call.scalars()
+        for k in program.host_results:
+            results[k] = _host_result(ir.evaluate(nodes[k], scalars), outs[k])
+    if plan.on_device:
+        results.update(_run_on_device(plan, call, stream, outs))
     ordered = [results[k] for k in range(len(nodes))]
     return ordered[0] if program.trace.single else tuple(ordered)
 
@@ -355,47 +442,40 @@ def _host_result(value: np.generic, out: Arg | None):
     return out.value
 
 
-def _run_on_device(program, call, cache, stream, math, shapes, outs) -> dict:
+def _run_on_device(plan: LaunchPlan, call: Call, stream, outs) -> dict:
     """The results that depend on arrays, by position: every stage launched."""
     place = arrays.Placement(call.args, outs, stream)
-    records: dict = {}
     handles: dict = {}
-
-    def put(key, rec: Arg) -> None:
-        records[key], handles[key] = rec, arrays.device_handle(rec)
-
     for i, a in enumerate(call.args):
         if a.is_array:
-            put(i, place.device(a))
-    on_device = [k for k in range(len(outs)) if k not in program.host_results]
-    for k in on_device:
-        node = program.trace.outputs[k]
-        put(("out", k), place.result(shapes[node.key], node.dtype, outs[k]))
-    for tid, n in program.plan.temps.items():
-        put(("temp", tid), place.temp(shapes[n.key], n.dtype))
-    for stage in program.plan.stages:
-        _launch(bind(stage, records, shapes, cache, math), handles, program, call, shapes, place)
-    return {k: place.finish(records[("out", k)], outs[k]) for k in on_device}
+            handles[i] = arrays.device_handle(place.device(a))
+    results = {}
+    for k, (shape, dtype) in zip(plan.on_device, plan.results, strict=True):
+        results[k] = place.result(shape, dtype, outs[k])
+        handles[("out", k)] = arrays.device_handle(results[k])
+    for tid, shape, dtype in plan.temps:
+        handles[("temp", tid)] = arrays.device_handle(place.temp(shape, dtype))
+    for launch in plan.launches:
+        _launch(launch, handles, call, place)
+    return {k: place.finish(results[k], outs[k]) for k in plan.on_device}
 
 
-def _launch(bound: Bound, handles: dict, program: Program, call: Call, shapes: dict, place) -> None:
-    if bound.empty:
-        return
-    stage, layout = bound.stage, bound.layout
-    keys = [n.arg for n in stage.leaves] + [dest for _, dest in stage.outputs]
+def _launch(launch: StageLaunch, handles: dict, call: Call, place) -> None:
+    bound = launch.bound
     params = [
         arrays.view(handles[key], shape, strides)
-        for key, (shape, strides, *_) in zip(keys, layout.views, strict=True)
+        for key, (shape, strides) in zip(launch.keys, launch.views, strict=True)
     ]
-    if stage.kind == "full":
-        for length, dtype in full_scratch_types(stage):
-            params.append(
-                arrays.zeros(1, dtype, place.stream)
-                if length == "ticket"
-                else place.temp(bound.blocks, dtype).value
-            )
-    params += scalar_values(stage, program, call, shapes)
-    params += layout.sizes()
+    for length, dtype in launch.scratch:
+        params.append(
+            arrays.zeros(1, dtype, place.stream)
+            if length == "ticket"
+            else place.temp(bound.blocks, dtype).value
+        )
+    params += [
+        value if kind == "count" else call.args[value].value for kind, value in launch.scalars
+    ]
+    params += bound.layout.sizes()
     if _config.dump_source():
         print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")
 
@@ -407,6 +487,5 @@ def _launch(bound: Bound, handles: dict, program: Program, call: Call, shapes: d
     if prof is None:
         run()
     else:
-        flops = profiling.stage_flops(stage, layout.n_kept, layout.n_red)
         name, kernel = bound.generated.name, bound.generated.kernel
-        prof.launch(name, bound.predicted_bytes(), flops, run, place.stream, kernel)
+        prof.launch(name, bound.predicted_bytes(), launch.flops, run, place.stream, kernel)

@@ -1,0 +1,107 @@
+"""Launch plans (issue 21): a fused call plans once per layout of its arrays; a later call with
+the same layout walks no IR, propagates no shapes, binds no stage and chooses no variant."""
+
+import collections
+
+import numpy as np
+import pytest
+from helpers import SIDES, back, on
+
+import tessera_tile as tt
+from tessera_tile import ops
+from tessera_tile import tile_ir as ir
+from tessera_tile._fusion import plan as planner
+from tessera_tile._fusion import runtime, schedule
+
+
+@tt.fuse
+def softmax(x):
+    e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))
+    return e / tt.sum(e, axis=-1, keepdims=True)
+
+
+@tt.fuse
+def centred_total(x):  # two kernels: the mean, then the sum that reads it
+    return tt.sum(x - tt.mean(x))
+
+
+def softmax_ref(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.fixture
+def planning(monkeypatch):
+    """Counts of the planning steps a call runs, by name."""
+    counts = collections.Counter()
+    for module, name in [
+        (ir, "walk"),
+        (planner, "propagate_shapes"),
+        (runtime, "bind"),
+        (schedule, "choose_variant"),
+    ]:
+        original = getattr(module, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_a_second_call_plans_nothing(planning, side):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 40)).astype(np.float32)
+    (placed,) = on(side, x)
+    f = tt.fuse(softmax.fn)  # a fresh function: its caches start empty
+    back(f(placed), side)
+    assert f.cache_info()["launch_plans"] == 1
+    assert planning["bind"] == 1 and planning["choose_variant"] == 1
+    planning.clear()
+    got = back(f(placed), side)
+    np.testing.assert_allclose(got, softmax_ref(x), rtol=1e-5, atol=1e-7)
+    assert planning == {}, planning
+    info = f.cache_info()
+    assert (info["launch_plans"], info["launch_plan_hits"]) == (1, 1)
+
+
+def test_a_new_layout_plans_once():
+    rng = np.random.default_rng(1)
+    f = tt.fuse(centred_total.fn)
+    x = rng.standard_normal((8, 32)).astype(np.float32)
+    f(x)
+    f(x + 1)  # the same layout: a hit
+    assert f.cache_info()["launch_plans"] == 1
+    wider = rng.standard_normal((8, 48)).astype(np.float32)
+    np.testing.assert_allclose(f(wider), np.sum(wider - wider.mean()), atol=1e-4)
+    f(wider)
+    strided = rng.standard_normal((8, 96)).astype(np.float32)[:, ::2]
+    np.testing.assert_allclose(f(strided), np.sum(strided - strided.mean()), atol=1e-4)
+    info = f.cache_info()
+    assert (info["misses"], info["launch_plans"], info["launch_plan_hits"]) == (2, 3, 2)
+
+
+def test_an_op_plans_once_per_layout(planning):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 24)).astype(np.float32)
+    ops.softmax(x)
+    planning.clear()
+    np.testing.assert_allclose(ops.softmax(x), softmax_ref(x), rtol=1e-5, atol=1e-7)
+    assert planning["bind"] == 0 and planning["propagate_shapes"] == 0, planning
+
+
+def test_a_device_out_is_part_of_the_layout():
+    from numba import cuda
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 24)).astype(np.float32)
+    f = tt.fuse(softmax.fn)
+    d = cuda.to_device(x)
+    backing = cuda.to_device(np.zeros((4, 48), np.float32))
+    for out in (cuda.device_array((4, 24), np.float32), None, backing[:, ::2]):
+        got = f(d, out=out)
+        assert out is None or got is out
+        np.testing.assert_allclose(got.copy_to_host(), softmax_ref(x), rtol=1e-5, atol=1e-7)
+    assert f.cache_info()["launch_plans"] == 3
