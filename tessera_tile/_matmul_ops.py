@@ -204,15 +204,20 @@ class Product:
         return not (self.m and self.n and math.prod(self.batch))
 
     def tile_config(self) -> TileConfig:
-        """The given config, else :data:`TUNED_MATMUL`'s for these operands: the choice made
-        for their shape bucket, or the model's where none is yet (reports time nothing; a
-        launch tunes first, see :meth:`launch`)."""
+        """The given config, else the op's tuner's for these operands (:meth:`_tuner`): the
+        choice made for their shape bucket, or the model's where none is yet (reports time
+        nothing; a launch tunes first, see :meth:`launch`)."""
         if self.config is not None:
             return self.config
         return self._tuner().expected(self.a, self.b)
 
     def _tuner(self):
-        return TUNED_MATMUL_TF32 if self.precision == "tf32" else TUNED_MATMUL
+        """The tuner whose choice this op takes: ``tuned.linear``'s for ``linear`` (which
+        ``tessera-tile tune linear`` fills), ``tuned.matmul_tf32``'s for TF32 calls,
+        ``tuned.matmul``'s otherwise (``matmul``, and both kernels of ``mlp``)."""
+        if self.precision == "tf32":
+            return TUNED_MATMUL_TF32
+        return TUNED_LINEAR if self.name == "linear" else TUNED_MATMUL
 
     def _c_matrix(self, rec: arrays.Arg) -> Matrix:
         """The result as a (batch, M, N) stack, whatever 1-D squeezing its shape had."""

@@ -9,13 +9,14 @@
     y = tuned.linear(x, w, bias, "gelu")   # ops.linear likewise
     tuned.matmul_tf32.choose(a, b)         # the TF32 tiles of precision="tf32" calls
 
-``ops.matmul``, ``ops.linear`` and ``ops.mlp`` called without ``config=`` take the same choice:
-the first call per shape bucket and dtype tunes (the analytic model,
+``ops.linear`` called without ``config=`` takes ``linear``'s choice, ``ops.matmul`` and
+``ops.mlp`` take ``matmul``'s (``matmul_tf32``'s with ``precision="tf32"``): the first call per
+shape bucket and dtype tunes (the analytic model,
 :func:`tessera_tile.tile_config.estimate`, ranks :data:`CONFIGS`; a GPU then times those the
 model does not rank worse than the first, the SIMT default; without one the model's choice is
 kept), and later calls, in this process or another, read it from the cache.
-``tessera-tile tune matmul --shape 4096x1024`` fills it ahead of time (the stand-ins of the
-command: ``(M, K) @ (K, K)``).
+``tessera-tile tune matmul --shape 4096x1024`` (or ``tune linear``) fills a tuner's cache ahead
+of time (the stand-ins of the command: ``(M, K) @ (K, K)``).
 """
 
 from __future__ import annotations

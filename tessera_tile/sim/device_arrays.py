@@ -7,6 +7,7 @@ accepts what a GPU refuses and computes other views:
 
 * an ``Ellipsis`` is refused (``TypeError`` or ``IndexError``);
 * slicing an axis of stride 0 gives size 1 (``broadcast_to(x, (3, n))[1:3]`` has 1 row);
+* ``.shape`` is a plain tuple (the stock fake's refuses a negative index, as a kernel's does);
 * ``.T`` and ``transpose()`` copy, into a new C-contiguous array (a transpose kernel), and
   refuse an array that is not 2-D with ``NotImplementedError`` (a 1-D ``.T`` too);
 * a 0-byte allocation has a null pointer: a view of it whose extent is not empty raises
@@ -30,6 +31,7 @@ _stock_getitem = compat.FakeCUDAArray.__getitem__
 _stock_setitem = compat.FakeCUDAArray.__setitem__
 _stock_device_array = compat.device_array_module().device_array
 _stock_transpose = compat.FakeCUDAArray.transpose
+_stock_shape = compat.FakeCUDAArray.shape
 
 
 def _root(ary: np.ndarray) -> np.ndarray:
@@ -142,10 +144,11 @@ def _device_array(shape, dtype=np.float64, strides=None, order="C", stream=0):
     return fake
 
 
-def _set(getitem, setitem, device_array, transpose) -> None:
+def _set(getitem, setitem, device_array, transpose, shape) -> None:
     compat.FakeCUDAArray.__getitem__ = getitem
     compat.FakeCUDAArray.__setitem__ = setitem
     compat.FakeCUDAArray.transpose = transpose  # .T calls it
+    compat.FakeCUDAArray.shape = shape
     if getitem is _getitem:
         compat.FakeCUDAArray.__cuda_array_interface__ = property(_interface)
     elif "__cuda_array_interface__" in vars(compat.FakeCUDAArray):
@@ -155,8 +158,8 @@ def _set(getitem, setitem, device_array, transpose) -> None:
 
 
 def patch() -> None:
-    _set(_getitem, _setitem, _device_array, _transpose)
+    _set(_getitem, _setitem, _device_array, _transpose, property(lambda self: self._ary.shape))
 
 
 def unpatch() -> None:
-    _set(_stock_getitem, _stock_setitem, _stock_device_array, _stock_transpose)
+    _set(_stock_getitem, _stock_setitem, _stock_device_array, _stock_transpose, _stock_shape)

@@ -4,6 +4,7 @@ timed, so the tests that check what the model chose hold only without one."""
 
 import importlib
 import json
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -313,3 +314,50 @@ def test_an_op_reads_past_a_tuning_entry_that_is_not_utf8(tmp_path):
         # float32 products summed over K = 16 terms of magnitude ~1: a few ulps of ~4
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
         assert _cache.read_entry(path).status == "ok"  # rebuilt
+
+
+# Two processes sharing one cache: the first tunes linear with the command, on a stand-in GPU
+# whose timings make the last candidate win; the second reads the op's default config.
+_TUNE_THEN_READ = """
+import importlib
+import sys
+
+import numpy as np
+
+from tessera_tile import _config, ops, tuned
+from tessera_tile.cli import main
+
+autotune = importlib.import_module("tessera_tile.autotune")  # tt.autotune is the decorator
+autotune._arch = lambda: "sm_90"  # one architecture for both processes
+x, w, bias = (np.zeros(shape, np.float32) for shape in [(64, 32), (32, 32), 32])
+if sys.argv[1] == "tune":
+    _config.gpu_present = lambda: True
+    autotune._time_config = lambda launch, args, kwargs, config, *rest: 1 / (
+        1 + tuned.CONFIGS.index(config)
+    )
+    main(["tune", "linear", "--shape", "64x32"], standalone_mode=False)
+else:
+    print(repr(ops.linear._plan(x, w, bias).tile_config()))
+    print(repr(ops.matmul._plan(x, w).tile_config()))
+"""
+
+
+def test_tune_linear_changes_what_ops_linear_runs(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "TESSERA_TILE_CACHE_DIR": str(tmp_path)}
+
+    def run(step):
+        done = subprocess.run(
+            [sys.executable, "-c", _TUNE_THEN_READ, step], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    before = run("read").splitlines()
+    assert before[0] == before[1]  # untuned: both take the model's choice
+    tuned_line = run("tune")
+    linear_config, matmul_config = run("read").splitlines()
+    assert linear_config in tuned_line, (linear_config, tuned_line)
+    assert linear_config != before[0] and matmul_config == before[1]

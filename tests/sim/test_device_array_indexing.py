@@ -17,6 +17,11 @@ def test_an_ellipsis_is_refused():
     assert d[:, ::2].shape == (4, 3)
 
 
+def test_the_shape_is_a_tuple():
+    d = cuda.to_device(np.zeros((4, 6), np.float32))
+    assert d.shape == (4, 6) and d.shape[-1] == 6 and type(d.shape) is tuple
+
+
 def test_indexing_gives_numpys_views_and_elements():
     host = np.arange(24, dtype=np.float32).reshape(4, 6)
     d = cuda.to_device(host)
