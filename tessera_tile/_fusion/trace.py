@@ -9,6 +9,7 @@ generator only see the ``Op`` enum.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,10 +35,14 @@ class Trace:
         return ir.walk(self.outputs)
 
 
-class _Tracing:
-    """State of the trace in progress (COUNT leaves need their source at call time)."""
+class _Tracing(threading.local):
+    """The trace in progress in this thread (COUNT leaves need their source at call time): two
+    threads tracing at once each see their own."""
 
     current: Trace | None = None
+
+
+_tracing = _Tracing()
 
 
 class Traced:
@@ -273,7 +278,7 @@ def count(x: Traced, axis) -> Traced:
     node = as_node(x)
     axes = ir.normalize_axes(axis, node.ndim)
     count_node = ir.Node(Op.COUNT, np.dtype(np.int64), arg=(node.key, axes), weak=True)
-    trace = _Tracing.current
+    trace = _tracing.current
     if trace is not None:
         trace.counts[id(count_node)] = (node, axes)
     return Traced(count_node)
@@ -307,11 +312,11 @@ def trace(fn, stand_ins: list, keywords: tuple[str, ...] = ()) -> Trace:
     ]
     positional = len(values) - len(keywords)
     result_trace = Trace(outputs=(), single=True)
-    _Tracing.current = result_trace
+    outer, _tracing.current = _tracing.current, result_trace
     try:
         result = fn(*values[:positional], **dict(zip(keywords, values[positional:], strict=True)))
     finally:
-        _Tracing.current = None
+        _tracing.current = outer
     single = not isinstance(result, tuple)
     results = (result,) if single else result
     outputs = []

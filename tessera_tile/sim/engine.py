@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import functools
 import struct
 import sys
@@ -730,9 +731,20 @@ def _one_signature(func_or_sig) -> tuple | None:
     return compat.normalize_signature(func_or_sig)
 
 
+_stock_configure = compat.FakeCUDAKernel.__getitem__
+
+
+def _configure(self, configuration):
+    """``kernel[grid, block, ...]``: a configured copy, as numba-cuda makes a launch
+    configuration of its own on a GPU. The stock fake sets the grid on the kernel itself, so
+    two threads configuring one kernel at once launched each other's grids."""
+    return _stock_configure(copy.copy(self), configuration)
+
+
 def patch() -> None:
     """Route simulated launches through :class:`Launch`."""
     compat.FakeCUDAKernel.__call__ = _call
+    compat.FakeCUDAKernel.__getitem__ = _configure
     for module in compat.JIT_MODULES:
         module.jit = _jit
     device_arrays.patch()
@@ -741,6 +753,7 @@ def patch() -> None:
 def unpatch() -> None:
     """Give launches back to numba-cuda's simulator."""
     compat.FakeCUDAKernel.__call__ = _stock_call
+    compat.FakeCUDAKernel.__getitem__ = _stock_configure
     for module in compat.JIT_MODULES:
         module.jit = _stock_jit
     device_arrays.unpatch()
