@@ -165,6 +165,18 @@ def choose_kernel(
 # one tiled product with its epilogue: the plan behind matmul and linear, and mlp's stages
 
 
+MAX_LAUNCH_PLANS = 256
+_LAUNCH_PLANS: dict = {}  # Product.plan_launches, by layout
+
+
+def _layout(rec: arrays.Arg | None):
+    """What a launch plan depends on of one operand: shape, strides, dtype, and the address
+    modulo 16 (the tensor-core kernels copy 16-byte chunks where rows are aligned)."""
+    if rec is None:
+        return None
+    return rec.shape, rec.strides, rec.dtype.str, rec.address % 16
+
+
 @dataclass
 class Product:
     """``activation(a @ b + bias)`` over a broadcast batch, as one kernel per launch."""
@@ -247,14 +259,28 @@ class Product:
         return arrays.Arg(arrays.DEVICE, None, rec.shape, strides, rec.dtype, DEVICE_ALIGN)
 
     def plan_launches(self, a: arrays.Arg, b: arrays.Arg, c: arrays.Arg):
-        """(geometry, matrices, and per launch: (index, z0, count, KernelChoice))."""
+        """(geometry, matrices, and per launch: (index, z0, count, KernelChoice)), made once
+        per layout of the operands and config, then looked up."""
+        config = self.tile_config()
+        key = (
+            config, self.precision, self.activation, self.names[:2], self.batch, self.a_vector,
+            self.b_vector, *(_layout(r) for r in (a, b, self.bias, c)),
+        )  # fmt: skip
+        got = _LAUNCH_PLANS.get(key)
+        if got is None:
+            got = self._plan_launches(a, b, c, config)
+            if len(_LAUNCH_PLANS) >= MAX_LAUNCH_PLANS:  # a bound: start over
+                _LAUNCH_PLANS.clear()
+            _LAUNCH_PLANS[key] = got
+        return got
+
+    def _plan_launches(self, a, b, c, config: TileConfig):
         mats = [
             as_matrix(a, self.batch, self.a_vector),
             as_matrix(b, self.batch, self.b_vector),
             self._c_matrix(c),
         ]
         geo = geometry(self.batch, mats)
-        config = self.tile_config()
         act = epilogue.activation_function(self.activation)
         bias_type = array_type(  # without a bias, a 1-element float32 dummy
             np.dtype(np.float32) if self.bias is None else self.bias.dtype,

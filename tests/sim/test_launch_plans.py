@@ -105,3 +105,25 @@ def test_a_device_out_is_part_of_the_layout():
         assert out is None or got is out
         np.testing.assert_allclose(got.copy_to_host(), softmax_ref(x), rtol=1e-5, atol=1e-7)
     assert f.cache_info()["launch_plans"] == 3
+
+
+def test_a_matmul_plans_its_launches_once_per_layout(monkeypatch):
+    from tessera_tile import _matmul_ops
+
+    made = collections.Counter()
+    original = _matmul_ops.Product._plan_launches
+
+    def counted(self, *args):
+        made[self.name] += 1
+        return original(self, *args)
+
+    monkeypatch.setattr(_matmul_ops.Product, "_plan_launches", counted)
+    monkeypatch.setattr(_matmul_ops, "_LAUNCH_PLANS", {})
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 3))
+    w = w.astype(np.float32)
+    for _ in range(3):
+        np.testing.assert_allclose(ops.linear(x, w, None, "relu"), np.maximum(x @ w, 0), rtol=1e-5)
+    assert made == {"linear": 1}
+    ops.linear(x[:, :6], w[:6])  # another layout: planned once more
+    assert made == {"linear": 2}
