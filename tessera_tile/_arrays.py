@@ -364,13 +364,11 @@ def view(handle, shape, strides, offset: int = 0):
     if not math.prod(shape):
         offset = 0
     if _config.SIMULATED:
-        base = handle._ary
+        base = compat.host_memory(handle)
         if offset:
             base = np.lib.stride_tricks.as_strided(base, (2,), (offset,))[1:]
         return _fake_device_array(np.lib.stride_tricks.as_strided(base, shape, strides))
-    device_ndarray, _, _ = compat.driver_names()
-    data = handle.gpu_data.view(offset) if offset else handle.gpu_data
-    return device_ndarray(shape, strides, handle.dtype, gpu_data=data)
+    return compat.device_view(handle, shape, strides, offset)
 
 
 def empty(shape, dtype, family: str, stream):
@@ -406,7 +404,7 @@ def zeros(n: int, dtype, stream):
 
     a = cuda.device_array(n, dtype, stream=stream)
     if _config.SIMULATED:
-        a._ary.fill(0)  # the simulator's memset
+        compat.host_memory(a).fill(0)  # the simulator's memset
     else:
         _, _, device_memset = compat.driver_names()
         device_memset(a, 0, a.nbytes, stream=stream)

@@ -41,6 +41,7 @@ from typing import Any
 
 from . import _config, sass
 from .sass import Loop
+from .sim import compat
 
 __all__ = ["ARCHS", "CompileReport", "Loop", "compile", "occupancy"]
 
@@ -358,8 +359,6 @@ def _ptx(pyfunc, signature, cc, nvvm_options: dict[str, Any]) -> str:
     from numba import cuda
     from numba.core.errors import TypingError
 
-    from .sim import compat
-
     # A kernel that calls a device function asks numba-cuda for the current device; with no
     # GPU, compat answers for it with the target's compute capability.
     device = (
@@ -391,14 +390,14 @@ def _python_function(fn: Any):
         raise TypeError(
             f"expected a @cuda.jit kernel or a Python function, got {type(fn).__name__}"
         )
-    if getattr(fn, "_device", False) or getattr(fn, "targetoptions", {}).get("device"):
+    if compat.is_device_function(fn):
         raise TypeError(f"{py.__name__!r} is a device function, not a kernel")
     return py
 
 
 def _codegen_options(fn: Any, name: str) -> dict[str, Any]:
     """The kernel's jit options that change its code and differ from numba-cuda's defaults."""
-    targetoptions = getattr(fn, "targetoptions", None) or {}
+    targetoptions = compat.target_options(fn)
     if targetoptions.get("link"):
         raise NotImplementedError(
             f"kernel {name!r} links external code (link={list(targetoptions['link'])}); "

@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import _cache, _config, memory, warp
 from .. import tile_ir as ir
+from ..sim import compat
 from . import device, persist
 from .plan import Stage
 from .reductions import ReductionWriter
@@ -212,28 +213,26 @@ def guard_cache(kernel) -> None:
     files) is one warning: it runs, and compiles again in the next process. Files it cannot
     load (a corrupt or truncated index or data file, which it would raise on at every launch)
     are one warning and a miss: the index is emptied, and the save after the compilation
-    writes it anew. Both go through the dispatcher's ``_cache`` (a private name; only this
-    function uses it); numba-cuda numbers its saves at the first launch of a signature."""
-    cache = getattr(kernel, "_cache", None)
-    save = getattr(cache, "save_overload", None)
-    load = getattr(cache, "load_overload", None)
+    writes it anew. numba-cuda numbers its saves at the first launch of a signature."""
     name = kernel.__name__
 
-    def guarded_save(sig, data):
-        failed = f"numba-cuda could not cache kernel {name}"
-        return _guarded(
-            save, (sig, data), failed, "it runs, and compiles again in the next process"
-        )
+    def wrap_save(save):
+        def guarded_save(sig, data):
+            failed = f"numba-cuda could not cache kernel {name}"
+            then = "it runs, and compiles again in the next process"
+            return _guarded(save, (sig, data), failed, then)
 
-    def guarded_load(sig, target_context):
-        failed = f"numba-cuda's cache of kernel {name} cannot be read"
-        then = "it compiles again and is cached anew"
-        return _guarded(load, (sig, target_context), failed, then, getattr(cache, "flush", None))
+        return guarded_save
 
-    if save is not None:
-        cache.save_overload = guarded_save
-    if load is not None:
-        cache.load_overload = guarded_load
+    def wrap_load(load, flush):
+        def guarded_load(sig, target_context):
+            failed = f"numba-cuda's cache of kernel {name} cannot be read"
+            then = "it compiles again and is cached anew"
+            return _guarded(load, (sig, target_context), failed, then, flush)
+
+        return guarded_load
+
+    compat.wrap_disk_cache(kernel, wrap_save, wrap_load)
 
 
 def _guarded(call, args, failed: str, then: str, on_failure=None):

@@ -62,7 +62,6 @@ from typing import NamedTuple
 
 import numpy as np
 from numba import boolean, cuda, float32, int32, uint32
-from numba.cuda.dispatcher import CUDADispatcher
 from numba.types import float16
 
 from .. import _arrays, _config
@@ -155,12 +154,6 @@ class TensorCoreConfig(NamedTuple):
 ANCHOR = TensorCoreConfig()  # 128 x 128 x 32, 4 warps of 64 x 64, 3 stages
 
 
-def _is_device_function(fn) -> bool:
-    if isinstance(fn, CUDADispatcher):
-        return bool(fn.targetoptions.get("device"))
-    return isinstance(fn, compat.FakeCUDAKernel) and bool(fn._device)  # the simulator's
-
-
 def _check(cfg: TensorCoreConfig, activation) -> None:
     for name in ("tile_m", "tile_n", "tile_k", "num_warps", "num_stages"):
         value = getattr(cfg, name)
@@ -198,7 +191,7 @@ def _check(cfg: TensorCoreConfig, activation) -> None:
             f"{what} tiles need {cfg.shared_bytes} B of shared memory, over the "
             f"{MAX_STATIC_SHARED} B static limit"
         )
-    if activation is not None and not _is_device_function(activation):
+    if activation is not None and not compat.is_device_function(activation):
         raise TypeError(
             "activation must be a numba CUDA device function (cuda.jit(device=True)) taking "
             f"and returning float32, or None; got {activation!r}"

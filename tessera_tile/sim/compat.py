@@ -13,6 +13,8 @@ import functools
 import importlib.metadata
 import threading
 
+import numpy as np
+
 SUPPORTED_NUMBA_CUDA = ((0, 30), (0, 31))  # [lowest, highest) major.minor
 
 
@@ -94,19 +96,67 @@ __all__ = [
     "current_device_answered",
     "driver_names",
     "device_array_module",
+    "device_view",
     "device_array_modules",
     "dummy_array",
     "from_dtype",
+    "host_memory",
+    "is_device_function",
     "is_signature",
     "normalize_indices",
     "normalize_kernel_dimensions",
     "normalize_signature",
     "sentry_contiguous",
     "swapped_cuda_module",
+    "target_options",
     "type_manager",
+    "wrap_disk_cache",
     "_get_kernel_context",
     "_push_kernel_context",
 ]
+
+
+# -- kernels, caches and device memory: what numba-cuda keeps private -------------------------
+
+
+def target_options(fn) -> dict:
+    """The jit options of a compiled kernel or device function (``targetoptions``); {} for
+    anything else (the simulator's kernels keep none)."""
+    return getattr(fn, "targetoptions", None) or {}
+
+
+def is_device_function(fn) -> bool:
+    """Whether ``fn`` is a ``@cuda.jit(device=True)`` function, compiled or simulated."""
+    if isinstance(fn, FakeCUDAKernel):
+        return bool(fn._device)
+    return bool(target_options(fn).get("device"))
+
+
+def wrap_disk_cache(kernel, wrap_save, wrap_load) -> None:
+    """Replace the save and load of a dispatcher's disk cache (``_cache.save_overload``,
+    ``_cache.load_overload``) with ``wrap_save(save)`` and ``wrap_load(load, flush)``, where
+    ``flush`` empties the cache's index (None where it has none). Nothing happens for a
+    kernel without a disk cache."""
+    cache = getattr(kernel, "_cache", None)
+    save = getattr(cache, "save_overload", None)
+    load = getattr(cache, "load_overload", None)
+    if save is not None:
+        cache.save_overload = wrap_save(save)
+    if load is not None:
+        cache.load_overload = wrap_load(load, getattr(cache, "flush", None))
+
+
+def host_memory(fake) -> np.ndarray:
+    """The host array a simulated device array's memory is."""
+    return fake._ary
+
+
+def device_view(handle, shape, strides, offset: int):
+    """A numba device array over ``handle``'s memory from ``offset`` bytes on (a GPU's
+    ``gpu_data`` pointer, sliced without indexing ``handle``)."""
+    device_ndarray, _, _ = driver_names()
+    data = handle.gpu_data.view(offset) if offset else handle.gpu_data
+    return device_ndarray(shape, strides, handle.dtype, gpu_data=data)
 
 
 # -- device-array indexing (sim.device_arrays): numba-cuda's dummyarray, as on a GPU ------------

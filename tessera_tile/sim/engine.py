@@ -705,9 +705,16 @@ def _declared_types(kernel, nargs: int) -> tuple:
     return signature
 
 
+# Options of numba-cuda's ``cuda.jit`` that change only the compiled code: its simulator's
+# ``jit`` refuses them (a TypeError for code a GPU compiles), so they are dropped here.
+_CODE_ONLY_OPTIONS = ("lineinfo", "launch_bounds", "forceinline", "lto", "max_registers")
+
+
 def _jit(func_or_sig=None, *args, **kwargs):
     """numba-cuda's simulated ``cuda.jit``, keeping an explicit signature on the kernel (a GPU
     converts scalar arguments to the types it declares; numba-cuda's simulator drops it)."""
+    for option in _CODE_ONLY_OPTIONS:
+        kwargs.pop(option, None)
     made = _stock_jit(func_or_sig, *args, **kwargs)
     signature = _one_signature(func_or_sig)
     if signature is None:

@@ -9,6 +9,7 @@ import inspect
 
 import numpy as np
 import pytest
+from helpers import SIMULATED
 
 from tessera_tile.sim import compat
 
@@ -147,3 +148,62 @@ def test_device_array_is_looked_up_where_the_simulator_defines_it():
     assert callable(module.device_array)
     for namespace in compat.device_array_modules():
         assert callable(namespace.device_array), namespace
+
+
+def test_kernel_options_and_device_functions():
+    from numba import cuda
+
+    @cuda.jit(device=True)
+    def helper(x):
+        return x
+
+    @cuda.jit(lineinfo=True)
+    def kernel(x):
+        pass
+
+    assert compat.is_device_function(helper) and not compat.is_device_function(kernel)
+    assert not compat.is_device_function(lambda x: x)
+    assert compat.target_options(object()) == {}
+    if not SIMULATED:  # the simulator's kernels keep no options
+        assert compat.target_options(kernel).get("lineinfo") is True
+
+
+def test_disk_cache_methods_are_wrapped():
+    calls = []
+
+    class Cache:
+        def save_overload(self, sig, data):
+            calls.append(("save", sig))
+
+        def load_overload(self, sig, ctx):
+            calls.append(("load", sig))
+
+        def flush(self):
+            calls.append(("flush",))
+
+    class Kernel:
+        _cache = Cache()
+
+    def wrap_save(save):
+        return lambda sig, data: save(("wrapped", sig), data)
+
+    def wrap_load(load, flush):
+        flush()
+        return lambda sig, ctx: load(("wrapped", sig), ctx)
+
+    compat.wrap_disk_cache(Kernel, wrap_save, wrap_load)
+    Kernel._cache.save_overload("s", None)
+    Kernel._cache.load_overload("l", None)
+    assert calls == [("flush",), ("save", ("wrapped", "s")), ("load", ("wrapped", "l"))]
+    compat.wrap_disk_cache(object(), wrap_save, wrap_load)  # no cache: nothing to wrap
+
+
+def test_host_memory_and_device_views():
+    from numba import cuda
+
+    d = cuda.to_device(np.arange(6, dtype=np.float32))
+    if SIMULATED:
+        np.testing.assert_array_equal(compat.host_memory(d), np.arange(6))
+    else:  # a view from the pointer, 8 bytes on (needs a GPU: to_device allocates)
+        view = compat.device_view(d, (2,), (8,), 8)
+        np.testing.assert_array_equal(view.copy_to_host(), [2, 4])

@@ -130,3 +130,14 @@ def test_alignment_is_refused_where_numba_cuda_refuses_it(alignment, error, mess
 
     with pytest.raises(error, match=message):
         declare[1, 1]()
+
+
+def test_options_that_change_only_the_code_are_accepted():
+    # numba-cuda's cuda.jit takes them; its simulator's jit raised TypeError for each
+    @cuda.jit(lineinfo=True, launch_bounds=(64, 1), max_registers=64, forceinline=False)
+    def fill(out):
+        out[cuda.threadIdx.x] = cuda.threadIdx.x
+
+    out = np.zeros(64, np.int64)
+    fill[1, 64](out)
+    np.testing.assert_array_equal(out, np.arange(64))
