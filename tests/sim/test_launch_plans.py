@@ -108,17 +108,17 @@ def test_a_device_out_is_part_of_the_layout():
 
 
 def test_a_matmul_plans_its_launches_once_per_layout(monkeypatch):
-    from tessera_tile import _matmul_ops
+    from tessera_tile import _matmul_plan
 
     made = collections.Counter()
-    original = _matmul_ops.Product._plan_launches
+    original = _matmul_plan.Product._plan_launches
 
     def counted(self, *args):
         made[self.name] += 1
         return original(self, *args)
 
-    monkeypatch.setattr(_matmul_ops.Product, "_plan_launches", counted)
-    monkeypatch.setattr(_matmul_ops, "_LAUNCH_PLANS", {})
+    monkeypatch.setattr(_matmul_plan.Product, "_plan_launches", counted)
+    monkeypatch.setattr(_matmul_plan, "_LAUNCH_PLANS", {})
     rng = np.random.default_rng(4)
     x, w = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 3))
     w = w.astype(np.float32)
