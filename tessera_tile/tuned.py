@@ -21,10 +21,10 @@ of time (the stand-ins of the command: ``(M, K) @ (K, K)``).
 
 from __future__ import annotations
 
-from ._matmul_ops import TUNED_LINEAR as linear
-from ._matmul_ops import TUNED_MATMUL as matmul
-from ._matmul_ops import TUNED_MATMUL_TF32 as matmul_tf32
-from ._matmul_ops import tile_model as model
+from .ops._matmul import TUNED_LINEAR as linear
+from .ops._matmul import TUNED_MATMUL as matmul
+from .ops._matmul import TUNED_MATMUL_TF32 as matmul_tf32
+from .ops._matmul import tile_model as model
 from .tile_config import CHOICES as CONFIGS
 
 __all__ = ["CONFIGS", "linear", "matmul", "matmul_tf32", "model"]

@@ -111,7 +111,7 @@ def test_tune_fills_the_cache_of_tunable_ops_and_says_when_there_is_none(cli):
     assert "dtype='float16'" in half["config"]  # the tensor-core tile for float16
     entries = json.loads(cli("cache", "list", "--json").stdout)["entries"]
     launchers = sorted(e["key"]["launcher"][0] for e in entries)  # the ops' default tuners
-    assert launchers == ["tessera_tile._matmul_ops.linear", "tessera_tile._matmul_ops.matmul"]
+    assert launchers == ["tessera_tile.ops._matmul.linear", "tessera_tile.ops._matmul.matmul"]
 
 
 FILL = """

@@ -17,8 +17,7 @@ LAYERS = {
     "tile_ir": 3, "tile_config": 3,
     "memory": 4, "pipeline": 4, "warp": 4, "mma": 4, "profiling": 4,
     "_fusion": 5, "fusion": 5,
-    "kernels": 6, "_prebuilt": 6, "_matmul_geometry": 6, "_matmul_plan": 6, "_matmul_ops": 6,
-    "_attention_ops": 6, "ops": 6,
+    "kernels": 6, "ops": 6,
     "cli": 7, "__main__": 7, "_roofline": 7, "_bench_ref": 7, "tuned": 7,
 }  # fmt: skip
 

@@ -108,7 +108,7 @@ def test_a_device_out_is_part_of_the_layout():
 
 
 def test_a_matmul_plans_its_launches_once_per_layout(monkeypatch):
-    from tessera_tile import _matmul_plan
+    from tessera_tile.ops import _matmul_plan
 
     made = collections.Counter()
     original = _matmul_plan.Product._plan_launches

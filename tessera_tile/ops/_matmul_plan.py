@@ -2,8 +2,8 @@
 behind ``matmul``, ``linear`` and each stage of ``mlp``), the one place its kernel is chosen
 (:func:`choose_kernel`), and its launches, planned once per layout of the operands.
 
-:mod:`tessera_tile._matmul_ops` validates a call and makes its ``Product``; batches, strides and
-views are :mod:`tessera_tile._matmul_geometry`'s.
+:mod:`tessera_tile.ops._matmul` validates a call and makes its ``Product``; batches, strides and
+views are :mod:`tessera_tile.ops._matmul_geometry`'s.
 """
 
 from __future__ import annotations
@@ -13,7 +13,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _arrays as arrays
+from .. import _arrays as arrays
+from ..kernels import epilogue
+from ..kernels import matmul as simt
+from ..kernels import matmul_tc as tc
+from ..kernels import matmul_tf32 as tf32
+from ..tile_config import (
+    CANDIDATES,
+    TileConfig,
+    estimate,
+    waves_text,
+)
+from ._contract import check_out, source_of
 from ._matmul_geometry import (
     Matrix,
     array_type,
@@ -25,17 +36,6 @@ from ._matmul_geometry import (
     layout,
     matrix_view,
     rows_aligned,
-)
-from ._prebuilt import check_out, source_of
-from .kernels import epilogue
-from .kernels import matmul as simt
-from .kernels import matmul_tc as tc
-from .kernels import matmul_tf32 as tf32
-from .tile_config import (
-    CANDIDATES,
-    TileConfig,
-    estimate,
-    waves_text,
 )
 
 DTYPES = tuple(np.dtype(d) for d in ("float16", "float32"))
@@ -418,7 +418,7 @@ class Product:
         return launches, reasons
 
     def explain(self):
-        from .fusion import Explain
+        from ..fusion import Explain
 
         launches, reasons = self.explain_parts()
         kernels = [] if self.empty else self.distinct(launches)
@@ -435,7 +435,7 @@ class Product:
         )
 
     def inspect(self, arch: str) -> list:
-        from . import inspect as offline
+        from .. import inspect as offline
 
         launches, _ = self.explain_parts()
         if self.empty:

@@ -1,15 +1,15 @@
 """The matmul family of prebuilt ops: ``matmul``, ``linear`` and ``mlp`` (validation, the
-tuners behind their default configs, and each call's :class:`~tessera_tile._matmul_plan.Product`).
+tuners behind their default configs, and each call's ``Product``, :mod:`._matmul_plan`).
 
 :mod:`tessera_tile.ops` re-exports them. The kernel of a call is chosen in one place,
-:func:`tessera_tile._matmul_plan.choose_kernel`: float16 runs on the tensor-core kernel
+:func:`._matmul_plan.choose_kernel`: float16 runs on the tensor-core kernel
 (:mod:`tessera_tile.kernels.matmul_tc`) where the operands' inner axes are contiguous, else on
 the float32 SIMT kernel (computing in float32 and rounding once at the store; ``explain`` says
 so). float32 runs exactly on the SIMT kernel, or, where the caller opts in with
 ``precision="tf32"`` and the rows allow ``cp.async``, on the TF32 tensor-core kernel
 (:mod:`tessera_tile.kernels.matmul_tf32`).
 
-Batches, strides and launches: :mod:`tessera_tile._matmul_geometry`.
+Batches, strides and launches: :mod:`tessera_tile.ops._matmul_geometry`.
 """
 
 from __future__ import annotations
@@ -19,19 +19,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _arrays as arrays
-from ._matmul_geometry import (
-    MAX_GRID_YZ,
-)
-from ._prebuilt import PrebuiltOp, array_arg, check_out
-from .autotune import autotune
-from .kernels import matmul_tc as tc
-from .kernels import matmul_tf32 as tf32
-from .tile_config import (
+from .. import _arrays as arrays
+from ..autotune import autotune
+from ..kernels import matmul_tc as tc
+from ..kernels import matmul_tf32 as tf32
+from ..tile_config import (
     CHOICES,
     PRECISIONS,
     TileConfig,
     score,
+)
+from ._contract import PrebuiltOp, array_arg, check_out
+from ._matmul_geometry import (
+    MAX_GRID_YZ,
 )
 
 __all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
@@ -320,7 +320,7 @@ class _Mlp:
         return h * (1 + cols)
 
     def explain(self):
-        from .fusion import Explain
+        from ..fusion import Explain
 
         one, two = self.first.explain(), self.second.explain()
         reasons = [

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _arrays as arrays
+from .. import _arrays as arrays
 
 FLOATS = tuple(np.dtype(d) for d in ("float16", "float32", "float64"))
 

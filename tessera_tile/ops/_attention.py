@@ -5,7 +5,7 @@ flash-style kernel per launch: float16 on the tensor cores
 (:mod:`tessera_tile.kernels.attention`), float32 in float32 SIMT
 (:mod:`tessera_tile.kernels.attention_simt`). :mod:`tessera_tile.ops` re-exports it. Batch
 dimensions broadcast as in NumPy and become the grid's second axis as the matmul ops' do
-(:mod:`tessera_tile._matmul_geometry`): nothing is copied.
+(:mod:`tessera_tile.ops._matmul_geometry`): nothing is copied.
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _arrays as arrays
+from .. import _arrays as arrays
+from ..kernels import attention as tensor_cores
+from ..kernels import attention_simt as simt
+from ..kernels.attention import kv_rows
+from ._contract import PrebuiltOp, array_arg, check_out, source_of
 from ._matmul_geometry import (
     Matrix,
     array_type,
@@ -27,10 +31,6 @@ from ._matmul_geometry import (
     matrix_view,
     rows_aligned,
 )
-from ._prebuilt import PrebuiltOp, array_arg, check_out, source_of
-from .kernels import attention as tensor_cores
-from .kernels import attention_simt as simt
-from .kernels.attention import kv_rows
 
 __all__ = ["attention"]
 
@@ -235,7 +235,7 @@ class Attention:
         return 4 * done * cfg.block_q * cfg.block_kv * self.d
 
     def explain(self):
-        from .fusion import Explain
+        from ..fusion import Explain
 
         _, _, launches = self.plan_launches(self._stand_ins())
         if self.empty:
@@ -278,7 +278,7 @@ class Attention:
         )
 
     def inspect(self, arch: str) -> list:
-        from . import inspect as offline
+        from .. import inspect as offline
 
         if self.empty:
             return []

@@ -1,0 +1,210 @@
+"""Softmax, log-softmax, layer norm and RMS norm: fused definitions of :mod:`tessera_tile.kernels`,
+and the hand-written kernel for layer-norm rows too long to keep on chip."""
+
+from __future__ import annotations
+
+import builtins
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _arrays as arrays
+from ..kernels import layer_norm_long as _layer_norm_long
+from ..kernels import norms as _norms
+from ..kernels import softmax as _softmax
+from ._contract import (
+    FLOATS,
+    Fused,
+    PrebuiltOp,
+    array_arg,
+    axis_index,
+    check_out,
+    eps_value,
+    source_of,
+)
+
+
+def _row_param(value, name: str, x: arrays.Arg, what: str) -> arrays.Arg:
+    """The record of a weight or bias: shape ``(x.shape[-1],)`` and x's dtype, on x's side."""
+    p = arrays.read(value, name, scalars=False)
+    if p.shape != x.shape[-1:]:
+        raise ValueError(f"{name} has shape {p.shape}; {what} needs ({x.shape[-1]},)")
+    if p.dtype != x.dtype:
+        raise TypeError(f"{name} has dtype {p.dtype}; it must match x's dtype {x.dtype}")
+    arrays.check_one_side([x, p], ["x", name])
+    return p
+
+
+# --------------------------------------------------------------------------------------------
+# softmax, log-softmax, norms (fused definitions)
+
+
+def _softmax_plan(kind: str):
+    def plan(x, axis=-1):
+        a = array_arg(x, "x", FLOATS, kind)
+        if not a.shape:
+            raise ValueError(f"x is 0-dimensional; {kind} needs at least one axis")
+        return Fused(getattr(_softmax, kind)(axis_index(axis, len(a.shape))), (a,))
+
+    return plan
+
+
+def softmax(x, axis=-1):
+    """Softmax over ``axis``: ``exp(x - max) / sum(exp(x - max))`` (numerically stable).
+
+    x: float16 (computed in float32, rounded once), float32 or float64, any strides. NaN as
+    NumPy's formula gives it: a NaN or a +inf makes its row NaN (``exp(inf - inf)``), a -inf
+    has probability 0, a row of only -inf is NaN. One kernel: a warp or a block per row, the
+    row read once when it fits on chip.
+    """
+    return _softmax_plan("softmax")(x, axis)
+
+
+def log_softmax(x, axis=-1):
+    """Log-softmax over ``axis``: ``(x - max) - log(sum(exp(x - max)))`` (stable).
+
+    x: float16 (computed in float32, rounded once), float32 or float64, any strides. NaN and
+    infinities as for :func:`softmax` (a -inf gives -inf).
+    """
+    return _softmax_plan("log_softmax")(x, axis)
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5):
+    """Layer norm over the last axis, as in PyTorch (biased variance)::
+
+        (x - mean(x)) / sqrt(var(x) + eps) * weight + bias
+
+    weight, bias: None or arrays of shape ``(x.shape[-1],)`` and x's dtype. x: float16
+    (computed in float32, rounded once), float32 or float64. The statistics never round the
+    mean (a constant row gives 0); a NaN or an infinity makes its row NaN, as NumPy's formula.
+    One kernel, the row read once when it fits on chip, one ``rsqrt`` per row; longer rows
+    (over 32 KiB) go to a hand-written kernel that reads them twice (Welford's one-pass
+    statistics, then the output).
+    """
+    a = array_arg(x, "x", FLOATS, "layer_norm")
+    if not a.shape:
+        raise ValueError("x is 0-dimensional; layer_norm normalises over the last axis")
+    w, b = (
+        None if v is None else _row_param(v, name, a, "layer_norm")
+        for v, name in ((weight, "weight"), (bias, "bias"))
+    )
+    eps = eps_value(eps)
+    fused = Fused(_norms.layer_norm(w is not None, b is not None), (a, *filter(None, (w, b)), eps))
+    rows = _layer_norm_long.rows_view(a)
+    if rows is not None and not _layer_norm_long.on_chip(a.shape[-1], a.dtype):
+        return _LayerNormLong(a, rows, w, b, eps, fused)
+    return fused
+
+
+def rms_norm(x, weight=None, eps=1e-6):
+    """RMS norm over the last axis: ``x / sqrt(mean(x**2) + eps) * weight``.
+
+    weight: None or an array of shape ``(x.shape[-1],)`` and x's dtype. x: float16 (computed
+    in float32, rounded once), float32 or float64. A NaN makes its row NaN; an infinity makes
+    itself NaN (``inf / inf``) and the rest of its row 0, as NumPy's formula.
+    """
+    a = array_arg(x, "x", FLOATS, "rms_norm")
+    if not a.shape:
+        raise ValueError("x is 0-dimensional; rms_norm normalises over the last axis")
+    params = [] if weight is None else [_row_param(weight, "weight", a, "rms_norm")]
+    return Fused(_norms.rms_norm(weight is not None), (a, *params, eps_value(eps)))
+
+
+@dataclass
+class _LayerNormLong:
+    """Layer norm over rows longer than the composer keeps on chip: the hand-written kernel of
+    :mod:`tessera_tile.kernels.layer_norm_long`, a block per row."""
+
+    x: arrays.Arg
+    rows: tuple  # x as (rows, n): shape and byte strides
+    weight: arrays.Arg | None
+    bias: arrays.Arg | None
+    eps: float
+    fused: Fused  # the composer's definition of the same call (its unfused chain's traffic)
+
+    @property
+    def kernel(self):
+        return _layer_norm_long.kernel(self.x.dtype, self.weight is not None, self.bias is not None)
+
+    def run(self, out, stream):
+        params = {"weight": self.weight, "bias": self.bias}
+        inputs = {"x": self.x} | {k: v for k, v in params.items() if v is not None}
+        o = check_out(out, self.x.shape, self.x.dtype, inputs)
+        place = arrays.Placement(list(inputs.values()), [o], stream)
+        result = place.result(self.x.shape, self.x.dtype, o)
+        (n_rows, n), strides = self.rows
+        if n_rows:
+            handle = arrays.device_handle(place.device(self.x))
+            x = arrays.view(handle, (n_rows, n), strides)
+            y = arrays.view(arrays.device_handle(result), (n_rows, n), _rows_strides(result))
+            weight, bias = (
+                arrays.zeros(1, self.x.dtype, place.stream)
+                if p is None
+                else arrays.device_handle(place.device(p))
+                for p in params.values()
+            )
+            with np.errstate(all="ignore"):  # the simulator computes in NumPy
+                self.kernel[n_rows, _layer_norm_long.THREADS, place.stream](
+                    x, weight, bias, y, self.eps
+                )
+        return place.finish(result, o)
+
+    def predicted_bytes(self) -> int:
+        """x read twice, y written once, each weight read once per block (a block per row)."""
+        n_rows = self.rows[0][0]
+        weights = builtins.sum(p.size * p.dtype.itemsize for p in (self.weight, self.bias) if p)
+        return 3 * self.x.size * self.x.dtype.itemsize + n_rows * weights
+
+    def explain(self):
+        from ..fusion import Explain
+
+        name = self.kernel.py_func.__name__
+        (n_rows, n), _ = self.rows
+        return Explain(
+            kernels=1,
+            ir=f"hand-written {name} (no Tile IR)",
+            source=source_of(self.kernel),
+            bytes_fused=self.predicted_bytes(),
+            bytes_unfused=self.fused.explain().bytes_unfused,
+            reasons=[
+                f"rows of {n} {self.x.dtype} are past the {_layer_norm_long.CACHE_BYTES} bytes "
+                "the composer keeps on chip: Welford's one-pass statistics read x twice, "
+                "where the composer's three passes would read it three times"
+            ],
+            stages=[
+                f"{name}: hand-written, a block of {_layer_norm_long.THREADS} per row, "
+                f"{n_rows} rows of {n}; {n_rows} block(s) of {_layer_norm_long.THREADS} threads"
+            ],
+        )
+
+    def inspect(self, arch: str) -> list:
+        from numba import from_dtype, types
+
+        from .. import inspect as offline
+
+        dt = from_dtype(self.x.dtype)
+        x_layout = (
+            "C"
+            if self.rows[1] == arrays.contiguous_strides(self.rows[0], dt.bitwidth // 8)
+            else "A"
+        )
+        signature = (
+            types.Array(dt, 2, x_layout),
+            types.Array(dt, 1, "C"),
+            types.Array(dt, 1, "C"),
+            types.Array(dt, 2, "C"),
+            types.float64,
+        )
+        return [offline.compile(self.kernel, signature, arch=arch, block=_layer_norm_long.THREADS)]
+
+
+def _rows_strides(rec: arrays.Arg) -> tuple:
+    """Byte strides of a C-contiguous result seen as (rows, n)."""
+    itemsize = rec.dtype.itemsize
+    return (rec.shape[-1] * itemsize if rec.shape else itemsize, itemsize)
+
+
+softmax = PrebuiltOp(softmax)
+log_softmax = PrebuiltOp(log_softmax)
+layer_norm = PrebuiltOp(layer_norm)
+rms_norm = PrebuiltOp(rms_norm)
