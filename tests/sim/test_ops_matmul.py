@@ -14,7 +14,7 @@ its 32-wide tiles; each default config runs once, on a shape just past its tile.
 
 import numpy as np
 import pytest
-from helpers import SIDES, back, on, transposed
+from helpers import SIDES, back, counting_launches, on, transposed
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -133,11 +133,10 @@ def test_k_zero_gives_zeros(side):
 EMPTY = [((0, 4), (4, 5)), ((3, 4), (4, 0)), ((0, 3, 4), (4, 5)), ((2, 1, 3, 4), (0, 4, 5))]
 
 
-@pytest.mark.sim_only(reason="counts launches with the simulator's profiler")
 @pytest.mark.parametrize(("a_shape", "b_shape"), EMPTY)
 def test_empty_results_launch_nothing(side, a_shape, b_shape):
     x, y = on(side, np.ones(a_shape, np.float32), np.ones(b_shape, np.float32))
-    with sim.profile() as prof:
+    with counting_launches() as prof:
         got = back(ops.matmul(x, y), side)
     assert got.shape == np.matmul(np.ones(a_shape), np.ones(b_shape)).shape
     assert prof.launches == 0 and ops.matmul.explain(x, y).kernels == 0
@@ -460,20 +459,18 @@ BAD = [
 ]
 
 
-@pytest.mark.sim_only(reason="counts launches with the simulator's profiler")
 @pytest.mark.parametrize(("call", "error", "words"), BAD)
 def test_bad_input_raises_before_any_launch(call, error, words):
-    with sim.profile() as prof, pytest.raises(error, match=words):
+    with counting_launches() as prof, pytest.raises(error, match=words):
         call()
     assert prof.launches == 0
 
 
-@pytest.mark.sim_only(reason="counts launches with the simulator's profiler")
 def test_out_overlapping_an_input_and_mixed_sides():
     from numba import cuda
 
     base = np.zeros((4, 5), np.float32)
-    with sim.profile() as prof:
+    with counting_launches() as prof:
         with pytest.raises(ValueError, match="out overlaps a"):
             ops.matmul(base[:, :3], np.zeros((3, 5), np.float32), out=base)
         with pytest.raises(TypeError, match="host .* device"):
