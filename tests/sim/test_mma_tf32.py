@@ -6,9 +6,12 @@ floating point type; "ldmatrix") as tables per register, independently of the im
 formulas.
 """
 
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
-from helpers import GROUP, SIMULATED, TIG, c_fragment_coords, gather
+from helpers import GROUP, TIG, c_fragment_coords, gather
 from numba import cuda, float32
 
 from tessera_tile import mma
@@ -83,6 +86,34 @@ def accumulation_bound(a, b, c):
     return 2 * (k + 1) * 2.0**-23 * (np.abs(a) @ np.abs(b) + np.abs(c))
 
 
+def h200_sum(a, b, c) -> np.ndarray:
+    """``a @ b + c`` (TF32 values a, b; float32 c) as an H200's tensor core sums it, probed
+    there (every probe below and 640 random results matched), in exact rational arithmetic:
+    each addend (the products, then c) truncated toward zero to a multiple of ``2**(E - 25)``,
+    E the largest addend exponent (a product's: the sum of its operands' exponents), the
+    truncated addends added exactly, the sum rounded toward zero to float32."""
+
+    def exponent(x: float) -> int:
+        return math.frexp(x)[1] - 1
+
+    out = np.empty((a.shape[0], b.shape[1]), np.float32)
+    for i, j in np.ndindex(out.shape):
+        terms = [(float(x), float(y)) for x, y in zip(a[i], b[:, j], strict=True) if x and y]
+        addends = [(Fraction(x) * Fraction(y), exponent(x) + exponent(y)) for x, y in terms]
+        if c[i, j]:
+            addends.append((Fraction(float(c[i, j])), exponent(float(c[i, j]))))
+        if not addends:  # all zero
+            out[i, j] = 0.0
+            continue
+        unit = Fraction(2) ** (max(e for _, e in addends) - 25)
+        total = sum(int(v / unit) * unit for v, _ in addends)  # int() truncates toward zero
+        nearest = np.float32(float(total))  # float(total) is exact: under 31 bits
+        if abs(Fraction(float(nearest))) > abs(total):
+            nearest = np.nextafter(nearest, np.float32(0))
+        out[i, j] = nearest
+    return out
+
+
 def run_mma(a, b, c, as_bits):
     fa, fb = gather(a, a_coords()), gather(b, b_coords())
     if as_bits:
@@ -124,8 +155,35 @@ def test_mma_tf32_reads_only_the_upper_19_bits(seed):
     rounded = gather(round_tf32(a).astype(np.float64) @ round_tf32(b) + c, c_fragment_coords())
     for reading in (full, rounded):
         assert np.mean(np.abs(reading - want) > 2 * bound) > 0.9
-    if SIMULATED:  # the twin: summed exactly (in float64), rounded once
-        np.testing.assert_array_equal(out, want.astype(np.float32))
+    np.testing.assert_array_equal(out, gather(h200_sum(at, bt, c), c_fragment_coords()))
+
+
+# Seen on an H200, one result each: (A row 0's values, B's column 0 all ones, C[0, 0]) ->
+# D[0, 0]. Inputs are truncated to TF32; tiny addends drop; the sum rounds toward zero.
+PROBES = [
+    ([1 + 2**-11 + 2**-12], 0.0, 1.0),
+    ([1, 1.5 * 2**-24], 0.0, 1.0),
+    ([1, -(2**-30)], 0.0, 1.0),
+    ([-1, 2**-30], 0.0, -1.0),
+    ([1, 2**-24, 2**-24], 0.0, 1 + 2**-23),
+    ([1, 3 * 2**-25], 2**-25, 1 + 2**-23),
+    ([1, 7 * 2**-26], 2**-26, 1.0),
+    ([1, -(2**-25)], 0.0, 1 - 2**-24),
+]
+
+
+@pytest.mark.parametrize(("row", "c00", "d00"), PROBES)
+def test_tf32_sums_as_probed_on_an_h200(row, c00, d00):
+    a = np.zeros((16, 8), np.float32)
+    a[0, : len(row)] = row
+    b = np.ones((8, 8), np.float32)
+    c = np.zeros((16, 8), np.float32)
+    c[0, 0] = c00
+    out = run_mma(a, b, c, as_bits=False)
+    d = np.zeros((16, 8), np.float32)
+    d[tuple(c_fragment_coords().reshape(-1, 2).T)] = out.reshape(-1)
+    assert d[0, 0] == np.float32(d00), (d[0, 0], d00)
+    assert h200_sum(truncate_tf32(a), b, c)[0, 0] == np.float32(d00)  # the oracle agrees
 
 
 @cuda.jit
@@ -205,8 +263,7 @@ def test_ldmatrix_on_float32_gives_the_a_fragment():
     zero = np.zeros((16, 8), np.float32)
     want = a.astype(np.float64) @ b.astype(np.float64)
     assert np.all(np.abs(d - want) <= accumulation_bound(a, b, zero))
-    if SIMULATED:  # the twin: summed exactly (in float64), rounded once
-        np.testing.assert_array_equal(d, want.astype(np.float32))
+    np.testing.assert_array_equal(d, h200_sum(a, b, zero))
 
 
 @cuda.jit
