@@ -96,6 +96,7 @@ __all__ = [
     "current_device_answered",
     "driver_names",
     "device_array_module",
+    "device_pointer",
     "device_view",
     "device_array_modules",
     "dummy_array",
@@ -144,6 +145,14 @@ def wrap_disk_cache(kernel, wrap_save, wrap_load) -> None:
         cache.save_overload = wrap_save(save)
     if load is not None:
         cache.load_overload = wrap_load(load, getattr(cache, "flush", None))
+
+
+def device_pointer(array) -> int:
+    """The address of a numba device array's first element (0 where numba holds none): its
+    ``device_ctypes_pointer``, or in the simulator the host address of its memory."""
+    if isinstance(array, FakeCUDAArray):
+        return array._ary.__array_interface__["data"][0]
+    return array.device_ctypes_pointer.value or 0
 
 
 def host_memory(fake) -> np.ndarray:

@@ -207,3 +207,12 @@ def test_host_memory_and_device_views():
     else:  # a view from the pointer, 8 bytes on (needs a GPU: to_device allocates)
         view = compat.device_view(d, (2,), (8,), 8)
         np.testing.assert_array_equal(view.copy_to_host(), [2, 4])
+
+
+def test_device_pointer_is_the_first_elements_address():
+    from numba import cuda
+
+    d = cuda.to_device(np.arange(6, dtype=np.float32))
+    view = d[2:]
+    assert compat.device_pointer(view) - compat.device_pointer(d) == 8
+    assert compat.device_pointer(d) == d.__cuda_array_interface__["data"][0]
