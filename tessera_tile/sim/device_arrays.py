@@ -35,10 +35,15 @@ _stock_shape = compat.FakeCUDAArray.shape
 
 
 def _root(ary: np.ndarray) -> np.ndarray:
-    """The array that owns ``ary``'s memory: the simulator's allocation."""
-    while isinstance(ary.base, np.ndarray):
-        ary = ary.base
-    return ary
+    """The array that owns ``ary``'s memory: the simulator's allocation (through the views
+    ``as_strided`` makes, whose base is a holder of the array)."""
+    while True:
+        base = ary.base
+        if not isinstance(base, np.ndarray):
+            base = getattr(base, "base", None)  # as_strided's DummyArray
+        if not isinstance(base, np.ndarray):
+            return ary
+        ary = base
 
 
 def _at(fake, offset: int, shape, strides) -> np.ndarray:

@@ -82,3 +82,15 @@ def test_transpose_is_a_copy_and_2d_only():
     for shape in [(6,), (1, 2, 3)]:
         with pytest.raises(NotImplementedError, match="non-2D"):
             cuda.to_device(np.zeros(shape, np.float32)).transpose()
+
+
+def test_a_view_made_from_the_pointer_indexes_too():
+    # _arrays.view (the ops' views) makes them with as_strided: indexing one still addresses
+    # the allocation it lies in
+    host = np.arange(12, dtype=np.float32)
+    d = cuda.to_device(host)
+    rows = _arrays.view(d, (3, 4), (16, 4))
+    broadcast = _arrays.view(d, (3, 4), (0, 4))
+    np.testing.assert_array_equal(rows[1].copy_to_host(), host[4:8])
+    np.testing.assert_array_equal(broadcast[2].copy_to_host(), host[:4])
+    assert broadcast[1:3].shape == (1, 4)  # numba's stride-0 slice, as on a GPU
