@@ -260,7 +260,9 @@ class FusedFunction:
             ]
             if b.stage.kind == "full":
                 params += [np.zeros(1, dtype) for _, dtype in runtime.full_scratch_types(b.stage)]
-            params += runtime.scalar_values(b.stage, program, call, shapes) + b.layout.sizes()
+            counts = planner.count_values(program.trace, shapes)
+            params += runtime.scalar_values(runtime.scalar_sources(b.stage, counts), call)
+            params += b.layout.sizes()
             signature = tuple(typeof(p) for p in params)
             out.append((b.generated.kernel, signature, int(np.prod(b.threads))))
         return out

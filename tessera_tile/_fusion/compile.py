@@ -47,9 +47,12 @@ class Generated:
 
 
 class CountingCache:
-    """A thread-safe memo that counts its hits and misses (tests assert the counts)."""
+    """A thread-safe memo that counts its hits and misses (tests assert the counts). With
+    ``bound``, it starts over when that many entries are held (per-layout plans: a caller of
+    ever new shapes must not grow it without end)."""
 
-    def __init__(self):
+    def __init__(self, bound: int | None = None):
+        self.bound = bound
         self._entries: dict = {}
         self._lock = threading.Lock()
         self.hits = 0
@@ -62,7 +65,10 @@ class CountingCache:
                 self.hits += 1
                 return got
             self.misses += 1
-            got = self._entries[key] = make()
+            got = make()
+            if self.bound is not None and len(self._entries) >= self.bound:
+                self._entries.clear()
+            self._entries[key] = got
             return got
 
     def values(self) -> list:

@@ -26,6 +26,8 @@ from .plan import Plan, Stage
 from .schedule import Variant
 from .trace import Trace
 
+MAX_LAUNCH_PLANS = 256  # per program, and for the matmul family's launches
+
 
 @dataclass
 class Program:
@@ -37,7 +39,7 @@ class Program:
 
     @functools.cached_property
     def launch_plans(self) -> CountingCache:
-        return CountingCache()
+        return CountingCache(bound=MAX_LAUNCH_PLANS)
 
     @functools.cached_property
     def host_results(self) -> tuple[int, ...]:
@@ -312,9 +314,16 @@ def planned_records(program: Program, call: Call, shapes: dict) -> dict:
     return records
 
 
-def scalar_values(stage: Stage, program: Program, call: Call, shapes: dict) -> list:
-    counts = planner.count_values(program.trace, shapes)
-    return [counts[n.arg] if n.op is ir.Op.COUNT else call.args[n.arg].value for n in stage.scalars]
+def scalar_sources(stage: Stage, counts: dict) -> tuple:
+    """Where each scalar parameter comes from: ``("count", value)``, known from the shapes, or
+    ``("arg", position)``, a scalar argument of the call."""
+    return tuple(
+        ("count", counts[n.arg]) if n.op is ir.Op.COUNT else ("arg", n.arg) for n in stage.scalars
+    )
+
+
+def scalar_values(sources: tuple, call: Call) -> list:
+    return [value if kind == "count" else call.args[value].value for kind, value in sources]
 
 
 def full_scratch_types(stage: Stage) -> list:
@@ -363,7 +372,7 @@ def layout_key(call: Call) -> tuple:
     def of(a: Arg | None):
         if a is None or not a.is_array:
             return None
-        return (a.kind, a.shape, a.strides, a.address % schedule.VECTOR_BYTES, a.readonly)
+        return (a.kind, a.shape, a.strides, a.address % schedule.VECTOR_BYTES)
 
     return (tuple(of(a) for a in call.args), tuple(of(o) for o in call.out or ()))
 
@@ -394,10 +403,7 @@ def _make_plan(program: Program, call: Call, cache: KernelCache, math: str) -> L
                 bound,
                 tuple(keys),
                 tuple((shape, strides) for shape, strides, *_ in bound.layout.views),
-                tuple(
-                    ("count", counts[n.arg]) if n.op is ir.Op.COUNT else ("arg", n.arg)
-                    for n in stage.scalars
-                ),
+                scalar_sources(stage, counts),
                 tuple(full_scratch_types(stage)) if stage.kind == "full" else (),
                 profiling.stage_flops(stage, bound.layout.n_kept, bound.layout.n_red),
             )
@@ -472,9 +478,7 @@ def _launch(launch: StageLaunch, handles: dict, call: Call, place) -> None:
             if length == "ticket"
             else place.temp(bound.blocks, dtype).value
         )
-    params += [
-        value if kind == "count" else call.args[value].value for kind, value in launch.scalars
-    ]
+    params += scalar_values(launch.scalars, call)
     params += bound.layout.sizes()
     if _config.dump_source():
         print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")

@@ -18,9 +18,6 @@ from ._contract import (
     source_of,
 )
 
-# --------------------------------------------------------------------------------------------
-# cross-entropy (hand-written: the gather of row[target] in the pass that reads the row)
-
 REDUCTIONS = ("none", "mean", "sum")
 INTEGER_TARGETS = tuple(np.dtype(d) for d in ("int32", "int64"))
 

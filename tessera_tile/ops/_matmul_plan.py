@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _arrays as arrays
+from .._fusion.compile import CountingCache
+from .._fusion.runtime import MAX_LAUNCH_PLANS
 from ..kernels import epilogue
 from ..kernels import matmul as simt
 from ..kernels import matmul_tc as tc
@@ -152,8 +154,7 @@ def choose_kernel(
 # one tiled product with its epilogue: the plan behind matmul and linear, and mlp's stages
 
 
-MAX_LAUNCH_PLANS = 256
-_LAUNCH_PLANS: dict = {}  # Product.plan_launches, by layout
+_LAUNCH_PLANS = CountingCache(bound=MAX_LAUNCH_PLANS)  # Product.plan_launches, by layout
 
 
 def _layout(rec: arrays.Arg | None):
@@ -180,7 +181,7 @@ class Product:
     batch: tuple[int, ...] = ()
     out_shape: tuple[int, ...] = field(default=())
     precision: str | None = None  # None: exact float32 (SIMT); "tf32": TF32 tensor cores
-    tuner: object = None  # the op's tt.autotune tuner (see _matmul_ops.tuner_of)
+    tuner: object = None  # the op's tt.autotune tuner (see _matmul.tuner_of)
 
     @property
     def dtype(self) -> np.dtype:
@@ -204,16 +205,12 @@ class Product:
         return not (self.m and self.n and math.prod(self.batch))
 
     def tile_config(self) -> TileConfig:
-        """The given config, else the op's tuner's for these operands (:meth:`_tuner`): the
+        """The given config, else the op's tuner's for these operands (:attr:`tuner`): the
         choice made for their shape bucket, or the model's where none is yet (reports time
         nothing; a launch tunes first, see :meth:`launch`)."""
         if self.config is not None:
             return self.config
-        return self._tuner().expected(self.a, self.b)
-
-    def _tuner(self):
-        """The tuner whose choice a call without ``config=`` takes (:attr:`tuner`)."""
-        return self.tuner
+        return self.tuner.expected(self.a, self.b)
 
     def _c_matrix(self, rec: arrays.Arg) -> Matrix:
         """The result as a (batch, M, N) stack, whatever 1-D squeezing its shape had."""
@@ -250,13 +247,7 @@ class Product:
             config, self.precision, self.activation, self.names[:2], self.batch, self.a_vector,
             self.b_vector, *(_layout(r) for r in (a, b, self.bias, c)),
         )  # fmt: skip
-        got = _LAUNCH_PLANS.get(key)
-        if got is None:
-            got = self._plan_launches(a, b, c, config)
-            if len(_LAUNCH_PLANS) >= MAX_LAUNCH_PLANS:  # a bound: start over
-                _LAUNCH_PLANS.clear()
-            _LAUNCH_PLANS[key] = got
-        return got
+        return _LAUNCH_PLANS.get(key, lambda: self._plan_launches(a, b, c, config))
 
     def _plan_launches(self, a, b, c, config: TileConfig):
         mats = [
@@ -315,7 +306,7 @@ class Product:
         if self.empty:
             return
         if self.config is None:  # the first launch of a shape bucket tunes (times, on a GPU)
-            self._tuner().choose(a, b)
+            self.tuner.choose(a, b)
         hbias = arrays.device_handle(bias) if bias is not None else arrays.unused(np.float32)
         for choice, grid, (va, vb, vc) in self.launch_views(a, b, c):
             with np.errstate(all="ignore"):  # the simulator computes in NumPy

@@ -29,10 +29,6 @@ def _axes(axis, ndim: int):
     return axis_index(axis, ndim)
 
 
-# --------------------------------------------------------------------------------------------
-# reductions (fused definitions)
-
-
 _SELECTION = "Exact; NaN wins, as in NumPy."
 _REDUCTION_NUMERICS = {
     "sum": "float16 is summed in float32 and rounded once; NaN propagates, inf + -inf is NaN.",

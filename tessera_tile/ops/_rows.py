@@ -35,10 +35,6 @@ def _row_param(value, name: str, x: arrays.Arg, what: str) -> arrays.Arg:
     return p
 
 
-# --------------------------------------------------------------------------------------------
-# softmax, log-softmax, norms (fused definitions)
-
-
 def _softmax_plan(kind: str):
     def plan(x, axis=-1):
         a = array_arg(x, "x", FLOATS, kind)

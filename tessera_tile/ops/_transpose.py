@@ -16,9 +16,6 @@ from ._contract import (
     source_of,
 )
 
-# --------------------------------------------------------------------------------------------
-# transpose (hand-written: a padded shared-memory tile keeps reads and writes coalesced)
-
 MAX_BLOCKS = 132 * 16  # an H100 full 16 times over; blocks grid-stride over further tiles
 
 

@@ -12,12 +12,10 @@ from tessera_tile import ops
 from tessera_tile import tile_ir as ir
 from tessera_tile._fusion import plan as planner
 from tessera_tile._fusion import runtime, schedule
+from tessera_tile._fusion.compile import CountingCache
+from tessera_tile.kernels import softmax as fused
 
-
-@tt.fuse
-def softmax(x):
-    e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))
-    return e / tt.sum(e, axis=-1, keepdims=True)
+softmax = fused.softmax(-1)  # the @tt.fuse definition ops.softmax dispatches to
 
 
 @tt.fuse
@@ -118,7 +116,7 @@ def test_a_matmul_plans_its_launches_once_per_layout(monkeypatch):
         return original(self, *args)
 
     monkeypatch.setattr(_matmul_plan.Product, "_plan_launches", counted)
-    monkeypatch.setattr(_matmul_plan, "_LAUNCH_PLANS", {})
+    monkeypatch.setattr(_matmul_plan, "_LAUNCH_PLANS", CountingCache())
     rng = np.random.default_rng(4)
     x, w = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 3))
     w = w.astype(np.float32)
@@ -127,3 +125,12 @@ def test_a_matmul_plans_its_launches_once_per_layout(monkeypatch):
     assert made == {"linear": 1}
     ops.linear(x[:, :6], w[:6])  # another layout: planned once more
     assert made == {"linear": 2}
+
+
+def test_plan_caches_start_over_at_their_bound():
+    cache = CountingCache(bound=2)
+    made = [object() for _ in range(3)]
+    for key, value in enumerate(made):
+        assert cache.get(key, lambda value=value: value) is value
+    assert cache.values() == [made[2]] and cache.misses == 3
+    assert cache.get(2, lambda: None) is made[2] and cache.hits == 1
