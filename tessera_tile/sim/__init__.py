@@ -33,11 +33,10 @@ from .. import _config
 from ..banks import wavefronts
 from . import engine
 from ._base import SimulationError, twin, twins
-from .engine import aligned_collective, in_shared_memory, register_aligned, strict_masks
-from .profiler import (
+from .profiler import Profile, Race
+from .scheduler import aligned_collective, in_shared_memory, register_aligned, strict_masks
+from .tracked_arrays import (
     OutOfBounds,
-    Profile,
-    Race,
     TrackedArray,
     address,
     element_address,
