@@ -20,7 +20,7 @@ under ``NUMBA_CUDA_ARRAY_INTERFACE_SYNC``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,9 +30,8 @@ from .sim import compat
 HOST, DEVICE, SCALAR = "host", "device", "scalar"
 
 
-@dataclass(frozen=True)
-class Arg:
-    """One argument of a call, read once."""
+class Arg(NamedTuple):
+    """One argument of a call, read once (a named tuple: made on every call, and cheaply)."""
 
     kind: str  # HOST, DEVICE or SCALAR
     value: object  # the array as given, or the scalar's value
@@ -179,11 +178,13 @@ def _check_device(rec: Arg, name: str) -> Arg:
     """A device array the kernels can read: a pointer to its elements, and an address and
     strides that are whole elements (a GPU faults on a misaligned access, and the fault
     poisons the context)."""
+    item = rec.dtype.itemsize
+    if rec.address and not rec.address % item and not any(s % item for s in rec.strides):
+        return rec  # the common case, decided without the size
     if not rec.size:
         return rec
     if rec.address == 0:
         raise ValueError(f"{name} has a null data pointer and {rec.size} element(s)")
-    item = rec.dtype.itemsize
     used = [s for n, s in zip(rec.shape, rec.strides, strict=True) if n > 1]
     if rec.address % item or any(s % item for s in used):
         raise ValueError(
@@ -252,6 +253,13 @@ class Placement:
         self.on_device = any(a.kind == DEVICE for a in arrays)
         self.family = result_family(inputs) if self.on_device else "numba"
 
+    @classmethod
+    def of_numba_arrays(cls, stream) -> Placement:
+        """The placement of a call whose arrays are all numba device arrays."""
+        place = cls.__new__(cls)
+        place.stream, place.on_device, place.family = resolve_stream(stream, []), True, "numba"
+        return place
+
     def device(self, rec: Arg) -> Arg:
         """``rec`` on the device: a host array is copied there (once, contiguously)."""
         return rec if rec.kind == DEVICE else to_device(rec, self.stream)
@@ -261,11 +269,18 @@ class Placement:
         array of the call's family (its ``value`` is what a device call returns)."""
         if out is not None and out.kind == DEVICE:
             return out
-        return read(empty(shape, dtype, self.family, self.stream), "a result")
+        if self.family != "numba":
+            return read(empty(shape, dtype, self.family, self.stream), "a result")
+        return self.temp(shape, dtype)
 
     def temp(self, shape, dtype) -> Arg:
-        """A device temporary (a numba device array)."""
-        return read(empty(shape, dtype, "numba", self.stream), "a temporary")
+        """A new numba device array (a temporary, or a result of numba's family): its record
+        is known as it is made, not read."""
+        value = empty(shape, dtype, "numba", self.stream)
+        strides = contiguous_strides(shape, dtype.itemsize)
+        return Arg(
+            DEVICE, value, tuple(shape), strides, dtype, compat.device_pointer(value), "numba"
+        )
 
     def finish(self, result: Arg, out: Arg | None = None):
         """A result on the caller's side: as it is for device calls, else copied back (into
@@ -281,14 +296,16 @@ class Placement:
 
 def resolve_stream(stream, args: list[Arg]):
     """The stream a call launches on (see the module docstring); in the simulator, 0."""
-    from numba import cuda
-
     if stream is None:
         if any(a.family == "cupy" for a in args):
             from . import _cupy
 
             return _external(_cupy.current_stream_handle())
-        return 0 if _config.SIMULATED else cuda.default_stream()
+        if _config.SIMULATED:
+            return 0
+        from numba import cuda
+
+        return cuda.default_stream()
     if isinstance(stream, bool):
         raise TypeError("stream= must be a numba stream, a CuPy stream or an int handle")
     if isinstance(stream, int | np.integer):

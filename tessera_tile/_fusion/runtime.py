@@ -19,6 +19,7 @@ from .. import _arrays as arrays
 from .. import _config, profiling
 from .. import tile_ir as ir
 from .._arrays import DEVICE, Arg
+from ..sim import compat
 from . import lower, schedule
 from . import plan as planner
 from .compile import CountingCache, Generated, KernelCache
@@ -322,10 +323,6 @@ def scalar_sources(stage: Stage, counts: dict) -> tuple:
     )
 
 
-def scalar_values(sources: tuple, call: Call) -> list:
-    return [value if kind == "count" else call.args[value].value for kind, value in sources]
-
-
 def full_scratch_types(stage: Stage) -> list:
     """(length in blocks or 1, dtype) of the partials and the ticket a full stage takes."""
     out = []
@@ -345,9 +342,10 @@ class StageLaunch:
     """One stage of a launch plan: everything its launch needs but this call's memory."""
 
     bound: Bound
-    keys: tuple  # the record key of each array parameter: position, ("out", k), ("temp", k)
-    views: tuple  # (shape, strides) of each
-    scalars: tuple  # per scalar parameter: ("count", value) or ("arg", position)
+    # per array parameter: its record key (position, ("out", k), ("temp", k)) and the
+    # (shape, strides) of its view, or None where the array is passed as it is
+    arrays: tuple
+    scalars: tuple  # per scalar parameter, then each size: (True, position) or (False, value)
     scratch: tuple  # a full stage's (length, dtype): partials per block, then its ticket
     flops: int
 
@@ -363,6 +361,21 @@ class LaunchPlan:
     results: tuple  # (shape, dtype) of each of them
     temps: tuple  # (id, shape, dtype) of each temporary
     launches: tuple[StageLaunch, ...]
+
+    def run(self, inputs: list, place: arrays.Placement, outs) -> list:
+        """Launch every stage. ``inputs``: per argument, its numba device array or scalar
+        value; ``outs``: per result, its device ``out=`` record or None. Returns the device
+        array of each result computed here (``on_device`` order)."""
+        handles = dict(enumerate(inputs))
+        results = []
+        for k, (shape, dtype) in zip(self.on_device, self.results, strict=True):
+            results.append(place.result(shape, dtype, outs[k]))
+            handles[("out", k)] = arrays.device_handle(results[-1])
+        for tid, shape, dtype in self.temps:
+            handles[("temp", tid)] = place.temp(shape, dtype).value
+        for launch in self.launches:
+            _launch(launch, handles, place)
+        return results
 
 
 def layout_key(call: Call) -> tuple:
@@ -398,12 +411,18 @@ def _make_plan(program: Program, call: Call, cache: KernelCache, math: str) -> L
         if bound.empty:
             continue
         keys = [n.arg for n in stage.leaves] + [dest for _, dest in stage.outputs]
+        views = []
+        for key, (shape, strides, *_) in zip(keys, bound.layout.views, strict=True):
+            same = (shape, strides) == (records[key].shape, records[key].strides)
+            views.append((key, None if same else (shape, strides)))
+        sources = scalar_sources(stage, counts)
+        scalars = [(kind == "arg", value) for kind, value in sources]
+        scalars += [(False, n) for n in bound.layout.sizes()]
         launches.append(
             StageLaunch(
                 bound,
-                tuple(keys),
-                tuple((shape, strides) for shape, strides, *_ in bound.layout.views),
-                scalar_sources(stage, counts),
+                tuple(views),
+                tuple(scalars),
                 tuple(full_scratch_types(stage)) if stage.kind == "full" else (),
                 profiling.stage_flops(stage, bound.layout.n_kept, bound.layout.n_red),
             )
@@ -417,10 +436,60 @@ def _make_plan(program: Program, call: Call, cache: KernelCache, math: str) -> L
     )
 
 
-def execute(program: Program, call: Call, cache: KernelCache, stream, math: str = "fast"):
+def ready(program: Program, call: Call) -> bool:
+    """Whether later calls with this call's key (:func:`quick_key`) may run the launch plan
+    straight from their arguments: every array a numba device array, no ``out=``, nothing
+    computed or checked on the host."""
+    return (
+        call.out is None
+        and not call.keywords
+        and not program.host_results
+        and not program.host_exponents
+        and all(a.family == "numba" or not a.is_array for a in call.args)
+    )
+
+
+def quick_key(args: tuple, constants: bool = False) -> tuple | None:
+    """A key that determines a call's program and launch plan, read straight from arguments
+    that are numba device arrays (or their records) and scalars; None for any other argument.
+    It holds what :class:`Call` and :func:`layout_key` read of them, and nothing else; with
+    ``constants`` (a prebuilt op's key), scalars, strings and None by value."""
+    key = []
+    for a in args:
+        if type(a) is Arg:  # a record an op read
+            if a.family != "numba" or not a.address:
+                return None
+            key.append((Arg, a.shape, a.strides, a.dtype, a.address % schedule.VECTOR_BYTES))
+        elif getattr(a, "__cuda_ndarray__", False):
+            address = compat.device_pointer(a)
+            if not address:
+                return None
+            key.append((type(a), a.shape, a.strides, a.dtype, address % schedule.VECTOR_BYTES))
+        elif type(a) in _SCALARS or isinstance(a, np.generic):
+            typed = type(a) if type(a) in _SCALARS else a.dtype
+            key.append((typed, a) if constants else typed)
+        elif constants and (a is None or type(a) is str):
+            key.append(a)
+        else:
+            return None
+    return tuple(key)
+
+
+_SCALARS = (float, int, bool)
+
+
+def run_ready(program: Program, plan: LaunchPlan, args: tuple, stream):
+    """A call for which :func:`ready` held, from its arguments as they are (numba device
+    arrays or their records, and scalars)."""
+    place = arrays.Placement.of_numba_arrays(stream)
+    inputs = [a.value if type(a) is Arg else a for a in args]
+    results = [r.value for r in plan.run(inputs, place, [None] * len(plan.on_device))]
+    return results[0] if program.trace.single else tuple(results)
+
+
+def execute(program: Program, plan: LaunchPlan, call: Call, stream):
     """Run the call; results are of the arguments' family (NumPy, numba, CuPy), except those
     that depend on no array: NumPy scalars computed on the host, as NumPy gives them."""
-    plan = launch_plan(program, call, cache, math)
     check_out(program, plan.shapes, call)
     if program.host_exponents:
         check_exponents(program, call)
@@ -432,7 +501,13 @@ def execute(program: Program, call: Call, cache: KernelCache, stream, math: str 
         for k in program.host_results:
             results[k] = _host_result(ir.evaluate(nodes[k], scalars), outs[k])
     if plan.on_device:
-        results.update(_run_on_device(plan, call, stream, outs))
+        place = arrays.Placement(call.args, outs, stream)
+        inputs = [
+            arrays.device_handle(place.device(a)) if a.is_array else a.value for a in call.args
+        ]
+        on_device = plan.run(inputs, place, outs)
+        for k, result in zip(plan.on_device, on_device, strict=True):
+            results[k] = place.finish(result, outs[k])
     ordered = [results[k] for k in range(len(nodes))]
     return ordered[0] if program.trace.single else tuple(ordered)
 
@@ -448,38 +523,19 @@ def _host_result(value: np.generic, out: Arg | None):
     return out.value
 
 
-def _run_on_device(plan: LaunchPlan, call: Call, stream, outs) -> dict:
-    """The results that depend on arrays, by position: every stage launched."""
-    place = arrays.Placement(call.args, outs, stream)
-    handles: dict = {}
-    for i, a in enumerate(call.args):
-        if a.is_array:
-            handles[i] = arrays.device_handle(place.device(a))
-    results = {}
-    for k, (shape, dtype) in zip(plan.on_device, plan.results, strict=True):
-        results[k] = place.result(shape, dtype, outs[k])
-        handles[("out", k)] = arrays.device_handle(results[k])
-    for tid, shape, dtype in plan.temps:
-        handles[("temp", tid)] = arrays.device_handle(place.temp(shape, dtype))
-    for launch in plan.launches:
-        _launch(launch, handles, call, place)
-    return {k: place.finish(results[k], outs[k]) for k in plan.on_device}
-
-
-def _launch(launch: StageLaunch, handles: dict, call: Call, place) -> None:
+def _launch(launch: StageLaunch, handles: dict, place: arrays.Placement) -> None:
     bound = launch.bound
     params = [
-        arrays.view(handles[key], shape, strides)
-        for key, (shape, strides) in zip(launch.keys, launch.views, strict=True)
+        handles[key] if view is None else arrays.view(handles[key], *view)
+        for key, view in launch.arrays
     ]
     for length, dtype in launch.scratch:
         params.append(
             arrays.zeros(1, dtype, place.stream)
             if length == "ticket"
-            else place.temp(bound.blocks, dtype).value
+            else place.temp((bound.blocks,), dtype).value
         )
-    params += scalar_values(launch.scalars, call)
-    params += bound.layout.sizes()
+    params += [handles[value] if is_arg else value for is_arg, value in launch.scalars]
     if _config.dump_source():
         print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")
 

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _arrays as arrays
+from .._fusion import runtime
+
+MAX_READY = 256  # calls an op runs straight from their arguments, by key (bounded)
 
 FLOATS = tuple(np.dtype(d) for d in ("float16", "float32", "float64"))
 
@@ -41,9 +44,23 @@ class PrebuiltOp:
             for n in ("out", "stream")
         ]
         self.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
+        self._ready: dict = {}  # runtime.quick_key -> a call that needs no checks or planning
 
     def __call__(self, *args, out=None, stream=None, **kwargs):
-        return self._plan(*args, **kwargs).run(out, stream)
+        key = runtime.quick_key(args, constants=True) if out is None and not kwargs else None
+        if key is not None:
+            ready = self._ready.get(key)
+            if ready is not None:  # these arguments' layouts and values were checked before
+                return ready(args, stream)
+        plan = self._plan(*args, **kwargs)
+        result = plan.run(out, stream)
+        if key is not None:
+            ready = getattr(plan, "ready", lambda _: None)(args)  # TODO base class
+            if ready is not None:
+                if len(self._ready) >= MAX_READY:
+                    self._ready.clear()
+                self._ready[key] = ready
+        return result
 
     def explain(self, *args, **kwargs):
         """What the call would do, without running it (see the class docstring)."""
@@ -66,6 +83,32 @@ class Fused:
 
     def run(self, out, stream):
         return self.fn(*self.args, out=out, stream=stream)
+
+    def ready(self, op_args: tuple):
+        """A later call with ``op_args``' key, run straight from its arguments: each array
+        record of the fused call taken from the op's argument it was read from; None when the
+        fused call cannot run that way."""
+        entry = self.fn.ready(self.args)
+        if entry is None:
+            return None
+        picks = []  # per fused argument: the op argument's position, or None for a constant
+        for a in self.args:
+            if type(a) is arrays.Arg:
+                at = [i for i, v in enumerate(op_args) if v is a.value]
+                if not at:
+                    return None  # a record made by the op, not one of its arguments
+                picks.append(at[0])
+            else:
+                picks.append(None)
+        constants = self.args
+
+        def run(args, stream):
+            fused_args = [
+                c if i is None else args[i] for i, c in zip(picks, constants, strict=True)
+            ]
+            return runtime.run_ready(*entry, fused_args, stream)
+
+        return run
 
     def explain(self):
         return self.fn.explain(*self.args)

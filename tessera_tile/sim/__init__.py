@@ -109,8 +109,9 @@ def stock():
 
 @contextlib.contextmanager
 def launches_skipped():
-    """Inside, a kernel launch returns at once without running: what a call costs then is the
-    host's own work (``benchmarks/overhead.py`` times it). Not for results: outputs stay unset."""
+    """Inside, a kernel launch (``kernel[grid, block, stream](...)``, configuration included)
+    returns at once without running: what a call costs then is the host's own work
+    (``benchmarks/overhead.py`` times it). Not for results: outputs stay unset."""
     install()
     engine.skip_launches(True)
     try:

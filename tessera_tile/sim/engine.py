@@ -197,9 +197,15 @@ def _skip(self, *args):
     return None
 
 
+def _skip_configure(self, configuration):
+    return self  # whose call is skipped too
+
+
 def skip_launches(skip: bool) -> None:
-    """Launches return without running (``sim.launches_skipped``), or run again."""
+    """Launches, their configuration included (numba-cuda's work, not the caller's), return
+    without running (``sim.launches_skipped``), or run again."""
     compat.FakeCUDAKernel.__call__ = _skip if skip else _call
+    compat.FakeCUDAKernel.__getitem__ = _skip_configure if skip else _configure
 
 
 def patched() -> bool:

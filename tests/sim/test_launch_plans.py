@@ -6,6 +6,7 @@ import collections
 import numpy as np
 import pytest
 from helpers import SIDES, back, on
+from numba import cuda
 
 import tessera_tile as tt
 from tessera_tile import ops
@@ -91,8 +92,6 @@ def test_an_op_plans_once_per_layout(planning):
 
 
 def test_a_device_out_is_part_of_the_layout():
-    from numba import cuda
-
     rng = np.random.default_rng(3)
     x = rng.standard_normal((4, 24)).astype(np.float32)
     f = tt.fuse(softmax.fn)
@@ -134,3 +133,98 @@ def test_plan_caches_start_over_at_their_bound():
         assert cache.get(key, lambda value=value: value) is value
     assert cache.values() == [made[2]] and cache.misses == 3
     assert cache.get(2, lambda: None) is made[2] and cache.hits == 1
+
+
+# --------------------------------------------------------------------------------------------
+# calls run straight from their arguments (numba device arrays): what must still differ
+
+
+def _device(*arrays):
+    return [cuda.to_device(a) for a in arrays]
+
+
+def test_a_ready_call_takes_each_call_s_scalar_values():
+    @tt.fuse
+    def scaled(x, s):
+        return x * s + 1
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    (d,) = _device(x)
+    for s in (2.0, -0.5, 3.0):  # one key (a float), three values
+        np.testing.assert_array_equal(scaled(d, s).copy_to_host(), x * np.float32(s) + 1)
+    assert len(scaled._ready) == 1
+    got = scaled(d, 3).copy_to_host()  # an int: another program, NumPy's promotion
+    np.testing.assert_array_equal(got, x * 3 + 1)
+    assert len(scaled._ready) == 2
+
+
+def test_ready_calls_key_on_layout_and_alignment():
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((4, 33)).astype(np.float32)
+    (d,) = _device(base)
+    f = tt.fuse(softmax.fn)
+    views = [d[:, :32], d[:, 1:], d[:, :32]]  # the second starts 4 bytes in: no 16-byte loads
+    for v, ref in zip(views, [base[:, :32], base[:, 1:], base[:, :32]], strict=True):
+        np.testing.assert_allclose(f(v).copy_to_host(), softmax_ref(ref), rtol=1e-5, atol=1e-7)
+    assert f.cache_info()["launch_plans"] == 2 and len(f._ready) == 2
+
+
+def test_out_host_and_keyword_calls_never_run_ready():
+    x = np.linspace(-2, 2, 24, dtype=np.float32).reshape(4, 6)
+    f = tt.fuse(softmax.fn)
+    (d,) = _device(x)
+    out = cuda.device_array((4, 6), np.float32)
+    for _ in range(2):
+        assert f(d, out=out) is out
+        np.testing.assert_allclose(f(x), softmax_ref(x), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(f(x=d).copy_to_host(), softmax_ref(x), rtol=1e-5, atol=1e-7)
+    assert f._ready == {}
+    np.testing.assert_allclose(out.copy_to_host(), softmax_ref(x), rtol=1e-5, atol=1e-7)
+
+
+def test_an_op_s_ready_call_keys_on_its_parameters_values():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((5, 16)).astype(np.float32)
+    w, b = rng.standard_normal(16).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    d, dw, db = _device(x, w, b)
+    for eps in (1e-5, 0.5, 1e-5, 0.5):
+        mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+        want = (x - mean) / np.sqrt(var + eps) * w + b
+        got = ops.layer_norm(d, dw, db, eps).copy_to_host()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    for axis in (0, 1, -1):
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        want = e / e.sum(axis=axis, keepdims=True)
+        np.testing.assert_allclose(ops.softmax(d, axis).copy_to_host(), want, rtol=1e-5, atol=1e-7)
+    d2, dw2, db2 = _device(x[:2] * 3, w + 1, b - 1)  # other arrays, the same layouts
+    want = ops.layer_norm(x[:2] * 3, w + 1, b - 1, 0.5)
+    np.testing.assert_allclose(ops.layer_norm(d2, dw2, db2, 0.5).copy_to_host(), want, rtol=1e-6)
+
+
+def test_an_op_s_bad_arguments_are_refused_after_ready_calls():
+    x = np.ones((3, 8), np.float32)
+    d, w = _device(x, np.ones(8, np.float32))
+    ops.layer_norm(d, w)
+    ops.layer_norm(d, w)
+    with pytest.raises(ValueError, match="eps must be finite"):
+        ops.layer_norm(d, w, None, -1.0)
+    (short,) = _device(np.ones(7, np.float32))
+    with pytest.raises(ValueError, match="weight has shape"):
+        ops.layer_norm(d, short)
+
+
+@cuda.jit
+def fill(a):
+    a[cuda.grid(1)] = 7
+
+
+@pytest.mark.sim_only(reason="launches_skipped stubs the simulator's launches")
+def test_launches_skipped_configure_and_launch_nothing():
+    from tessera_tile import sim
+
+    a = np.zeros(32, np.float32)
+    with sim.launches_skipped():
+        fill[1, 32](a)
+    assert not a.any()
+    fill[1, 32](a)
+    assert (a == 7).all()
