@@ -51,6 +51,7 @@ from . import tile_ir as ir
 from ._fusion import persist, runtime, schedule
 from ._fusion import plan as planner
 from ._fusion.compile import CountingCache, KernelCache
+from ._fusion.plan import StageKind
 from ._fusion.schedule import MATH_MODES
 from ._fusion.trace import (
     Traced,
@@ -346,14 +347,14 @@ def _stand_in(shape, strides, dtype):
 def _describe(b: runtime.Bound) -> str:
     variant, layout, stage = b.variant, b.layout, b.stage
     what = {
-        "elementwise": "elementwise, grid-stride",
-        "row": f"rows reduced by a {variant.mode}"
+        StageKind.ELEMENTWISE: "elementwise, grid-stride",
+        StageKind.ROW: f"rows reduced by a {variant.mode}"
         + (", row kept on chip between passes" if variant.cache else "")
         + (", row kept on chip in registers, unrolled" if variant.chunks else ""),
-        "column": "coalesced column reduction",
-        "full": "full reduction, two-stage in one launch",
+        StageKind.COLUMN: "coalesced column reduction",
+        StageKind.FULL: "full reduction, two-stage in one launch",
     }[stage.kind]
-    passes = len(b.generated.schedule.passes) if stage.kind != "elementwise" else 1
+    passes = len(b.generated.schedule.passes) if stage.kind is not StageKind.ELEMENTWISE else 1
     threads = int(np.prod(b.threads))
     return (
         f"{what}; {layout.n_kept} x {layout.n_red} index space, {passes} pass(es), "

@@ -32,7 +32,7 @@ from .. import _cache, _config, memory, warp
 from .. import tile_ir as ir
 from ..sim import compat
 from . import device, persist
-from .plan import Stage
+from .plan import Stage, StageKind
 from .reductions import ReductionWriter
 from .schedule import Schedule, Variant, schedule
 from .templates import KernelWriter
@@ -192,7 +192,8 @@ def write_source(stage: Stage, variant: Variant):
     """Code generation: (kernel name, source, schedule, device helpers the source calls)."""
     name = kernel_name(stage, variant)
     sched = schedule(stage, variant)
-    writer = (KernelWriter if variant.kind == "elementwise" else ReductionWriter)(sched, name)
+    elementwise = variant.kind is StageKind.ELEMENTWISE
+    writer = (KernelWriter if elementwise else ReductionWriter)(sched, name)
     return name, writer.write(), sched, writer.helpers
 
 

@@ -19,6 +19,7 @@ recorded with its reason.
 
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass, field
 
@@ -28,11 +29,32 @@ from .. import tile_ir as ir
 from ..tile_ir import Node, Op
 
 
+class StageKind(enum.Enum):
+    """How a stage maps its index space to threads (the module docstring)."""
+
+    ELEMENTWISE = "elementwise"
+    ROW = "row"
+    COLUMN = "column"
+    FULL = "full"
+
+    @property
+    def scratch(self) -> bool:
+        """Whether its launch takes partials per block and a ticket (the two-stage full
+        reduction)."""
+        return self is StageKind.FULL
+
+    def __repr__(self) -> str:  # variants, kernel names and cache keys spell the kind plainly
+        return repr(self.value)
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class Stage:
     """One kernel launch."""
 
-    kind: str  # "elementwise", "row", "column" or "full"
+    kind: StageKind
     axes: tuple[int, ...]  # R
     outputs: list[tuple[Node, object]]  # (node, destination): ("out", k) or ("temp", k)
     space: dict[int, str] = field(default_factory=dict)  # id(node) -> "F", "row" or "const"
@@ -276,13 +298,13 @@ class _Planner:
         ndim = len(f_shape)
         effective = [a for a in range(ndim) if f_shape[a] != 1]
         if not axes:
-            kind = "elementwise"
+            kind = StageKind.ELEMENTWISE
         elif _is_full(f_shape, axes):
-            kind = "full"
+            kind = StageKind.FULL
         elif not effective or effective[-1] in axes:
-            kind = "row"
+            kind = StageKind.ROW
         else:
-            kind = "column"
+            kind = StageKind.COLUMN
         return Stage(kind, axes, outputs, space)
 
 

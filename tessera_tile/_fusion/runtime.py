@@ -23,7 +23,7 @@ from ..sim import compat
 from . import lower, schedule
 from . import plan as planner
 from .compile import CountingCache, Generated, KernelCache
-from .plan import Plan, Stage
+from .plan import Plan, Stage, StageKind
 from .schedule import Variant
 from .trace import Trace
 
@@ -216,9 +216,9 @@ class Layout:
             kept_groups, self.kept_sizes = [[kept[0]]], [1]
         if red and not red_groups:
             red_groups, self.red_sizes = [[red[0]]], [1]
-        if stage.kind == "elementwise" and not kept_groups:
+        if stage.kind is StageKind.ELEMENTWISE and not kept_groups:
             kept_groups, self.kept_sizes = [[-1]], [int(np.prod(f_shape, dtype=np.int64))]
-        if stage.kind == "full":
+        if stage.kind is StageKind.FULL:
             kept_groups, self.kept_sizes = [], []
 
         def spec(a: Arg, fstrides, is_row):
@@ -273,7 +273,7 @@ class Bound:
     @property
     def empty(self) -> bool:
         lay = self.layout
-        return lay.n_kept == 0 or (self.stage.kind == "elementwise" and lay.n_red == 0)
+        return lay.n_kept == 0 or (self.stage.kind is StageKind.ELEMENTWISE and lay.n_red == 0)
 
     def predicted_bytes(self) -> int:
         lay = self.layout
@@ -423,7 +423,7 @@ def _make_plan(program: Program, call: Call, cache: KernelCache, math: str) -> L
                 bound,
                 tuple(views),
                 tuple(scalars),
-                tuple(full_scratch_types(stage)) if stage.kind == "full" else (),
+                tuple(full_scratch_types(stage)) if stage.kind.scratch else (),
                 profiling.stage_flops(stage, bound.layout.n_kept, bound.layout.n_red),
             )
         )

@@ -26,7 +26,7 @@ from .. import _config
 from .. import tile_ir as ir
 from ..tile_ir import Node, Op
 from . import lower
-from .plan import Stage
+from .plan import Stage, StageKind
 
 WARP = 32
 BLOCK = 256  # threads per block in every template but column
@@ -50,7 +50,7 @@ MAX_FULL_BLOCKS = 4 if _config.SIMULATED else 1024
 class Variant:
     """Layout and strategy of one compiled kernel (part of its cache key)."""
 
-    kind: str
+    kind: StageKind
     kept_rank: int  # index dimensions left after collapsing (elementwise: all in kept)
     red_rank: int
     mode: str = ""  # row: "warp" or "block"
@@ -250,10 +250,10 @@ MATH_MODES = ("fast", "ieee")
 def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     kind, kept_rank, red_rank = stage.kind, layout.kept_rank, layout.red_rank
     bits = index_bits(layout.n_kept, layout.n_red)
-    if kind == "elementwise":
+    if kind is StageKind.ELEMENTWISE:
         vector = _vector_width(layout.views, kept_rank, False) if kept_rank == 1 else 1
         return Variant(kind, kept_rank, red_rank, vector=vector, index_bits=bits, math=math)
-    if kind != "row":
+    if kind is not StageKind.ROW:
         return Variant(kind, kept_rank, red_rank, math=math)
     mode = "warp" if layout.n_red <= WARP_ROW_MAX else "block"
     cache = 0 < layout.n_red <= cache_length(stage, BLOCK // WARP if mode == "warp" else 1)
@@ -320,10 +320,10 @@ def register_chunks(stage: Stage, n_red: int, vector: int, lanes: int) -> int:
 def launch_config(variant: Variant, n_kept: int, n_red: int):
     """(blocks, threads) of one launch."""
     kind = variant.kind
-    if kind == "elementwise":
+    if kind is StageKind.ELEMENTWISE:
         n = -(-n_kept // variant.vector)
         return max(1, min(-(-n // BLOCK), MAX_BLOCKS)), BLOCK
-    if kind == "row":
+    if kind is StageKind.ROW:
         if variant.mode == "block":
             # a block per row, as hand-written kernels do for long rows: every block reads
             # the row-invariant leaves (the norms' weights) once, however many rows there are
@@ -332,7 +332,7 @@ def launch_config(variant: Variant, n_kept: int, n_red: int):
         if variant.chunks:  # a warp per row, no loop over rows
             return max(1, blocks), BLOCK
         return max(1, min(blocks, MAX_BLOCKS)), BLOCK
-    if kind == "column":
+    if kind is StageKind.COLUMN:
         return max(1, min(-(-n_kept // COLUMN_BLOCK[0]), MAX_BLOCKS)), COLUMN_BLOCK
     return max(1, min(-(-n_red // BLOCK), MAX_FULL_BLOCKS)), BLOCK
 
@@ -361,9 +361,10 @@ class Schedule:
 
 
 def schedule(stage: Stage, variant: Variant) -> Schedule:
-    online = variant.kind in ("row", "column") and not variant.cache and not variant.chunks
+    streamed = variant.kind in (StageKind.ROW, StageKind.COLUMN)
+    online = streamed and not variant.cache and not variant.chunks
     passes = plan_passes(stage, online)
-    if variant.kind == "full":
+    if variant.kind is StageKind.FULL:
         assert len(passes) <= 1 or not passes[1].reductions, "full stages reduce once"
     rows = BLOCK // WARP if variant.mode == "warp" else 1
     broadcast = frozenset(stage.leaves[i].key for i in variant.broadcast)
@@ -371,7 +372,7 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
     cached -= broadcast  # read from the block's shared copy in every pass
     reductions = [r for p in passes for r in p.reductions]
     scratch: dict[str, str] = {}
-    if variant.kind in ("column", "full") or variant.mode == "block":
+    if variant.kind in (StageKind.COLUMN, StageKind.FULL) or variant.mode == "block":
         for r in reductions:
             t = lower.TYPE_NAMES[lower.acc_dtype(r)]
             scratch.setdefault(f"scratch_{t}", t)
@@ -406,7 +407,7 @@ def predicted_bytes(sched: Schedule, n_kept: int, n_red: int, blocks: int) -> in
     leaves = {n.key: n for n in stage.leaves}
     elements = n_kept * n_red
     total = 0
-    if stage.kind == "elementwise":
+    if stage.kind is StageKind.ELEMENTWISE:
         total += sum(n.dtype.itemsize for n in leaves.values()) * elements
     else:
         for key in sched.broadcast:  # each block reads the row once
@@ -423,7 +424,7 @@ def predicted_bytes(sched: Schedule, n_kept: int, n_red: int, blocks: int) -> in
     for node, _ in stage.outputs:
         per_row = stage.space[id(node)] == "row"
         total += node.dtype.itemsize * (n_kept if per_row else elements)
-    if stage.kind == "full":
+    if stage.kind.scratch:
         for r in stage.reductions:
             width = lower.acc_dtype(r).itemsize + (8 if r.op in ir.INDEX_REDUCE else 0)
             total += 2 * width * blocks  # each block writes its partial, the last reads all

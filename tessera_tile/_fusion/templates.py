@@ -22,6 +22,7 @@ from .lower import (
     literal,
     store_cast,
 )
+from .plan import StageKind
 from .schedule import Schedule
 
 
@@ -80,8 +81,8 @@ class KernelWriter:
         # increments either way, use the variant's width (measured on layer norm's three row
         # loops: 73 -> 63 instructions per 4 elements). Coordinates split off a linear index use the
         # variant's width, so the divisions and remainders of strided views are 32-bit.
-        indexed = self.v.kind in ("elementwise", "row")
-        narrow_rows = self.v.kind == "row" and self.v.index_bits == 32
+        indexed = self.v.kind in (StageKind.ELEMENTWISE, StageKind.ROW)
+        narrow_rows = self.v.kind is StageKind.ROW and self.v.index_bits == 32
         self.index_type = ("uint32" if narrow_rows else "uint64") if indexed else ""
         self.coord_type = f"uint{self.v.index_bits}" if indexed else ""
         self.red_dims = [f"dr{i}" for i in range(self.v.red_rank)]
@@ -115,7 +116,7 @@ class KernelWriter:
     def params(self) -> list[str]:
         names = [f"in{i}" for i in range(len(self.leaves))]
         names += [self.out_name(i) for i in range(len(self.outputs))]
-        if self.v.kind == "full":
+        if self.v.kind.scratch:
             for i, r in enumerate(self.reductions):
                 names.append(f"part{i}")
                 if r.op in ir.INDEX_REDUCE:

@@ -7,6 +7,7 @@ from numba import cuda
 
 import tessera_tile as tt
 from tessera_tile import sim
+from tessera_tile._fusion.plan import StageKind
 
 rng = np.random.default_rng(11)
 
@@ -39,7 +40,7 @@ def test_device_calls_copy_nothing_and_allocate_only_results():
         total = centred_total(x)
     # its result, the temporary mean, and each full reduction's per-block partials and ticket
     program = next(iter(centred_total._programs._entries.values()))
-    partials = sum(2 for s in program.plan.stages if s.kind == "full")
+    partials = sum(2 for s in program.plan.stages if s.kind is StageKind.FULL)
     expected = 1 + len(program.plan.temps) + partials
     assert counts == {"to_device": 0, "copy_to_host": 0, "device_array": expected}
     host = x.copy_to_host()
