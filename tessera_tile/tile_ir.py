@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
@@ -121,12 +122,51 @@ def _sigmoid(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def _gelu(x):
-    return 0.5 * x * (1.0 + _erf(x * 0.7071067811865476))
+# gelu's constants: 1/sqrt(2); sqrt(2/pi) and the cubic coefficient of the tanh form
+SQRT_HALF, SQRT_2_OVER_PI, GELU_CUBIC = 0.7071067811865476, 0.7978845608028654, 0.044715
 
 
-def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
+@dataclass(frozen=True)
+class Activation:
+    """An activation, defined here once for the composer (its op, NumPy meaning and generated
+    expression), the matmul epilogues (``kernels.epilogue``: a device function of each name)
+    and ``ops``' ``activation=`` names.
+
+    ``numpy(x)`` computes in x's dtype (the tests' references pass float64); ``expr(x, t)`` is
+    the source of the activation of expression ``x`` in float compute type ``t``; ``approx``
+    the same with hardware approximations (float32, where the composer's schedule says).
+    """
+
+    op: Op
+    numpy: Callable
+    expr: Callable[[str, str], str]
+    approx: Callable[[str, str], str] | None = None
+
+
+ACTIVATIONS: dict[str, Activation] = {
+    "relu": Activation(
+        Op.RELU, lambda x: np.maximum(x, x.dtype.type(0)), lambda x, t: f"max_nan({x}, {t}(0.0))"
+    ),
+    "gelu": Activation(
+        Op.GELU,
+        lambda x: 0.5 * x * (1.0 + _erf(x * SQRT_HALF)),
+        lambda x, t: f"({t}(0.5) * {x} * ({t}(1.0) + {t}(erf({x} * {t}({SQRT_HALF!r})))))",
+    ),
+    "gelu_tanh": Activation(
+        Op.GELU_TANH,
+        lambda x: 0.5 * x * (1.0 + np.tanh(SQRT_2_OVER_PI * (x + GELU_CUBIC * x**3))),
+        lambda x, t: (
+            f"({t}(0.5) * {x} * ({t}(1.0) + {t}(tanh({t}({SQRT_2_OVER_PI!r}) * "
+            f"({x} + {t}({GELU_CUBIC!r}) * {x} * {x} * {x})))))"
+        ),
+    ),
+    "silu": Activation(
+        Op.SILU,
+        lambda x: x * _sigmoid(x),
+        lambda x, t: f"({x} / ({t}(1.0) + {t}(exp(-{x}))))",
+        lambda x, t: f"({x} * rcp_approx_ftz({t}(1.0) + exp_approx(-{x})))",
+    ),
+}
 
 
 # The NumPy meaning of every op: the reference for dtype inference and for tests.
@@ -135,8 +175,7 @@ NUMPY: dict[Op, object] = {
     Op.EXP2: np.exp2, Op.LOG: np.log, Op.LOG2: np.log2, Op.LOG1P: np.log1p,
     Op.EXPM1: np.expm1, Op.SQRT: np.sqrt, Op.RSQRT: lambda x: 1 / np.sqrt(x), Op.SIN: np.sin,
     Op.COS: np.cos, Op.TANH: np.tanh, Op.ERF: _erf, Op.SIGMOID: _sigmoid, Op.FLOOR: np.floor,
-    Op.CEIL: np.ceil, Op.SQUARE: np.square, Op.RELU: lambda x: np.maximum(x, x.dtype.type(0)),
-    Op.GELU: _gelu, Op.GELU_TANH: _gelu_tanh, Op.SILU: lambda x: x * _sigmoid(x),
+    Op.CEIL: np.ceil, Op.SQUARE: np.square, **{a.op: a.numpy for a in ACTIVATIONS.values()},
     Op.ISNAN: np.isnan, Op.ISINF: np.isinf, Op.ISFINITE: np.isfinite,
     Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.TRUEDIV: np.true_divide,
     Op.FLOORDIV: np.floor_divide, Op.MOD: np.remainder, Op.POW: np.power,

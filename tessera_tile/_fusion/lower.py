@@ -145,10 +145,9 @@ def _float_test(op: Op):
     return emit
 
 
-def _gelu_tanh(o):
-    x, k = o(0), o.const
-    inner = f"{k(0.7978845608028654)} * ({x} + {k(0.044715)} * {x} * {x} * {x})"
-    return f"({k(0.5)} * {x} * ({k(1.0)} + {o.t}(tanh({inner}))))"
+def _activation(a: ir.Activation):
+    # relu is the one activation NumPy keeps integral (or boolean): nothing to propagate as NaN
+    return lambda o: a.expr(o(0), o.t) if o.floating else f"max({o(0)}, {o.t}(0))"
 
 
 EMIT: dict[Op, Callable[[_Operands], str]] = {
@@ -186,9 +185,6 @@ EMIT: dict[Op, Callable[[_Operands], str]] = {
     Op.ISFINITE: _float_test(Op.ISFINITE),
     Op.FLOOR: _rounding("floor"),
     Op.CEIL: _rounding("ceil"),
-    Op.RELU: lambda o: (
-        f"max_nan({o(0)}, {o.const(0.0)})" if o.floating else f"max({o(0)}, {o.t}(0))"
-    ),
     **{
         op: _library(op.name.lower())
         for op in (
@@ -207,12 +203,7 @@ EMIT: dict[Op, Callable[[_Operands], str]] = {
     },  # fmt: skip
     Op.RSQRT: lambda o: f"({o.const(1.0)} / {o.t}(sqrt({o(0)})))",
     Op.SIGMOID: lambda o: f"({o.const(1.0)} / ({o.const(1.0)} + {o.t}(exp(-{o(0)}))))",
-    Op.SILU: lambda o: f"({o(0)} / ({o.const(1.0)} + {o.t}(exp(-{o(0)}))))",
-    Op.GELU: lambda o: (
-        f"({o.const(0.5)} * {o(0)} * ({o.const(1.0)} + "
-        f"{o.t}(erf({o(0)} * {o.const(0.7071067811865476)}))))"
-    ),
-    Op.GELU_TANH: _gelu_tanh,
+    **{a.op: _activation(a) for a in ir.ACTIVATIONS.values()},
 }
 assert set(EMIT) == ir.ELEMENTWISE, "every elementwise op has an expression"
 
@@ -227,7 +218,7 @@ APPROX: dict[Op, Callable[[_Operands], str]] = {
     Op.RSQRT: lambda o: f"rsqrt_approx({o(0)})",
     Op.TRUEDIV: lambda o: f"({o(0)} * rcp_approx({o(1)}))",
     Op.SIGMOID: lambda o: f"rcp_approx_ftz({o.const(1.0)} + exp_approx(-{o(0)}))",
-    Op.SILU: lambda o: f"({o(0)} * rcp_approx_ftz({o.const(1.0)} + exp_approx(-{o(0)})))",
+    **{a.op: lambda o, a=a: a.approx(o(0), o.t) for a in ir.ACTIVATIONS.values() if a.approx},
 }
 
 

@@ -9,8 +9,9 @@ factories (:mod:`tessera_tile.kernels.matmul`, and the float16 tensor-core facto
 so the activation costs no memory traffic. The factories close over the function, so any device
 function works, including one the composer generates from a traced elementwise expression.
 
-The named activations (``ACTIVATIONS``) follow PyTorch's definitions, computed in float32 with
-float32 constants (a bare ``1.0`` would be float64 in Numba):
+The named activations (``ACTIVATIONS``: a device function for each name of the one activation
+table, :data:`tessera_tile.tile_ir.ACTIVATIONS`) follow PyTorch's definitions, computed in
+float32 with float32 constants (a bare ``1.0`` would be float64 in Numba):
 
 * ``relu``: ``max(x, 0)`` (NaN propagates, as ``torch.relu``);
 * ``gelu``: ``0.5 x (1 + erf(x / sqrt 2))``, the exact form; ``math.erf`` on float32 is
@@ -24,7 +25,7 @@ float32 constants (a bare ``1.0`` would be float64 in Numba):
 In the simulator, ``exp`` is NumPy's (Python's ``math.exp`` raises on overflow where the GPU
 returns inf), as in the composer's kernels.
 
-``reference(name, x)`` is the float64 NumPy reference the tests compare against.
+``reference(name, x)`` is the table's NumPy meaning in float64, the tests' reference.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from .. import tile_ir as ir
 from .._fusion.device import MATH, rcp_approx
 
 __all__ = ["ACTIVATIONS", "activation_function", "identity", "reference"]
@@ -41,9 +43,9 @@ __all__ = ["ACTIVATIONS", "activation_function", "identity", "reference"]
 ZERO = float32(0.0)
 HALF = float32(0.5)
 ONE = float32(1.0)
-INV_SQRT2 = float32(1.0 / math.sqrt(2.0))
-SQRT_2_OVER_PI = float32(math.sqrt(2.0 / math.pi))
-GELU_CUBIC = float32(0.044715)
+INV_SQRT2 = float32(ir.SQRT_HALF)
+SQRT_2_OVER_PI = float32(ir.SQRT_2_OVER_PI)
+GELU_CUBIC = float32(ir.GELU_CUBIC)
 exp = MATH["exp"]  # math.exp on a GPU, numpy.exp in the simulator
 
 
@@ -74,7 +76,8 @@ def silu(x):
     return x * rcp_approx(ONE + exp(-x))
 
 
-ACTIVATIONS = {"relu": relu, "gelu": gelu, "gelu_tanh": gelu_tanh, "silu": silu}
+# the table's names, in its order; a name without a device function fails here, at import
+ACTIVATIONS = {name: globals()[name] for name in ir.ACTIVATIONS}
 
 
 def activation_function(name):
@@ -86,18 +89,8 @@ def activation_function(name):
 
 def reference(name, x: np.ndarray) -> np.ndarray:
     """The activation in float64 NumPy (the tests' reference); ``None`` is the identity."""
-    from math import erf
-
     x = np.asarray(x, np.float64)
     if name is None:
         return x
-    if name == "relu":
-        return np.where(x < 0, 0.0, x)
-    if name == "gelu":
-        return 0.5 * x * (1.0 + np.vectorize(erf, otypes=[np.float64])(x / math.sqrt(2.0)))
-    if name == "gelu_tanh":
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-    if name == "silu":
-        with np.errstate(over="ignore"):
-            return x / (1.0 + np.exp(-x))
-    raise ValueError(f"unknown activation {name!r}")
+    with np.errstate(over="ignore"):  # exp(-x) overflows to inf: silu's limit, -0.0
+        return ir.ACTIVATIONS[name].numpy(x)

@@ -41,7 +41,7 @@ from ._matmul_geometry import (
 )
 
 DTYPES = tuple(np.dtype(d) for d in ("float16", "float32"))
-ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu")
+ACTIVATIONS = (None, *epilogue.ACTIVATIONS)  # the activation table's names (tile_ir)
 DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
 INT32_MAX = 2**31 - 1
 
