@@ -61,7 +61,7 @@ from ..pipeline import (
     cp_async_commit_group,
     cp_async_wait_group,
 )
-from .matmul_tc import _INLINE, CHUNK, MAX_STATIC_SHARED, _copies
+from .tc_tiles import CHUNK, INLINE, MAX_STATIC_SHARED, tile_copies
 
 __all__ = [
     "HEAD_DIMS",
@@ -113,7 +113,7 @@ class AttentionConfig(NamedTuple):
                 f"{head_dim}; the static limit is {MAX_STATIC_SHARED} B"
             )
         for rows in (self.block_q, self.block_kv):
-            _copies(rows, head_dim // CHUNK, self.threads)  # raises if the copy does not split
+            tile_copies(rows, head_dim // CHUNK, self.threads)  # raises if the copy does not split
 
 
 def default_config(head_dim: int) -> AttentionConfig:
@@ -153,7 +153,7 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
     dt = d // 8  # n8 output tiles per warp
     tile = block_kv * d  # one stage of K (or V)
     q_size, ring = block_q * d, stages * tile  # shared shapes must be constants
-    cq, ckv = _copies(block_q, d // CHUNK, threads), _copies(block_kv, d // CHUNK, threads)
+    cq, ckv = tile_copies(block_q, d // CHUNK, threads), tile_copies(block_kv, d // CHUNK, threads)
     lines, period, shift = cq.lines, cq.period, 3 - cq.bits  # the same rows of D for all
     q_per, kv_per = cq.chunks // cq.per_row, ckv.chunks // ckv.per_row
     q_threads, q_step, q_passes, q_exact = cq.per_row, cq.row_step, cq.passes, cq.exact
@@ -164,7 +164,7 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
         """Physical 16-byte chunk of logical chunk ``c`` in tile row ``r`` (the swizzle)."""
         return c ^ (_reverse3((r // lines) % period) >> shift)
 
-    @cuda.jit(device=True, **_INLINE)
+    @cuda.jit(device=True, **INLINE)
     def copy_chunk(dst, offset, src, bz, row, col, ok):
         """``src[bz, row, col:col + 8]`` -> ``dst[offset:offset + 8]``, zeros unless ``ok``."""
         if aligned:  # a copy of 0 source bytes reads nothing: its address may be outside src
@@ -181,7 +181,7 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
             x7 = src[bz, row, col + 7] if ok else z
             store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
 
-    @cuda.jit(device=True, **_INLINE)
+    @cuda.jit(device=True, **INLINE)
     def load_kv(sk, sv, k, v, bz, kt, stage, dst, r0, c0, sk_len):
         """This thread's chunks of K/V tile ``kt`` into ``stage``."""
         for p in range(kv_passes):
@@ -199,14 +199,14 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
         if aligned:
             cp_async_commit_group()
 
-    @cuda.jit(device=True, **_INLINE)
+    @cuda.jit(device=True, **INLINE)
     def mma_into(acc, j, a, b0, b1):
         """``acc[j] += a @ (b0, b1)``: one mma.sync on accumulator tile ``j`` (a constant)."""
         d = mma_m16n8k16(a, (b0, b1), (acc[j, 0], acc[j, 1], acc[j, 2], acc[j, 3]))
         for q in range(4):
             acc[j, q] = d[q]
 
-    @cuda.jit(device=True, **_INLINE)
+    @cuda.jit(device=True, **INLINE)
     def kv_step(sk, sv, k, v, bz, kt, tiles, s, masked, qf, sacc, oacc, row_max, row_sum, lim, c,
                 off_k, off_v, dst, r0, c0, sk_len, lane):  # fmt: skip
         """K/V tile ``kt`` in stage ``s``: wait, refill, S, (``masked``: mask), softmax, O += P V.

@@ -53,18 +53,18 @@ The same builder makes the float32 TF32 kernel of :mod:`tessera_tile.kernels.mat
 (``TensorCoreConfig(..., tf32=True)``): float32 tiles (4 per 16-byte chunk), ``mma.m16n8k8``
 k steps of 8, A still by ``ldmatrix``, B by scalar shared loads from a tile swizzled for them,
 float32 pair stores (``store_f32x2``); that module's doc says why.
+
+Shared with that kernel: :class:`TensorCoreConfig`, the copy split (:mod:`.tc_tiles`, also
+used by :mod:`.attention`) and, re-exported here, :mod:`.matmul_tc_plan`'s plan and checks.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
-import numpy as np
 from numba import boolean, cuda, float32, int32, uint32
 from numba.types import float16
 
-from .. import _arrays, _config
 from ..memory import store16_shared
 from ..mma import (
     ldmatrix_x4,
@@ -80,122 +80,22 @@ from ..pipeline import (
     cp_async_commit_group,
     cp_async_wait_group,
 )
-from ..sim import compat
+from .matmul_tc_plan import Plan, aligned_rows, check_operands, plan
+from .tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, tile_copies
 
 __all__ = [
     "ANCHOR",
     "Plan",
     "TensorCoreConfig",
     "aligned_rows",
+    "build_kernel",
     "check_operands",
     "plan",
     "tensor_core_matmul",
 ]
 
-WARP_SIZE = 32
-CHUNK = 8  # float16 per 16-byte chunk (one cp.async, one ldmatrix row)
-MAX_STATIC_SHARED = 48 * 1024
 ZERO = float32(0.0)
-
-
-class TensorCoreConfig(NamedTuple):
-    """One kernel configuration (block tile, warps, stages, epilogue, load path, and the
-    operands: float16 with ``mma.m16n8k16``, or float32 read as TF32 with ``mma.m16n8k8``,
-    :mod:`tessera_tile.kernels.matmul_tf32`)."""
-
-    tile_m: int = 128
-    tile_n: int = 128
-    tile_k: int = 32
-    num_warps: int = 4
-    num_stages: int = 3
-    has_bias: bool = False
-    async_copy: bool = True
-    tf32: bool = False
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element of A, B, C and the shared tiles."""
-        return 4 if self.tf32 else 2
-
-    @property
-    def chunk(self) -> int:
-        """Elements per 16-byte chunk (one cp.async, one ldmatrix row)."""
-        return 16 // self.itemsize
-
-    @property
-    def mma_k(self) -> int:
-        """The k of one mma: 16 (m16n8k16, float16) or 8 (m16n8k8, TF32)."""
-        return 8 if self.tf32 else 16
-
-    @property
-    def warps_m(self) -> int:
-        return 2 if self.num_warps >= 2 and self.tile_m // 2 >= 16 else 1
-
-    @property
-    def warps_n(self) -> int:
-        return self.num_warps // self.warps_m
-
-    @property
-    def threads(self) -> int:
-        return WARP_SIZE * self.num_warps
-
-    @property
-    def mma_per_k_tile(self) -> int:
-        """mma.sync instructions a warp issues per k-tile (its 16 x 8 tiles x k16 steps)."""
-        tiles = (self.tile_m // self.warps_m // 16) * (self.tile_n // self.warps_n // 8)
-        return tiles * (self.tile_k // self.mma_k)
-
-    @property
-    def shared_bytes(self) -> int:
-        ring = self.num_stages * (self.tile_m * self.tile_k + self.tile_k * self.tile_n)
-        return self.itemsize * ring
-
-
 ANCHOR = TensorCoreConfig()  # 128 x 128 x 32, 4 warps of 64 x 64, 3 stages
-
-
-def _check(cfg: TensorCoreConfig, activation) -> None:
-    for name in ("tile_m", "tile_n", "tile_k", "num_warps", "num_stages"):
-        value = getattr(cfg, name)
-        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if cfg.num_warps not in (1, 2, 4, 8):
-        raise ValueError(f"num_warps must be 1, 2, 4 or 8, got {cfg.num_warps}")
-    if cfg.num_stages not in (2, 3, 4):
-        raise ValueError(f"num_stages must be 2, 3 or 4, got {cfg.num_stages}")
-    k_tiles = (8, 16, 32) if cfg.tf32 else (16, 32, 64)  # 2 to 8 chunks of 16 bytes per row
-    if cfg.tile_k not in k_tiles:
-        raise ValueError(f"tile_k must be one of {k_tiles}, got {cfg.tile_k}")
-    wm, wn = cfg.tile_m // cfg.warps_m, cfg.tile_n // cfg.warps_n
-    if cfg.tile_m % cfg.warps_m or wm % 16:
-        raise ValueError(
-            f"tile_m {cfg.tile_m} must split into {cfg.warps_m} warp rows of a multiple of 16"
-        )
-    if cfg.tile_n % cfg.warps_n or wn % 16:
-        raise ValueError(
-            f"tile_n {cfg.tile_n} must split into {cfg.warps_n} warp columns of a multiple of 16"
-        )
-    chunks_n = cfg.tile_n // cfg.chunk
-    if chunks_n & (chunks_n - 1):
-        raise ValueError(
-            f"tile_n must be {cfg.chunk} times a power of two (swizzle), got {cfg.tile_n}"
-        )
-    if cfg.tf32 and chunks_n < 8:
-        # B fragments are scalar loads of 4 k-rows x 8 columns: conflict free when the
-        # swizzle spreads each row's 8 chunks over a whole 128-byte line (module doc)
-        raise ValueError(f"tile_n must be at least 32 for TF32 tiles, got {cfg.tile_n}")
-    if cfg.shared_bytes > MAX_STATIC_SHARED:
-        what = "float32" if cfg.tf32 else "float16"
-        raise ValueError(
-            f"{cfg.num_stages} stages of {cfg.tile_m}x{cfg.tile_k} + {cfg.tile_k}x{cfg.tile_n} "
-            f"{what} tiles need {cfg.shared_bytes} B of shared memory, over the "
-            f"{MAX_STATIC_SHARED} B static limit"
-        )
-    if activation is not None and not compat.is_device_function(activation):
-        raise TypeError(
-            "activation must be a numba CUDA device function (cuda.jit(device=True)) taking "
-            f"and returning float32, or None; got {activation!r}"
-        )
 
 
 def tensor_core_matmul(
@@ -219,137 +119,8 @@ def tensor_core_matmul(
     cfg = TensorCoreConfig(
         tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(async_copy)
     )
-    _check(cfg, activation)
-    return _build(cfg, activation)
-
-
-class Plan(NamedTuple):
-    """Launch configuration and global bytes of one launch (what the profiler measures)."""
-
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    bytes_a: int  # A is read once per column of output tiles
-    bytes_b: int  # B once per row of output tiles
-    bytes_bias: int  # each warp reads its columns' bias once (warps_m times per block column)
-    bytes_c: int  # C written once
-
-    @property
-    def bytes_total(self) -> int:
-        return self.bytes_a + self.bytes_b + self.bytes_bias + self.bytes_c
-
-
-def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = ANCHOR) -> Plan:
-    """Grid, block and the global bytes a launch reads and writes for ``(batch, m, n, k)``.
-
-    A grid with a zero extent means nothing to launch (batch, M or N is 0).
-    """
-    for name, v in (("batch", batch), ("m", m), ("n", n), ("k", k)):
-        if v < 0:
-            raise ValueError(f"{name} must be >= 0, got {v}")
-    tiles_m = -(-m // config.tile_m)
-    tiles_n = -(-n // config.tile_n)
-    bias = 4 * batch * tiles_m * n * config.warps_m if config.has_bias else 0
-    item = config.itemsize
-    return Plan(
-        grid=(tiles_n, tiles_m, batch),
-        block=(config.threads, 1, 1),
-        bytes_a=item * batch * m * k * tiles_n,
-        bytes_b=item * batch * k * n * tiles_m,
-        bytes_bias=bias,
-        bytes_c=item * batch * m * n,
-    )
-
-
-def aligned_rows(a, b, c) -> bool:
-    """Whether the ``cp.async`` kernel (``async_copy=True``) can take these arrays: every row
-    of A, B and C starts on 16 bytes (K and N multiples of 8 for float16, of 4 for float32,
-    16-byte aligned base addresses, row and batch strides multiples of 16 bytes). Otherwise
-    use ``async_copy=False``."""
-    for name, x in (("a", a), ("b", b), ("c", c)):
-        arg = x if isinstance(x, _arrays.Arg) else _arrays.read(x, name, scalars=False)
-        if len(arg.shape) != 3:
-            raise ValueError(f"{name} must be 3-d (batch, rows, cols), got shape {arg.shape}")
-        chunk = 16 // arg.dtype.itemsize
-        if arg.shape[2] % chunk or arg.address % 16 or any(s % 16 for s in arg.strides[:2]):
-            return False
-    return True
-
-
-def check_operands(a, b, bias, c, dtype=np.float16) -> bool:
-    """Validate the kernel's arguments before a launch; returns :func:`aligned_rows`.
-
-    TypeError or ValueError naming the argument: ``a``, ``b``, ``c`` of ``dtype`` (float16;
-    float32 for the TF32 kernel) and 3-d with the
-    inner dimension contiguous, ``(batch, M, K) @ (batch, K, N) -> (batch, M, N)`` with one
-    batch size (broadcast a single matrix with a stride-0 view), ``bias`` float32 1-d (``(N,)``
-    when the kernel uses it: the caller checks that, it knows ``has_bias``).
-    """
-    args = {
-        name: x if isinstance(x, _arrays.Arg) else _arrays.read(x, name, scalars=False)
-        for name, x in (("a", a), ("b", b), ("bias", bias), ("c", c))
-    }
-    dtype = np.dtype(dtype)
-    for name in ("a", "b", "c"):
-        arg = args[name]
-        if arg.dtype != dtype:
-            raise TypeError(f"{name} must be {dtype}, got {arg.dtype}")
-        if len(arg.shape) != 3:
-            raise ValueError(f"{name} must be 3-d (batch, rows, cols), got shape {arg.shape}")
-        if arg.shape[2] > 1 and arg.strides[2] != dtype.itemsize:
-            raise ValueError(f"{name}: the inner dimension must be contiguous ([:, :, ::1])")
-    if args["bias"].dtype != np.float32 or len(args["bias"].shape) != 1:
-        raise TypeError(f"bias must be a 1-d float32 array, got {args['bias'].dtype}")
-    (ba, m, k), (bb, k2, n), (bc, m2, n2) = args["a"].shape, args["b"].shape, args["c"].shape
-    if k2 != k:
-        raise ValueError(f"b has {k2} rows, a has {k} columns: inner dimensions differ")
-    if ba != bb:
-        raise ValueError(
-            f"a has batch {ba}, b has batch {bb}: broadcast one to the other first (a stride-0 "
-            "view, e.g. numpy.broadcast_to)"
-        )
-    if (bc, m2, n2) != (ba, m, n):
-        raise ValueError(f"c has shape {args['c'].shape}, expected ({ba}, {m}, {n})")
-    if bc > 1 and args["c"].strides[0] == 0 and m * n:
-        raise ValueError("c: a batch stride of 0 would write every batch to the same matrix")
-    return aligned_rows(args["a"], args["b"], args["c"])
-
-
-class _Copies(NamedTuple):
-    """How a block's threads copy one operand's tile: thread ``t`` takes rows
-    ``t // per_row + p * row_step`` (``p < passes``) and, in each, chunks
-    ``t % per_row + per_row * i`` (``i < chunks // per_row``): one global row pointer per pass,
-    its chunks at constant offsets."""
-
-    rows: int
-    chunks: int  # 16-byte chunks per row
-    per_row: int  # threads per row
-    row_step: int
-    passes: int
-    exact: bool  # every pass is full
-    lines: int  # rows per 128-byte line (swizzle)
-    period: int  # XOR period in chunks (swizzle)
-    bits: int  # log2(period)
-
-
-def _copies(rows: int, chunks: int, threads: int) -> _Copies:
-    per_row = max(1, threads // rows)
-    if chunks % per_row:
-        raise ValueError(
-            f"a {rows}-row tile of {chunks} 16-byte chunks per row cannot be split over "
-            f"{threads} threads ({per_row} per row); use a wider tile or fewer warps"
-        )
-    step = threads // per_row
-    period = min(chunks, 8)
-    return _Copies(
-        rows, chunks, per_row, step, -(-rows // step), rows % step == 0,
-        max(1, 8 // chunks), period, period.bit_length() - 1,
-    )  # fmt: skip
-
-
-# The main loop's pieces are inlined so that fragments and accumulators stay constant-indexed
-# registers and stage offsets constants: by NVVM (alwaysinline: each piece is typed once) when
-# compiling, by Numba's IR inliner in the simulator (which has no forceinline).
-_INLINE = {"inline": "always"} if _config.SIMULATED else {"forceinline": True}
+    cfg.validate(activation)
+    return build_kernel(cfg, activation)
 
 
 @cuda.jit(device=True)
@@ -358,8 +129,9 @@ def _identity(x):
 
 
 @functools.cache
-def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
-    """The kernel of ``cfg``; ``module`` names the module that ships it (its ``__module__``)."""
+def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
+    """The kernel of ``cfg``, float16 or TF32 (check it first: :meth:`TensorCoreConfig.validate`);
+    ``module`` names the module that ships it (its ``__module__``)."""
     tile_m, tile_n, tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
     stages, threads = cfg.num_stages, cfg.threads
     warps_n = cfg.warps_n
@@ -368,7 +140,7 @@ def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
     nt2 = nt // 2  # ldmatrix.x4.trans per k16 step: the B fragments of two n8 tiles each
     ksteps = tile_k // cfg.mma_k
     tf32 = cfg.tf32
-    CHUNK = cfg.chunk  # noqa: N806 - the module constant's name, this element size's value
+    CHUNK = cfg.chunk  # noqa: N806 - tc_tiles.CHUNK's name, this element size's value
     elem = float32 if tf32 else float16
     # B offsets: float16, one per ldmatrix.x4.trans; TF32, one per n8 tile modulo 4 (its
     # swizzle repeats every 4 n8 tiles, 32 columns, and is the same in rows t and t + 4)
@@ -383,23 +155,12 @@ def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
     a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
     a_ring, b_ring = stages * a_stage, stages * b_stage  # shared shapes must be constants
     ck_a, ck_b = tile_k // CHUNK, tile_n // CHUNK  # chunks per shared row
-    cp_a, cp_b = _copies(tile_m, ck_a, threads), _copies(tile_k, ck_b, threads)
+    cp_a, cp_b = tile_copies(tile_m, ck_a, threads), tile_copies(tile_k, ck_b, threads)
     lines_a, period_a, shift_a = cp_a.lines, cp_a.period, 3 - cp_a.bits
     lines_b, period_b, shift_b = cp_b.lines, cp_b.period, 3 - cp_b.bits
-    q_a, step_a, passes_a, exact_a, per_a = (
-        cp_a.per_row,
-        cp_a.row_step,
-        cp_a.passes,
-        cp_a.exact,
-        ck_a // cp_a.per_row,
-    )
-    q_b, step_b, passes_b, exact_b, per_b = (
-        cp_b.per_row,
-        cp_b.row_step,
-        cp_b.passes,
-        cp_b.exact,
-        ck_b // cp_b.per_row,
-    )
+    q_a, step_a, passes_a, exact_a = cp_a.per_row, cp_a.row_step, cp_a.passes, cp_a.exact
+    q_b, step_b, passes_b, exact_b = cp_b.per_row, cp_b.row_step, cp_b.passes, cp_b.exact
+    per_a, per_b = ck_a // q_a, ck_b // q_b  # chunks per thread and pass
 
     epilogue = _epilogue(mt, nt, has_bias, async_copy, act, store_f32x2 if tf32 else store_f16x2)
 
@@ -465,7 +226,7 @@ def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
         else:
             sync_chunk(dst, offset, src, bz, gr, gk)
 
-    @cuda.jit(device=True, **_INLINE)
+    @cuda.jit(device=True, **INLINE)
     def load_tile(
         sa, sb, a, b, bz, m0, n0, kt, stage, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c
     ):
@@ -505,7 +266,7 @@ def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
 
     mma = mma_m16n8k8_tf32 if tf32 else mma_m16n8k16
 
-    @cuda.jit(device=True, **_INLINE)
+    @cuda.jit(device=True, **INLINE)
     def multiply(fa, fb, acc):
         """The warp tile's mt x nt mma of one k-step on its A and B fragments."""
         for i in range(mt):
@@ -518,7 +279,7 @@ def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
                 for q in range(4):
                     acc[i, j, q] = d[q]
 
-    @cuda.jit(device=True, **_INLINE)
+    @cuda.jit(device=True, **INLINE)
     def k_step_tf32(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
         """One k8 step of the warp tile: A fragments by ldmatrix on the float32 tile, B by
         scalar loads (ldmatrix.trans moves 16-bit halves and cannot transpose 32-bit
@@ -534,7 +295,7 @@ def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
                 fb[j, h] = sb[b_base + b_off[j % 4] + 32 * (j // 4) + tile_n * row]
         multiply(fa, fb, acc)
 
-    @cuda.jit(device=True, **_INLINE)
+    @cuda.jit(device=True, **INLINE)
     def k_step_f16(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
         """One k16 step of the warp tile: A and B fragments by ldmatrix, then mt x nt mma."""
         for i in range(mt):
@@ -571,7 +332,7 @@ def _build(cfg: TensorCoreConfig, activation, module: str = __name__):
 
     b_offsets = b_offsets_tf32 if tf32 else b_offsets_f16
 
-    @cuda.jit(device=True, **_INLINE)
+    @cuda.jit(device=True, **INLINE)
     def tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, s, fa, fb, acc, a_off, b_off, a_dst,
                   a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c):  # fmt: skip
         """k-tile ``kt`` (in stage ``s``, a constant): wait for it, refill the stage tile
@@ -728,7 +489,7 @@ def _epilogue(mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pai
         "FULL_MASK": 0xFFFFFFFF,
     }  # fmt: skip
     exec("\n".join(lines), namespace)  # noqa: S102 - our own generated code
-    return cuda.jit(device=True, **_INLINE)(namespace["epilogue"])
+    return cuda.jit(device=True, **INLINE)(namespace["epilogue"])
 
 
 # The configurations the compile tier builds (module-level kernels: one compile case each).

@@ -54,9 +54,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import matmul_tc as tc
+from . import matmul_tc_plan
 from .epilogue import ACTIVATIONS
-from .matmul_tc import Plan, TensorCoreConfig, aligned_rows
+from .matmul_tc import build_kernel
+from .matmul_tc_plan import Plan, aligned_rows
+from .tc_tiles import TensorCoreConfig
 
 __all__ = ["ANCHOR", "Plan", "aligned_rows", "check_operands", "plan", "tf32_matmul"]
 
@@ -83,20 +85,20 @@ def tf32_matmul(
     cfg = TensorCoreConfig(
         tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), True, True
     )
-    tc._check(cfg, activation)
-    return tc._build(cfg, activation, __name__)
+    cfg.validate(activation)
+    return build_kernel(cfg, activation, __name__)
 
 
 def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = ANCHOR) -> Plan:
     """Grid, block and the global bytes a launch reads and writes (float32 elements)."""
-    return tc.plan(batch, m, n, k, config._replace(tf32=True))
+    return matmul_tc_plan.plan(batch, m, n, k, config._replace(tf32=True))
 
 
 def check_operands(a, b, bias, c) -> bool:
     """Validate the kernel's arguments before a launch (as
-    :func:`tessera_tile.kernels.matmul_tc.check_operands`, in float32); returns
+    :func:`tessera_tile.kernels.matmul_tc_plan.check_operands`, in float32); returns
     :func:`aligned_rows`, which the kernel needs."""
-    return tc.check_operands(a, b, bias, c, np.float32)
+    return matmul_tc_plan.check_operands(a, b, bias, c, np.float32)
 
 
 # The configurations the compile tier builds (module-level kernels: one compile case each).

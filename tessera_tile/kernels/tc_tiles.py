@@ -1,0 +1,166 @@
+"""Shared tensor-core tile helpers of :mod:`.matmul_tc`, :mod:`.matmul_tf32` and
+:mod:`.attention`: the 16-byte chunk and shared-memory limits, the inlining option of their
+main loops, how a block's threads split a tile's ``cp.async`` copies (with the swizzle's
+parameters, :func:`tile_copies`), and the matmul kernels' configuration
+(:class:`TensorCoreConfig`)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import _config
+from ..sim import compat
+
+__all__ = [
+    "CHUNK",
+    "INLINE",
+    "MAX_STATIC_SHARED",
+    "WARP_SIZE",
+    "TensorCoreConfig",
+    "TileCopies",
+    "tile_copies",
+]
+
+WARP_SIZE = 32
+CHUNK = 8  # float16 per 16-byte chunk (one cp.async, one ldmatrix row)
+MAX_STATIC_SHARED = 48 * 1024
+
+# The main loop's pieces are inlined so that fragments and accumulators stay constant-indexed
+# registers and stage offsets constants: by NVVM (alwaysinline: each piece is typed once) when
+# compiling, by Numba's IR inliner in the simulator (which has no forceinline).
+INLINE = {"inline": "always"} if _config.SIMULATED else {"forceinline": True}
+
+
+class TileCopies(NamedTuple):
+    """How a block's threads copy one operand's tile: thread ``t`` takes rows
+    ``t // per_row + p * row_step`` (``p < passes``) and, in each, chunks
+    ``t % per_row + per_row * i`` (``i < chunks // per_row``): one global row pointer per pass,
+    its chunks at constant offsets."""
+
+    rows: int
+    chunks: int  # 16-byte chunks per row
+    per_row: int  # threads per row
+    row_step: int
+    passes: int
+    exact: bool  # every pass is full
+    lines: int  # rows per 128-byte line (swizzle)
+    period: int  # XOR period in chunks (swizzle)
+    bits: int  # log2(period)
+
+
+def tile_copies(rows: int, chunks: int, threads: int) -> TileCopies:
+    """The copies of a ``rows``-row tile of ``chunks`` 16-byte chunks per row by ``threads``
+    threads; ``ValueError`` when the chunks do not split evenly over a row's threads."""
+    per_row = max(1, threads // rows)
+    if chunks % per_row:
+        raise ValueError(
+            f"a {rows}-row tile of {chunks} 16-byte chunks per row cannot be split over "
+            f"{threads} threads ({per_row} per row); use a wider tile or fewer warps"
+        )
+    step = threads // per_row
+    period = min(chunks, 8)
+    return TileCopies(
+        rows, chunks, per_row, step, -(-rows // step), rows % step == 0,
+        max(1, 8 // chunks), period, period.bit_length() - 1,
+    )  # fmt: skip
+
+
+class TensorCoreConfig(NamedTuple):
+    """One kernel configuration (block tile, warps, stages, epilogue, load path, and the
+    operands: float16 with ``mma.m16n8k16``, or float32 read as TF32 with ``mma.m16n8k8``,
+    :mod:`tessera_tile.kernels.matmul_tf32`)."""
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+    has_bias: bool = False
+    async_copy: bool = True
+    tf32: bool = False
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of A, B, C and the shared tiles."""
+        return 4 if self.tf32 else 2
+
+    @property
+    def chunk(self) -> int:
+        """Elements per 16-byte chunk (one cp.async, one ldmatrix row)."""
+        return 16 // self.itemsize
+
+    @property
+    def mma_k(self) -> int:
+        """The k of one mma: 16 (m16n8k16, float16) or 8 (m16n8k8, TF32)."""
+        return 8 if self.tf32 else 16
+
+    @property
+    def warps_m(self) -> int:
+        return 2 if self.num_warps >= 2 and self.tile_m // 2 >= 16 else 1
+
+    @property
+    def warps_n(self) -> int:
+        return self.num_warps // self.warps_m
+
+    @property
+    def threads(self) -> int:
+        return WARP_SIZE * self.num_warps
+
+    @property
+    def mma_per_k_tile(self) -> int:
+        """mma.sync instructions a warp issues per k-tile (its 16 x 8 tiles x k16 steps)."""
+        tiles = (self.tile_m // self.warps_m // 16) * (self.tile_n // self.warps_n // 8)
+        return tiles * (self.tile_k // self.mma_k)
+
+    @property
+    def shared_bytes(self) -> int:
+        ring = self.num_stages * (self.tile_m * self.tile_k + self.tile_k * self.tile_n)
+        return self.itemsize * ring
+
+    def validate(self, activation=None) -> None:
+        """Raise ``ValueError`` unless this config makes a kernel, ``TypeError`` unless
+        ``activation`` is ``None`` or a CUDA device function."""
+        for name in ("tile_m", "tile_n", "tile_k", "num_warps", "num_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int | np.integer) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"num_warps must be 1, 2, 4 or 8, got {self.num_warps}")
+        if self.num_stages not in (2, 3, 4):
+            raise ValueError(f"num_stages must be 2, 3 or 4, got {self.num_stages}")
+        k_tiles = (8, 16, 32) if self.tf32 else (16, 32, 64)  # 2 to 8 chunks of 16 bytes per row
+        if self.tile_k not in k_tiles:
+            raise ValueError(f"tile_k must be one of {k_tiles}, got {self.tile_k}")
+        wm, wn = self.tile_m // self.warps_m, self.tile_n // self.warps_n
+        if self.tile_m % self.warps_m or wm % 16:
+            raise ValueError(
+                f"tile_m {self.tile_m} must split into {self.warps_m} warp rows of a multiple of 16"
+            )
+        if self.tile_n % self.warps_n or wn % 16:
+            raise ValueError(
+                f"tile_n {self.tile_n} must split into {self.warps_n} warp columns of a multiple "
+                "of 16"
+            )
+        chunks_n = self.tile_n // self.chunk
+        if chunks_n & (chunks_n - 1):
+            raise ValueError(
+                f"tile_n must be {self.chunk} times a power of two (swizzle), got {self.tile_n}"
+            )
+        if self.tf32 and chunks_n < 8:
+            # B fragments are scalar loads of 4 k-rows x 8 columns: conflict free when the
+            # swizzle spreads each row's 8 chunks over a whole 128-byte line (matmul_tf32's doc)
+            raise ValueError(f"tile_n must be at least 32 for TF32 tiles, got {self.tile_n}")
+        if self.shared_bytes > MAX_STATIC_SHARED:
+            what = "float32" if self.tf32 else "float16"
+            raise ValueError(
+                f"{self.num_stages} stages of {self.tile_m}x{self.tile_k} + "
+                f"{self.tile_k}x{self.tile_n} {what} tiles need {self.shared_bytes} B of shared "
+                f"memory, over the {MAX_STATIC_SHARED} B static limit"
+            )
+        if activation is not None and not compat.is_device_function(activation):
+            raise TypeError(
+                "activation must be a numba CUDA device function (cuda.jit(device=True)) taking "
+                f"and returning float32, or None; got {activation!r}"
+            )
