@@ -118,6 +118,7 @@ class Autotuned:
             _cache.digest(configs_repr),
         ]
         self.stats = {"tuned": 0, "memo_hits": 0, "disk_hits": 0}
+        self.generation = 0  # counts clear(): a caller that kept a choice sees it dropped
         functools.update_wrapper(self, launch)
 
     # the fast path ------------------------------------------------------------------------
@@ -260,6 +261,7 @@ class Autotuned:
         """Forget the in-process choices (the disk cache stays; see ``tessera-tile cache``)."""
         self._memo.clear()
         self._buckets.clear()
+        self.generation += 1
 
 
 def _fits(entry) -> bool:

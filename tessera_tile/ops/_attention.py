@@ -20,7 +20,16 @@ from .. import _arrays as arrays
 from ..kernels import attention as tensor_cores
 from ..kernels import attention_simt as simt
 from ..kernels.attention import kv_rows
-from ._contract import PrebuiltOp, array_arg, check_out, source_of
+from ._contract import (
+    HandWritten,
+    KernelLaunch,
+    PrebuiltOp,
+    Report,
+    array_arg,
+    device_like,
+    distinct,
+    new_result,
+)
 from ._matmul_geometry import (
     Matrix,
     array_type,
@@ -68,7 +77,6 @@ FAMILIES = {
         False,
     ),
 }
-DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
 INT32_MAX = 2**31 - 1
 LOG2E = math.log2(math.e)
 NAMES = ("q", "k", "v")
@@ -83,7 +91,7 @@ class Launch:
 
 
 @dataclass
-class Attention:
+class Attention(HandWritten):
     """One call of ``attention``, validated: operands, broadcast batch, scale, kernel family."""
 
     q: arrays.Arg
@@ -156,47 +164,34 @@ class Attention:
             launches.append(Launch(index, count, aligned, signature))
         return geo, mats, launches
 
-    def launch(self, place: arrays.Placement, recs) -> None:
+    def inputs(self) -> dict:
+        return dict(zip(NAMES, (self.q, self.k, self.v), strict=True))
+
+    def launches(self, records, result) -> list:
         if self.empty:
-            return
-        geo, mats, launches = self.plan_launches(recs)
-        handles = [arrays.device_handle(r) for r in recs]
+            return []
+        geo, mats, planned = self.plan_launches([*records, result])
         cfg = self.tile_config()
         scale_log2 = np.float32(self.scale * LOG2E)
-        for launch in launches:
+        out = []
+        for launch in planned:
             views = [
-                matrix_view(h, m, launch.index, launch.count, z)
-                for h, m, z in zip(handles, mats, geo.z_strides, strict=True)
+                matrix_view(i, m, launch.index, launch.count, z)
+                for i, (m, z) in enumerate(zip(mats, geo.z_strides, strict=True))
             ]
             grid = (-(-self.sq // cfg.block_q), launch.count)
-            with np.errstate(all="ignore"):  # the simulator computes in NumPy
-                self.kernel(launch.aligned)[grid, cfg.threads, place.stream](*views, scale_log2)
-
-    def run(self, out, stream):
-        inputs = dict(zip(NAMES, (self.q, self.k, self.v), strict=True))
-        o = check_out(out, self.out_shape, self.dtype, inputs)
-        if o is not None and o.size and _repeats(o):
-            raise ValueError("out repeats memory (a stride of 0): its copies would race")
-        place = arrays.Placement(list(inputs.values()), [o], stream)
-        result = place.result(self.out_shape, self.dtype, o)
-        recs = [place.device(r) for r in (self.q, self.k, self.v)]
-        self.launch(place, [*recs, result])
-        return place.finish(result, o)
+            kernel = self.kernel(launch.aligned)
+            params = (*views, scale_log2)
+            out.append(KernelLaunch(kernel, grid, cfg.threads, params, launch.signature))
+        return out
 
     # reports ----------------------------------------------------------------------------
     def _stand_ins(self):
-        """The device records a call would launch with (host operands as their contiguous,
-        aligned device copies; a new result)."""
-
-        def device_like(rec: arrays.Arg) -> arrays.Arg:
-            if rec.kind == arrays.DEVICE:
-                return rec
-            strides = arrays.contiguous_strides(rec.shape, rec.dtype.itemsize)
-            return arrays.Arg(arrays.DEVICE, None, rec.shape, strides, rec.dtype, DEVICE_ALIGN)
-
-        o_strides = arrays.contiguous_strides(self.out_shape, self.dtype.itemsize)
-        o = arrays.Arg(arrays.DEVICE, None, self.out_shape, o_strides, self.dtype, DEVICE_ALIGN)
-        return [device_like(r) for r in (self.q, self.k, self.v)] + [o]
+        """The device records a call would launch with: its operands' (host operands as their
+        device copies), and a new result."""
+        return [device_like(r) for r in (self.q, self.k, self.v)] + [
+            new_result(self.out_shape, self.dtype)
+        ]
 
     def _kv_rows(self) -> list[int]:
         """K (and V) rows each block of query rows reads (kernels.attention.kv_rows)."""
@@ -234,17 +229,13 @@ class Attention:
         done, _ = self.kv_tiles()
         return 4 * done * cfg.block_q * cfg.block_kv * self.d
 
-    def explain(self):
-        from ..fusion import Explain
-
-        _, _, launches = self.plan_launches(self._stand_ins())
-        if self.empty:
-            launches = []
-        kernels = {launch.aligned: self.kernel(launch.aligned) for launch in launches}
+    def report(self) -> Report:
+        stand_ins = self._stand_ins()
+        launches = distinct(self.launches(stand_ins[:3], stand_ins[3]))
         cfg = self.tile_config()
         done, full = self.kv_tiles()
         reasons = [self.family.compute]
-        if any(not launch.aligned for launch in launches):
+        if any(not launch.aligned for launch in self.plan_launches(stand_ins)[2]):
             reasons.append(
                 "some rows are not 16-byte aligned on a contiguous inner axis: "
                 + self.family.unaligned
@@ -259,39 +250,23 @@ class Attention:
                 f"causal: {full - done} of {full} K/V tiles lie above the diagonal and are "
                 "skipped (no load, no math)"
             )
+        names = dict.fromkeys(launch.kernel.py_func.__name__ for launch in launches)
         stages = [
-            f"{kern.py_func.__name__}: softmax(q @ k^T * {self.scale:.4g}) @ v, Sq {self.sq} x "
+            f"{name}: softmax(q @ k^T * {self.scale:.4g}) @ v, Sq {self.sq} x "
             f"Sk {self.sk}, D {self.d}, batch {self.batch or '()'}; "
             f"{-(-self.sq // cfg.block_q) * math.prod(self.batch)} block(s) of {cfg.threads} "
             f"threads, {cfg.block_q} query rows each; {done} K/V tiles of {cfg.block_kv} keys "
             "in all; the scores stay on chip (online softmax)"
-            for kern in kernels.values()
+            for name in names
         ]
-        return Explain(
-            kernels=len(kernels),
-            ir="hand-written flash attention (no Tile IR)",
-            source="\n\n".join(source_of(k) for k in list(kernels.values())[:1]),
-            bytes_fused=self.predicted_bytes(),
-            bytes_unfused=self.naive_bytes(),
-            reasons=reasons,
-            stages=stages,
+        return Report(
+            "flash attention",
+            launches,
+            stages,
+            self.predicted_bytes(),
+            self.naive_bytes(),
+            reasons,
         )
-
-    def inspect(self, arch: str) -> list:
-        from .. import inspect as offline
-
-        if self.empty:
-            return []
-        _, _, launches = self.plan_launches(self._stand_ins())
-        seen, reports = set(), []
-        for launch in launches:
-            key = (launch.aligned, launch.signature)
-            if key not in seen:
-                seen.add(key)
-                kern = self.kernel(launch.aligned)
-                threads = self.tile_config().threads
-                reports.append(offline.compile(kern, launch.signature, arch=arch, block=threads))
-        return reports
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,10 +291,6 @@ def _operands(q, k, v):
     if v.shape[-2] != k.shape[-2]:
         raise ValueError(f"v has {v.shape[-2]} keys, k has {k.shape[-2]}: they must match")
     return recs
-
-
-def _repeats(rec: arrays.Arg) -> bool:
-    return any(n > 1 and st == 0 for n, st in zip(rec.shape, rec.strides, strict=True))
 
 
 def _batch(q, k, v) -> tuple[int, ...]:

@@ -5,16 +5,19 @@ of a call to a fused definition, and the checks that name the bad argument befor
 from __future__ import annotations
 
 import inspect as _pyinspect
+import math
 import numbers
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from .. import _arrays as arrays
 from .._fusion import runtime
 
-MAX_READY = 256  # calls an op runs straight from their arguments, by key (bounded)
+MAX_READY = 256  # calls an op keeps (by key; bounded)
+DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
 
 FLOATS = tuple(np.dtype(d) for d in ("float16", "float32", "float64"))
 
@@ -31,6 +34,10 @@ class PrebuiltOp:
     predicted traffic, source, reasons) and ``inspect`` one offline compile report per kernel
     the call would launch; neither allocates nor launches, and NumPy arrays may stand in for
     device arrays (only their shape, dtype and strides are used).
+
+    A call whose arrays are numba device arrays is kept by its key (``runtime.quick_key``:
+    each array's layout, each other argument's value): a later call with the same key skips
+    validation and planning and runs the kept launches on its own arrays.
     """
 
     def __init__(self, plan):
@@ -44,18 +51,18 @@ class PrebuiltOp:
             for n in ("out", "stream")
         ]
         self.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
-        self._ready: dict = {}  # runtime.quick_key -> a call that needs no checks or planning
+        self._ready: dict = {}  # key -> Ready
 
     def __call__(self, *args, out=None, stream=None, **kwargs):
-        key = runtime.quick_key(args, constants=True) if out is None and not kwargs else None
+        key = _key(args, kwargs) if out is None else None
         if key is not None:
             ready = self._ready.get(key)
-            if ready is not None:  # these arguments' layouts and values were checked before
-                return ready(args, stream)
+            if ready is not None and ready.current():
+                return ready.run(args, stream)
         plan = self._plan(*args, **kwargs)
         result = plan.run(out, stream)
         if key is not None:
-            ready = getattr(plan, "ready", lambda _: None)(args)  # TODO base class
+            ready = plan.ready(args)
             if ready is not None:
                 if len(self._ready) >= MAX_READY:
                     self._ready.clear()
@@ -74,6 +81,48 @@ class PrebuiltOp:
         return f"<tessera_tile op {self.__name__}{self.__signature__}>"
 
 
+def _key(args: tuple, kwargs: dict) -> tuple | None:
+    """An op call's key: positional arrays by layout, everything else by value (keywords must
+    be values: an array passed by keyword is not kept)."""
+    key = runtime.quick_key(args, constants=True)
+    if key is None or not kwargs:
+        return key
+    named = runtime.quick_key(tuple(kwargs.values()), constants=True)
+    if named is None or any(type(k) is tuple for k in named):  # an array by keyword
+        return None
+    return (key, tuple(kwargs), named)
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A kept call: ``run(args, stream)`` on the arguments of a call with the same key.
+    ``tuner``: the tuner whose choice its launches hold (None: none), valid while that tuner's
+    ``generation`` is ``generation`` (clearing the tuner drops the choice)."""
+
+    run: object
+    tuner: object = None
+    generation: int = 0
+
+    def current(self) -> bool:
+        return self.tuner is None or self.tuner.generation == self.generation
+
+
+def _positions(records, op_args: tuple) -> list[int] | None:
+    """Where each record's array is among the op's arguments (by identity); None when one is
+    not an argument (a record the op made)."""
+    found = []
+    for rec in records:
+        at = [i for i, v in enumerate(op_args) if v is rec.value]
+        if not at:
+            return None
+        found.append(at[0])
+    return found
+
+
+def _values(args, positions) -> list:
+    return [a.value if type(a) is arrays.Arg else a for a in (args[i] for i in positions)]
+
+
 @dataclass
 class Fused:
     """A call dispatched to a fused definition of :mod:`tessera_tile.kernels`."""
@@ -84,37 +133,223 @@ class Fused:
     def run(self, out, stream):
         return self.fn(*self.args, out=out, stream=stream)
 
-    def ready(self, op_args: tuple):
-        """A later call with ``op_args``' key, run straight from its arguments: each array
-        record of the fused call taken from the op's argument it was read from; None when the
-        fused call cannot run that way."""
-        entry = self.fn.ready(self.args)
-        if entry is None:
-            return None
-        picks = []  # per fused argument: the op argument's position, or None for a constant
-        for a in self.args:
-            if type(a) is arrays.Arg:
-                at = [i for i, v in enumerate(op_args) if v is a.value]
-                if not at:
-                    return None  # a record made by the op, not one of its arguments
-                picks.append(at[0])
-            else:
-                picks.append(None)
-        constants = self.args
-
-        def run(args, stream):
-            fused_args = [
-                c if i is None else args[i] for i, c in zip(picks, constants, strict=True)
-            ]
-            return runtime.run_ready(*entry, fused_args, stream)
-
-        return run
-
     def explain(self):
         return self.fn.explain(*self.args)
 
     def inspect(self, arch: str) -> list:
         return self.fn.inspect(*self.args, arch=arch)
+
+    def ready(self, op_args: tuple) -> Ready | None:
+        """The fused function's launch plan for these arguments, each array record taken from
+        the op's argument it was read from, the other values kept as they are."""
+        entry = self.fn.ready(self.args)
+        if entry is None:
+            return None
+        records = [a for a in self.args if type(a) is arrays.Arg]
+        positions = _positions(records, op_args)
+        if positions is None:
+            return None
+        slots = iter(positions)
+        picks = [next(slots) if type(a) is arrays.Arg else None for a in self.args]
+        constants = self.args
+
+        def run(args, stream):
+            taken = [c if i is None else args[i] for i, c in zip(picks, constants, strict=True)]
+            return runtime.run_ready(*entry, taken, stream)
+
+        return Ready(run)
+
+
+# --------------------------------------------------------------------------------------------
+# hand-written kernels: one launch list serves the run, a kept call, explain and inspect
+
+
+class View(NamedTuple):
+    """A kernel parameter that views one of the call's arrays (inputs in order, then the
+    result): as it is (``shape`` None), or with this shape, these byte strides and offset."""
+
+    array: int
+    shape: tuple | None = None
+    strides: tuple = ()
+    offset: int = 0
+
+    def of(self, handles: list):
+        handle = handles[self.array]
+        if self.shape is None:
+            return handle
+        return arrays.view(handle, self.shape, self.strides, self.offset)
+
+
+class Unused(NamedTuple):
+    """A kernel parameter the launch never reads or writes (an absent bias): a 1-element
+    device array of ``dtype``, kept per device (``_arrays.unused``), so calls allocate
+    nothing for it."""
+
+    dtype: np.dtype
+
+    def of(self, handles: list):
+        return arrays.unused(self.dtype)
+
+
+SPECS = (View, Unused)  # parameters given per launch; any other is passed as it is
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One launch: the kernel, its grid and block, its parameters (:data:`SPECS` or values),
+    and its numba signature (for ``inspect``)."""
+
+    kernel: object
+    grid: object
+    threads: object
+    params: tuple
+    signature: object
+
+
+def launch_all(launches, handles: list, stream) -> None:
+    for launch in launches:
+        params = [p.of(handles) if type(p) in SPECS else p for p in launch.params]
+        with np.errstate(all="ignore"):  # the simulator computes in NumPy: no warnings
+            launch.kernel[launch.grid, launch.threads, stream](*params)
+
+
+@dataclass
+class Report:
+    """What ``explain`` and ``inspect`` say of a hand-written call. ``then``: fused calls that
+    follow the kernels, as ``(fused function, stand-in arguments)``."""
+
+    name: str  # the call's kernels, for "hand-written <name>"
+    launches: list  # KernelLaunch of each distinct kernel and signature, in launch order
+    stages: list
+    bytes_fused: int
+    bytes_unfused: int
+    reasons: list = field(default_factory=list)
+    then: list = field(default_factory=list)
+
+
+class HandWritten:
+    """A validated call of hand-written kernels: what such an op's plan function returns.
+
+    A subclass names its arrays (:meth:`inputs`) and result (``out_shape``, ``dtype``), makes
+    its launches (:meth:`launches`, on the device records of its inputs and result) and its
+    report (:meth:`report`); running, keeping the call (:meth:`ready`), ``explain`` and
+    ``inspect`` are written here once. A call that does more than launch kernels (temporaries,
+    a fused step) overrides :meth:`execute`, and is not kept.
+    """
+
+    out_shape: tuple
+    dtype: np.dtype
+    contiguous_out = False  # whether out= must be C-contiguous
+    tuner = None  # the tuner whose choice the launches hold, if any
+
+    def inputs(self) -> dict:
+        raise NotImplementedError
+
+    def launches(self, records: list, result: arrays.Arg) -> list:
+        raise NotImplementedError
+
+    def report(self) -> Report:
+        raise NotImplementedError
+
+    def execute(self, place: arrays.Placement, records: list, result: arrays.Arg) -> None:
+        handles = [arrays.device_handle(r) for r in (*records, result)]
+        launch_all(self.launches(records, result), handles, place.stream)
+
+    def run(self, out, stream):
+        inputs = self.inputs()
+        o = check_out(out, self.out_shape, self.dtype, inputs)
+        if o is not None and o.size:
+            if any(n > 1 and s == 0 for n, s in zip(o.shape, o.strides, strict=True)):
+                raise ValueError("out repeats memory (a stride of 0): its copies would race")
+            if self.contiguous_out and not o.contiguous:
+                raise ValueError("out must be C-contiguous: this op writes C-contiguous results")
+        place = arrays.Placement(list(inputs.values()), [o], stream)
+        result = place.result(self.out_shape, self.dtype, o)
+        self.execute(place, [place.device(r) for r in inputs.values()], result)
+        return place.finish(result, o)
+
+    def ready(self, op_args: tuple) -> Ready | None:
+        """This call's launches, kept for later calls on arrays of the same layouts."""
+        if type(self).execute is not HandWritten.execute:
+            return None
+        records = list(self.inputs().values())
+        positions = _positions(records, op_args)
+        if positions is None:
+            return None
+        launches = self.launches(records, new_result(self.out_shape, self.dtype))
+        shape, dtype = self.out_shape, self.dtype
+
+        def run(args, stream):
+            place = arrays.Placement.of_numba_arrays(stream)
+            result = place.result(shape, dtype)
+            launch_all(launches, [*_values(args, positions), result.value], place.stream)
+            return result.value
+
+        tuner = self.tuner
+        return Ready(run, tuner, tuner.generation if tuner is not None else 0)
+
+    def explain(self):
+        from ..fusion import Explain
+
+        r = self.report()
+        sources = list(dict.fromkeys(source_of(k.kernel) for k in r.launches))
+        stages, fused, kernels = list(r.stages), r.bytes_fused, len(r.launches)
+        for fn, args in r.then:
+            ex = fn.explain(*args)
+            stages += ex.stages
+            sources.append(ex.source)
+            fused += ex.bytes_fused
+            kernels += ex.kernels
+        return Explain(
+            kernels=kernels,
+            ir=f"hand-written {r.name} (no Tile IR)",
+            source="\n\n".join(sources),
+            bytes_fused=fused,
+            bytes_unfused=r.bytes_unfused,
+            reasons=list(r.reasons),
+            stages=stages,
+        )
+
+    def inspect(self, arch: str) -> list:
+        from .. import inspect as offline
+
+        r = self.report()
+        reports = [
+            offline.compile(k.kernel, k.signature, arch=arch, block=_threads(k.threads))
+            for k in r.launches
+        ]
+        for fn, args in r.then:
+            reports += fn.inspect(*args, arch=arch)
+        return reports
+
+
+def _threads(threads) -> int:
+    return math.prod(threads) if isinstance(threads, tuple) else threads
+
+
+def new_result(shape, dtype) -> arrays.Arg:
+    """A stand-in for a new result: C-contiguous, its address aligned as device allocations."""
+    strides = arrays.contiguous_strides(shape, np.dtype(dtype).itemsize)
+    return arrays.Arg(arrays.DEVICE, None, tuple(shape), strides, np.dtype(dtype), DEVICE_ALIGN)
+
+
+def device_like(rec: arrays.Arg) -> arrays.Arg:
+    """A record as the kernels will see it: a host array's device copy is C-contiguous and
+    aligned as device allocations."""
+    if rec.kind == arrays.DEVICE:
+        return rec
+    return new_result(rec.shape, rec.dtype)
+
+
+def distinct(launches) -> list:
+    """The launches of distinct (kernel, signature), in order: what a report lists."""
+    seen, out = set(), []
+    for launch in launches:
+        key = (launch.kernel, str(launch.signature))
+        if key not in seen:
+            seen.add(key)
+            out.append(launch)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,7 +383,7 @@ def eps_value(eps) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# hand-written kernels: placement of arrays, results, reports
+# checks and types the hand-written ops share
 
 
 def check_out(out, shape, dtype, inputs: dict[str, arrays.Arg]) -> arrays.Arg | None:

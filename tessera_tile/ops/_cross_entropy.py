@@ -6,16 +6,21 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
+from numba import from_dtype, types
 
 from .. import _arrays as arrays
 from ..kernels import cross_entropy as _cross_entropy
 from ._contract import (
     FLOATS,
+    HandWritten,
+    KernelLaunch,
     PrebuiltOp,
+    Report,
+    Unused,
+    View,
     array_arg,
-    check_out,
+    launch_all,
     numba_type,
-    source_of,
 )
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -23,11 +28,22 @@ INTEGER_TARGETS = tuple(np.dtype(d) for d in ("int32", "int64"))
 
 
 @dataclass
-class _CrossEntropy:
+class _CrossEntropy(HandWritten):
     logits: arrays.Arg
     targets: arrays.Arg
     reduction: str
     ignore_index: int
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.logits.shape[:1] if self.reduction == "none" else ()
+
+    @property
+    def dtype(self):
+        return self.logits.dtype
+
+    def inputs(self) -> dict:
+        return {"logits": self.logits, "targets": self.targets}
 
     @property
     def compute(self) -> np.dtype:
@@ -37,9 +53,6 @@ class _CrossEntropy:
     def kernel(self):
         return _cross_entropy.KERNELS[self.logits.dtype]
 
-    def _shape(self) -> tuple:
-        return self.logits.shape[:1] if self.reduction == "none" else ()
-
     def _reducer(self):
         if self.reduction == "none":
             return None
@@ -48,34 +61,39 @@ class _CrossEntropy:
     def _loss_dtype(self) -> np.dtype:
         return self.logits.dtype if self.reduction == "none" else self.compute
 
-    def run(self, out, stream):
+    def launches(self, records, result) -> list:
+        """The row kernel, writing the losses into ``result`` (reduction "none"); the other
+        reductions write into temporaries (:meth:`execute`)."""
         n = self.logits.shape[0]
-        o = check_out(
-            out, self._shape(), self.logits.dtype, {"logits": self.logits, "targets": self.targets}
+        if not n:
+            return []
+        blocks = -(-n // _cross_entropy.WARPS_PER_BLOCK)
+        valid = View(3) if self.reduction == "mean" else Unused(self.compute)
+        params = (View(0), View(1), View(2), valid, self.ignore_index, self.reduction == "mean")
+        signature = self._signature(records)
+        return [KernelLaunch(self.kernel, blocks, _cross_entropy.THREADS, params, signature)]
+
+    def _signature(self, records) -> tuple:
+        return (
+            numba_type(records[0]),
+            numba_type(records[1]),
+            types.Array(from_dtype(self._loss_dtype()), 1, "C"),
+            types.Array(from_dtype(self.compute), 1, "C"),
+            types.int64,
+            types.boolean,
         )
-        place = arrays.Placement([self.logits, self.targets], [o], stream)
-        s = place.stream
-        logits = arrays.device_handle(place.device(self.logits))
-        targets = arrays.device_handle(place.device(self.targets))
+
+    def execute(self, place, records, result) -> None:
+        """The row kernel, then the mean or sum of its losses (a fused full reduction)."""
+        handles = [arrays.device_handle(r) for r in records]
         if self.reduction == "none":
-            loss = place.result((n,), self.logits.dtype, o)
-            valid = arrays.unused(self.compute)  # nothing counts rows
-        else:
-            loss, valid = place.temp((n,), self.compute), place.temp((n,), self.compute).value
-        loss_handle = arrays.device_handle(loss)
-        if n:
-            blocks = -(-n // _cross_entropy.WARPS_PER_BLOCK)
-            write_valid = self.reduction == "mean"
-            with np.errstate(all="ignore"):  # the simulator computes in NumPy
-                self.kernel[blocks, _cross_entropy.THREADS, s](
-                    logits, targets, loss_handle, valid, self.ignore_index, write_valid
-                )
-        if self.reduction == "none":
-            return place.finish(loss, o)
-        total = place.result((), self.logits.dtype, o)
-        args = (loss_handle, valid) if self.reduction == "mean" else (loss_handle,)
-        self._reducer()(*args, out=total.value, stream=s)
-        return place.finish(total, o)
+            launch_all(self.launches(records, result), [*handles, result.value], place.stream)
+            return
+        n = self.logits.shape[0]
+        loss, valid = place.temp((n,), self.compute), place.temp((n,), self.compute)
+        launch_all(self.launches(records, loss), [*handles, loss.value, valid.value], place.stream)
+        args = (loss.value, valid.value) if self.reduction == "mean" else (loss.value,)
+        self._reducer()(*args, out=result.value, stream=place.stream)
 
     def predicted_bytes(self) -> int:
         """Global bytes the row kernel moves: the logits once, one target and one loss per
@@ -110,52 +128,21 @@ class _CrossEntropy:
         loss = np.zeros(n, self.compute)
         return (loss, loss.copy()) if self.reduction == "mean" else (loss,)
 
-    def explain(self):
-        from ..fusion import Explain
-
-        kernel = self.kernel
-        reducer = self._reducer()
+    def report(self) -> Report:
+        signature = self._signature([self.logits, self.targets])
+        launches = [KernelLaunch(self.kernel, None, _cross_entropy.THREADS, (), signature)]
+        name = self.kernel.py_func.__name__
         stages = [
-            f"{kernel.py_func.__name__}: hand-written, a warp per row, logits read once, "
+            f"{name}: hand-written, a warp per row, logits read once, "
             f"{self.logits.shape[0]} rows of {self.logits.shape[1]}"
         ]
-        source, fused = source_of(kernel), self.predicted_bytes()
-        reasons = []
-        if reducer is not None:
-            ex = reducer.explain(*self._reduce_args())
-            stages += ex.stages
-            source += "\n\n" + ex.source
-            fused += ex.bytes_fused
+        reasons, then = [], []
+        if self.reduction != "none":
+            then.append((self._reducer(), self._reduce_args()))
             reasons.append(f"the {self.reduction} over rows is a full reduction of the losses")
-        return Explain(
-            kernels=len(stages),
-            ir=f"hand-written {kernel.py_func.__name__} (no Tile IR)",
-            source=source,
-            bytes_fused=fused,
-            bytes_unfused=self.unfused_bytes(),
-            reasons=reasons,
-            stages=stages,
+        return Report(
+            name, launches, stages, self.predicted_bytes(), self.unfused_bytes(), reasons, then
         )
-
-    def inspect(self, arch: str) -> list:
-        from numba import from_dtype, types
-
-        from .. import inspect as offline
-
-        loss_type = types.Array(from_dtype(self._loss_dtype()), 1, "C")
-        signature = (
-            numba_type(self.logits),
-            numba_type(self.targets),
-            loss_type,
-            types.Array(from_dtype(self.compute), 1, "C"),
-            types.int64,
-            types.boolean,
-        )
-        reports = [offline.compile(self.kernel, signature, arch=arch, block=_cross_entropy.THREADS)]
-        reducer = self._reducer()
-        if reducer is not None:
-            reports += reducer.inspect(*self._reduce_args(), arch=arch)
-        return reports
 
 
 def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):

@@ -29,7 +29,7 @@ from ..tile_config import (
     TileConfig,
     score,
 )
-from ._contract import PrebuiltOp, array_arg, check_out
+from ._contract import HandWritten, PrebuiltOp, Report, array_arg, new_result
 from ._matmul_geometry import (
     MAX_GRID_YZ,
 )
@@ -38,12 +38,10 @@ __all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
 
 from ._matmul_plan import (
     ACTIVATIONS,
-    DEVICE_ALIGN,
     DTYPES,
     INT32_MAX,
     TC_UNALIGNED,
     Product,
-    _out,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -292,25 +290,30 @@ def _linear(x, w, bias, activation, config, names, what, precision=None) -> Prod
 
 
 @dataclass
-class _Mlp:
+class _Mlp(HandWritten):
     first: Product
     second: Product
 
-    def run(self, out, stream):
-        second = self.second
-        inputs = {**self.first._inputs(), "w2": second.b}
-        if second.bias is not None:
-            inputs["b2"] = second.bias
-        o = _out(check_out(out, second.out_shape, second.dtype, inputs))
-        place = arrays.Placement(list(inputs.values()), [o], stream)
-        x, w1, w2 = (place.device(r) for r in (self.first.a, self.first.b, second.b))
-        b1 = None if self.first.bias is None else place.device(self.first.bias)
-        b2 = None if second.bias is None else place.device(second.bias)
+    @property
+    def out_shape(self) -> tuple:
+        return self.second.out_shape
+
+    @property
+    def dtype(self):
+        return self.second.dtype
+
+    def inputs(self) -> dict:
+        second = {"w2": self.second.b}
+        if self.second.bias is not None:
+            second["b2"] = self.second.bias
+        return {**self.first.inputs(), **second}
+
+    def execute(self, place, records, result) -> None:
+        """The first product into a hidden temporary, the second from it."""
+        n_first = len(self.first.inputs())
         hidden = place.temp(self.first.out_shape, self.first.dtype)
-        self.first.launch(place, x, w1, b1, hidden)
-        result = place.result(second.out_shape, second.dtype, o)
-        second.launch(place, hidden, w2, b2, result)
-        return place.finish(result, o)
+        self.first.execute(place, records[:n_first], hidden)
+        self.second.execute(place, [hidden, *records[n_first:]], result)
 
     def hidden_bytes(self) -> int:
         """The hidden activation's traffic: written once by the first kernel, read once per
@@ -319,10 +322,8 @@ class _Mlp:
         cols = -(-self.second.n // self.second.tile_config().tile_n)
         return h * (1 + cols)
 
-    def explain(self):
-        from ..fusion import Explain
-
-        one, two = self.first.explain(), self.second.explain()
+    def report(self) -> Report:
+        one, two = self.first.report(), self.second.report()
         reasons = [
             "two kernels: the second product needs whole rows of the hidden activation, "
             f"which a tile of the first does not hold; the hidden activation costs "
@@ -330,18 +331,14 @@ class _Mlp:
             "output tiles)",
             *sorted(set(one.reasons + two.reasons)),
         ]
-        return Explain(
-            kernels=one.kernels + two.kernels,
-            ir="hand-written mlp (no Tile IR)",
-            source="\n\n".join(s for s in (one.source, two.source) if s),
-            bytes_fused=one.bytes_fused + two.bytes_fused,
-            bytes_unfused=one.bytes_unfused + two.bytes_unfused,
-            reasons=reasons,
-            stages=one.stages + two.stages,
+        return Report(
+            "mlp",
+            one.launches + two.launches,
+            one.stages + two.stages,
+            one.bytes_fused + two.bytes_fused,
+            one.bytes_unfused + two.bytes_unfused,
+            reasons,
         )
-
-    def inspect(self, arch: str) -> list:
-        return self.first.inspect(arch) + self.second.inspect(arch)
 
 
 def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
@@ -361,11 +358,7 @@ def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
         raise ValueError(f"w2 has shape {rw2.shape}; mlp needs ({first.n}, N) after w1")
     if rw2.dtype != first.dtype:
         raise TypeError(f"w2 has dtype {rw2.dtype}; it must match x's dtype {first.dtype}")
-    hidden = arrays.Arg(
-        first.a.kind, None, first.out_shape,
-        arrays.contiguous_strides(first.out_shape, first.dtype.itemsize), first.dtype,
-        DEVICE_ALIGN,
-    )  # fmt: skip
+    hidden = new_result(first.out_shape, first.dtype)  # a device temporary
     rb2 = None
     if b2 is not None:
         rb2 = arrays.read(b2, "b2", scalars=False)

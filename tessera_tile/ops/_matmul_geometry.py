@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _arrays as arrays
+from ._contract import View
 
 __all__ = [
     "MAX_GRID_YZ", "Geometry", "Matrix", "array_type", "as_matrix", "copy_bytes",
@@ -101,14 +102,14 @@ def geometry(batch: tuple[int, ...], mats: list[Matrix]) -> Geometry:
     return Geometry(batch, outer, tuple(run), z_strides)
 
 
-def matrix_view(handle, mat: Matrix, index, z_count: int, z_stride: int):
-    """The (z, rows, cols) view of one launch, from batch ``index`` on, built from the record's
-    strides and never by indexing ``handle``: numba's ``DeviceNDArray.__getitem__`` (its
-    dummyarray) gives size 1 along stride-0 axes, and raises on any view into a 0-byte (null)
-    allocation, e.g. ``[0]`` of a (2, 3, 0) array."""
+def matrix_view(array: int, mat: Matrix, index, z_count: int, z_stride: int) -> View:
+    """The (z, rows, cols) view of the call's array ``array`` in one launch, from batch
+    ``index`` on: made from the record's strides, never by indexing the device array (numba's
+    ``DeviceNDArray.__getitem__``, its dummyarray, gives size 1 along stride-0 axes, and raises
+    on any view into a 0-byte (null) allocation, e.g. ``[0]`` of a (2, 3, 0) array)."""
     offset = sum(i * s for i, s in zip(index, mat.batch_strides, strict=True))
     shape = (z_count, mat.rows, mat.cols)
-    return arrays.view(handle, shape, (z_stride, mat.row_stride, mat.col_stride), offset)
+    return View(array, shape, (z_stride, mat.row_stride, mat.col_stride), offset)
 
 
 def first_address(rec: arrays.Arg, mat: Matrix, index) -> int:

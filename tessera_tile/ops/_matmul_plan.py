@@ -26,7 +26,16 @@ from ..tile_config import (
     estimate,
     waves_text,
 )
-from ._contract import check_out, source_of
+from ._contract import (
+    HandWritten,
+    KernelLaunch,
+    Report,
+    Unused,
+    View,
+    device_like,
+    distinct,
+    new_result,
+)
 from ._matmul_geometry import (
     Matrix,
     array_type,
@@ -42,7 +51,6 @@ from ._matmul_geometry import (
 
 DTYPES = tuple(np.dtype(d) for d in ("float16", "float32"))
 ACTIVATIONS = (None, *epilogue.ACTIVATIONS)  # the activation table's names (tile_ir)
-DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
 INT32_MAX = 2**31 - 1
 
 
@@ -166,7 +174,7 @@ def _layout(rec: arrays.Arg | None):
 
 
 @dataclass
-class Product:
+class Product(HandWritten):
     """``activation(a @ b + bias)`` over a broadcast batch, as one kernel per launch."""
 
     a: arrays.Arg
@@ -229,15 +237,7 @@ class Product:
         """A stand-in for the result's layout (a new result is C-contiguous, device-aligned)."""
         if out is not None and out.kind == arrays.DEVICE:
             return out
-        strides = arrays.contiguous_strides(self.out_shape, self.dtype.itemsize)
-        return arrays.Arg(arrays.DEVICE, None, self.out_shape, strides, self.dtype, DEVICE_ALIGN)
-
-    def _device_like(self, rec: arrays.Arg) -> arrays.Arg:
-        """A host operand as its device copy will be: contiguous, aligned."""
-        if rec.kind == arrays.DEVICE:
-            return rec
-        strides = arrays.contiguous_strides(rec.shape, rec.dtype.itemsize)
-        return arrays.Arg(arrays.DEVICE, None, rec.shape, strides, rec.dtype, DEVICE_ALIGN)
+        return new_result(self.out_shape, self.dtype)
 
     def plan_launches(self, a: arrays.Arg, b: arrays.Arg, c: arrays.Arg):
         """(geometry, matrices, and per launch: (index, z0, count, KernelChoice)), made once
@@ -301,46 +301,33 @@ class Product:
         return geo, mats, launches
 
     # running ------------------------------------------------------------------------------
-    def launch(self, place: arrays.Placement, a, b, bias, c) -> None:
-        """Launch on device records ``a``, ``b``, ``bias`` (or None), ``c``."""
-        if self.empty:
-            return
-        if self.config is None:  # the first launch of a shape bucket tunes (times, on a GPU)
-            self.tuner.choose(a, b)
-        hbias = arrays.device_handle(bias) if bias is not None else arrays.unused(np.float32)
-        for choice, grid, (va, vb, vc) in self.launch_views(a, b, c):
-            with np.errstate(all="ignore"):  # the simulator computes in NumPy
-                choice.kernel[grid, choice.threads, place.stream](va, vb, hbias, vc)
-
-    def launch_views(self, a, b, c):
-        """Per launch on device records ``a``, ``b``, ``c``: its KernelChoice, grid, and the
-        (z, rows, cols) views of A, B and C it takes."""
-        geo, (ma, mb, mc), launches = self.plan_launches(a, b, c)
-        handles = [arrays.device_handle(r) for r in (a, b, c)]
-        for index, _z0, count, choice in launches:
-            views = tuple(
-                matrix_view(h, m, index, count, z)
-                for h, m, z in zip(handles, (ma, mb, mc), geo.z_strides, strict=True)
-            )
-            yield choice, choice.grid(self.m, self.n, count), views
-
-    def run(self, out, stream):
-        o = _out(check_out(out, self.out_shape, self.dtype, self._inputs()))
-        place = arrays.Placement(self._input_list(), [o], stream)
-        result = place.result(self.out_shape, self.dtype, o)
-        a, b = place.device(self.a), place.device(self.b)
-        bias = None if self.bias is None else place.device(self.bias)
-        self.launch(place, a, b, bias, result)
-        return place.finish(result, o)
-
-    def _inputs(self) -> dict:
+    def inputs(self) -> dict:
         named = {self.names[0]: self.a, self.names[1]: self.b}
         if self.bias is not None:
             named[self.names[2] if len(self.names) > 2 else "bias"] = self.bias
         return named
 
-    def _input_list(self) -> list:
-        return list(self._inputs().values())
+    def launches(self, records, result) -> list:
+        """The launches on device records ``a``, ``b`` (, ``bias``) and the result; the first
+        launch of a shape bucket tunes first (times, on a GPU)."""
+        if self.empty:
+            return []
+        a, b = records[:2]
+        if self.config is None:
+            self.tuner.choose(a, b)
+        geo, mats, planned = self.plan_launches(a, b, result)
+        bias = View(2) if self.bias is not None else Unused(np.dtype(np.float32))
+        arrays_of = (0, 1, len(records))  # A, B and C among the call's arrays
+        out = []
+        for index, _z0, count, choice in planned:
+            va, vb, vc = (
+                matrix_view(i, m, index, count, z)
+                for i, m, z in zip(arrays_of, mats, geo.z_strides, strict=True)
+            )
+            grid = choice.grid(self.m, self.n, count)
+            params = (va, vb, bias, vc)
+            out.append(KernelLaunch(choice.kernel, grid, choice.threads, params, choice.signature))
+        return out
 
     # reports --------------------------------------------------------------------------------
     def predicted_bytes(self, cfg: TileConfig) -> int:
@@ -393,54 +380,18 @@ class Product:
             for name in names
         ]
 
-    def distinct(self, launches) -> list:
-        seen, out = set(), []
-        for *_, choice in launches:
-            key = (choice.kernel, choice.signature)
-            if key not in seen:
-                seen.add(key)
-                out.append(choice)
-        return out
-
     def explain_parts(self, out=None):
-        a, b = self._device_like(self.a), self._device_like(self.b)
+        a, b = device_like(self.a), device_like(self.b)
         _, _, launches = self.plan_launches(a, b, self._c_record(out))
         reasons = sorted({r for *_, choice in launches for r in choice.reasons})
         return launches, reasons
 
-    def explain(self):
-        from ..fusion import Explain
-
+    def report(self) -> Report:
         launches, reasons = self.explain_parts()
-        kernels = [] if self.empty else self.distinct(launches)
+        chosen = [] if self.empty else distinct(
+            KernelLaunch(c.kernel, None, c.threads, (), c.signature) for *_, c in launches
+        )  # fmt: skip
         # the config the kernel runs with (float16 on unaligned rows: TC_UNALIGNED)
         fused = self.predicted_bytes(launches[0][3].config if launches else self.tile_config())
-        return Explain(
-            kernels=len(kernels),
-            ir=f"hand-written {self.name} (no Tile IR)",
-            source="\n\n".join(source_of(c.kernel) for c in kernels[:1]),
-            bytes_fused=fused,
-            bytes_unfused=self.unfused_bytes(fused),
-            reasons=reasons,
-            stages=self.stage_text(launches) if kernels else [],
-        )
-
-    def inspect(self, arch: str) -> list:
-        from .. import inspect as offline
-
-        launches, _ = self.explain_parts()
-        if self.empty:
-            return []
-        return [
-            offline.compile(c.kernel, c.signature, arch=arch, block=c.threads)
-            for c in self.distinct(launches)
-        ]
-
-
-def _out(o: arrays.Arg | None) -> arrays.Arg | None:
-    """``out=``'s record; ValueError where it repeats memory (a stride-0 axis)."""
-    if o is None:
-        return None
-    if o.size and any(n > 1 and s == 0 for n, s in zip(o.shape, o.strides, strict=True)):
-        raise ValueError("out repeats memory (a stride of 0): its copies would race")
-    return o
+        stages = self.stage_text(launches) if chosen else []
+        return Report(self.name, chosen, stages, fused, self.unfused_bytes(fused), reasons)

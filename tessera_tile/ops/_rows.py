@@ -6,8 +6,6 @@ from __future__ import annotations
 import builtins
 from dataclasses import dataclass
 
-import numpy as np
-
 from .. import _arrays as arrays
 from ..kernels import layer_norm_long as _layer_norm_long
 from ..kernels import norms as _norms
@@ -15,12 +13,15 @@ from ..kernels import softmax as _softmax
 from ._contract import (
     FLOATS,
     Fused,
+    HandWritten,
+    KernelLaunch,
     PrebuiltOp,
+    Report,
+    Unused,
+    View,
     array_arg,
     axis_index,
-    check_out,
     eps_value,
-    source_of,
 )
 
 
@@ -107,7 +108,7 @@ def rms_norm(x, weight=None, eps=1e-6):
 
 
 @dataclass
-class _LayerNormLong:
+class _LayerNormLong(HandWritten):
     """Layer norm over rows longer than the composer keeps on chip: the hand-written kernel of
     :mod:`tessera_tile.kernels.layer_norm_long`, a block per row."""
 
@@ -122,28 +123,45 @@ class _LayerNormLong:
     def kernel(self):
         return _layer_norm_long.kernel(self.x.dtype, self.weight is not None, self.bias is not None)
 
-    def run(self, out, stream):
+    @property
+    def out_shape(self) -> tuple:
+        return self.x.shape
+
+    @property
+    def dtype(self):
+        return self.x.dtype
+
+    def inputs(self) -> dict:
         params = {"weight": self.weight, "bias": self.bias}
-        inputs = {"x": self.x} | {k: v for k, v in params.items() if v is not None}
-        o = check_out(out, self.x.shape, self.x.dtype, inputs)
-        place = arrays.Placement(list(inputs.values()), [o], stream)
-        result = place.result(self.x.shape, self.x.dtype, o)
-        (n_rows, n), strides = self.rows
-        if n_rows:
-            handle = arrays.device_handle(place.device(self.x))
-            x = arrays.view(handle, (n_rows, n), strides)
-            y = arrays.view(arrays.device_handle(result), (n_rows, n), _rows_strides(result))
-            weight, bias = (
-                arrays.zeros(1, self.x.dtype, place.stream)
-                if p is None
-                else arrays.device_handle(place.device(p))
-                for p in params.values()
-            )
-            with np.errstate(all="ignore"):  # the simulator computes in NumPy
-                self.kernel[n_rows, _layer_norm_long.THREADS, place.stream](
-                    x, weight, bias, y, self.eps
-                )
-        return place.finish(result, o)
+        return {"x": self.x} | {k: v for k, v in params.items() if v is not None}
+
+    def launches(self, records, result) -> list:
+        x = records[0]  # on the device: a host x's contiguous copy has strides of its own
+        (n_rows, n), strides = _layer_norm_long.rows_view(x)
+        if not n_rows:
+            return []
+        x_view = View(0, (n_rows, n), strides)
+        y_view = View(len(records), (n_rows, n), _rows_strides(result))
+        present = iter(range(1, len(records)))
+        weight, bias = (
+            Unused(x.dtype) if p is None else View(next(present)) for p in (self.weight, self.bias)
+        )
+        params = (x_view, weight, bias, y_view, self.eps)
+        signature = self._signature(strides)
+        return [KernelLaunch(self.kernel, n_rows, _layer_norm_long.THREADS, params, signature)]
+
+    def _signature(self, x_strides) -> tuple:
+        from numba import from_dtype, types
+
+        dt = from_dtype(self.x.dtype)
+        contiguous = x_strides == arrays.contiguous_strides(self.rows[0], self.x.dtype.itemsize)
+        return (
+            types.Array(dt, 2, "C" if contiguous else "A"),
+            types.Array(dt, 1, "C"),
+            types.Array(dt, 1, "C"),
+            types.Array(dt, 2, "C"),
+            types.float64,
+        )
 
     def predicted_bytes(self) -> int:
         """x read twice, y written once, each weight read once per block (a block per row)."""
@@ -151,47 +169,29 @@ class _LayerNormLong:
         weights = builtins.sum(p.size * p.dtype.itemsize for p in (self.weight, self.bias) if p)
         return 3 * self.x.size * self.x.dtype.itemsize + n_rows * weights
 
-    def explain(self):
-        from ..fusion import Explain
-
+    def report(self) -> Report:
         name = self.kernel.py_func.__name__
         (n_rows, n), _ = self.rows
-        return Explain(
-            kernels=1,
-            ir=f"hand-written {name} (no Tile IR)",
-            source=source_of(self.kernel),
-            bytes_fused=self.predicted_bytes(),
-            bytes_unfused=self.fused.explain().bytes_unfused,
-            reasons=[
+        threads = _layer_norm_long.THREADS
+        x_strides = self.rows[1]
+        if self.x.kind != arrays.DEVICE:  # its contiguous device copy
+            x_strides = arrays.contiguous_strides(self.rows[0], self.x.dtype.itemsize)
+        launch = KernelLaunch(self.kernel, n_rows, threads, (), self._signature(x_strides))
+        return Report(
+            name,
+            [launch],
+            [
+                f"{name}: hand-written, a block of {threads} per row, {n_rows} rows of {n}; "
+                f"{n_rows} block(s) of {threads} threads"
+            ],
+            self.predicted_bytes(),
+            self.fused.explain().bytes_unfused,
+            [
                 f"rows of {n} {self.x.dtype} are past the {_layer_norm_long.CACHE_BYTES} bytes "
                 "the composer keeps on chip: Welford's one-pass statistics read x twice, "
                 "where the composer's three passes would read it three times"
             ],
-            stages=[
-                f"{name}: hand-written, a block of {_layer_norm_long.THREADS} per row, "
-                f"{n_rows} rows of {n}; {n_rows} block(s) of {_layer_norm_long.THREADS} threads"
-            ],
         )
-
-    def inspect(self, arch: str) -> list:
-        from numba import from_dtype, types
-
-        from .. import inspect as offline
-
-        dt = from_dtype(self.x.dtype)
-        x_layout = (
-            "C"
-            if self.rows[1] == arrays.contiguous_strides(self.rows[0], dt.bitwidth // 8)
-            else "A"
-        )
-        signature = (
-            types.Array(dt, 2, x_layout),
-            types.Array(dt, 1, "C"),
-            types.Array(dt, 1, "C"),
-            types.Array(dt, 2, "C"),
-            types.float64,
-        )
-        return [offline.compile(self.kernel, signature, arch=arch, block=_layer_norm_long.THREADS)]
 
 
 def _rows_strides(rec: arrays.Arg) -> tuple:

@@ -9,68 +9,63 @@ from .. import _arrays as arrays
 from ..kernels import transpose as _transpose
 from ._contract import (
     FLOATS,
+    HandWritten,
+    KernelLaunch,
     PrebuiltOp,
+    Report,
+    View,
     array_arg,
-    check_out,
+    new_result,
     numba_type,
-    source_of,
 )
 
 MAX_BLOCKS = 132 * 16  # an H100 full 16 times over; blocks grid-stride over further tiles
 
 
 @dataclass
-class _Transpose:
+class _Transpose(HandWritten):
     x: arrays.Arg
+    contiguous_out = True
 
     @property
     def kernel(self):
         return _transpose.KERNELS[self.x.dtype]
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.x.shape[::-1]
+
+    @property
+    def dtype(self):
+        return self.x.dtype
+
+    def inputs(self) -> dict:
+        return {"x": self.x}
 
     def _blocks(self) -> int:
         m, n = self.x.shape
         tiles = -(-m // _transpose.TILE) * -(-n // _transpose.TILE)
         return builtins.min(tiles, MAX_BLOCKS)
 
-    def run(self, out, stream):
-        m, n = self.x.shape
-        o = check_out(out, (n, m), self.x.dtype, {"x": self.x})
-        if o is not None and not o.contiguous:
-            raise ValueError("out must be C-contiguous: transpose writes C-contiguous results")
-        place = arrays.Placement([self.x], [o], stream)
-        result = place.result((n, m), self.x.dtype, o)
-        if self.x.size:
-            src = arrays.device_handle(place.device(self.x))
-            dst = arrays.device_handle(result)
-            self.kernel[self._blocks(), _transpose.THREADS, place.stream](src, dst)
-        return place.finish(result, o)
+    def launches(self, records, result) -> list:
+        if not self.x.size:
+            return []
+        signature = (numba_type(records[0]), numba_type(result))
+        params = (View(0), View(1))
+        return [KernelLaunch(self.kernel, self._blocks(), _transpose.THREADS, params, signature)]
 
-    def explain(self):
-        from ..fusion import Explain
-
+    def report(self) -> Report:
         name = self.kernel.py_func.__name__
         nbytes = 2 * self.x.size * self.x.dtype.itemsize
-        return Explain(
-            kernels=1,
-            ir=f"hand-written {name} (no Tile IR)",
-            source=source_of(self.kernel),
-            bytes_fused=nbytes,
-            bytes_unfused=nbytes,  # one op: nothing to fuse
-            reasons=[],
-            stages=[
-                f"{name}: hand-written, {_transpose.TILE}x{_transpose.TILE} tiles through padded "
-                f"shared memory, {self._blocks()} block(s) of {_transpose.THREADS}"
-            ],
+        launch = KernelLaunch(
+            self.kernel, self._blocks(), _transpose.THREADS, (),
+            (numba_type(self.x), numba_type(new_result(self.out_shape, self.dtype))),
+        )  # fmt: skip
+        stage = (
+            f"{name}: hand-written, {_transpose.TILE}x{_transpose.TILE} tiles through padded "
+            f"shared memory, {self._blocks()} block(s) of {_transpose.THREADS}"
         )
-
-    def inspect(self, arch: str) -> list:
-        from numba import from_dtype, types
-
-        from .. import inspect as offline
-
-        out_type = types.Array(from_dtype(self.x.dtype), 2, "C")
-        signature = (numba_type(self.x), out_type)
-        return [offline.compile(self.kernel, signature, arch=arch, block=_transpose.THREADS)]
+        return Report(name, [launch], [stage], nbytes, nbytes)  # one op: nothing to fuse
 
 
 def transpose(x):

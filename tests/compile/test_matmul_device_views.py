@@ -48,7 +48,10 @@ def address(view) -> int:
 def views(plan):
     """Per launch: the (A, B, C) views a matmul call would launch with."""
     c = contiguous(plan.out_shape, plan.dtype, C_AT)
-    return [v for *_, v in plan.launch_views(plan.a, plan.b, arrays.read(c, "out"))]
+    records = list(plan.inputs().values())
+    handles = [r.value for r in records] + [c]
+    launches = plan.launches(records, arrays.read(c, "out"))
+    return [tuple(launch.params[i].of(handles) for i in (0, 1, 3)) for launch in launches]
 
 
 @pytest.mark.parametrize(("dtype", "config", "precision"), CONFIGS, ids=IDS)

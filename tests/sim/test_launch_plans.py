@@ -228,3 +228,62 @@ def test_launches_skipped_configure_and_launch_nothing():
     assert not a.any()
     fill[1, 32](a)
     assert (a == 7).all()
+
+
+def test_kept_hand_written_calls_read_each_call_s_arrays():
+    rng = np.random.default_rng(9)
+    for _ in range(3):  # the first call plans; the later ones run kept launches
+        x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((6, 8), (8, 5), (5,)))
+        q, k, v = (rng.standard_normal((2, 8, 16)).astype(np.float32) for _ in range(3))
+        dx, dw, db, dq, dk, dv = _device(x, w, b, q, k, v)
+        got = ops.linear(dx, dw, db, "relu").copy_to_host()
+        np.testing.assert_allclose(got, np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(ops.transpose(dx).copy_to_host(), x.T)
+        s = q @ k.transpose(0, 2, 1) / 4
+        p = np.exp(s - s.max(-1, keepdims=True))
+        want = p / p.sum(-1, keepdims=True) @ v
+        got = ops.attention(dq, dk, dv).copy_to_host()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for op in (ops.linear, ops.transpose, ops.attention):
+        assert len(op._ready) == 1, op
+
+
+def test_a_kept_call_consults_no_tuner_until_it_is_cleared(monkeypatch):
+    from tessera_tile.ops import _matmul
+
+    tuner = _matmul.TUNED_LINEAR
+    consulted = collections.Counter()
+    for name in ("choose", "expected"):
+        original = getattr(tuner, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            consulted[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(tuner, name, counted)
+    x, w = np.ones((4, 8), np.float32), np.full((8, 3), 0.5, np.float32)
+    dx, dw = _device(x, w)
+    ops.linear(dx, dw)
+    assert consulted["choose"] >= 1  # the first call: its launch and the launches it keeps
+    consulted.clear()
+    np.testing.assert_array_equal(ops.linear(dx, dw).copy_to_host(), x @ w)
+    assert consulted == {}
+    tuner.clear()  # the choice is dropped: the next call asks again
+    np.testing.assert_array_equal(ops.linear(dx, dw).copy_to_host(), x @ w)
+    assert consulted["choose"] >= 1
+
+
+@pytest.mark.parametrize("op", ["cross_entropy", "transpose", "layer_norm_long"])
+def test_hand_written_ops_refuse_an_out_that_repeats_memory(op):
+    """Every hand-written op, as the matmul ops and attention did: its threads would race."""
+    x = np.ones((4, 8200 if op == "layer_norm_long" else 6), np.float32)
+    call = {
+        "cross_entropy": (ops.cross_entropy, (x, np.zeros(4, np.int64)), (4,), (0,)),
+        "transpose": (ops.transpose, (x,), (6, 4), (0, 4)),
+        "layer_norm_long": (ops.layer_norm, (x,), x.shape, (0, 4)),
+    }
+    fn, args, shape, strides = call[op]
+    out = np.lib.stride_tricks.as_strided(np.zeros(x.shape[-1], np.float32), shape, strides)
+    kwargs = {"reduction": "none"} if op == "cross_entropy" else {}
+    with pytest.raises(ValueError, match="repeats memory"):
+        fn(*args, out=out, **kwargs)

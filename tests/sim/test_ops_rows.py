@@ -409,3 +409,18 @@ def test_layer_norm_of_long_rows_with_nan_or_infinity_is_nan(n, value, side):
         got = back(ops.layer_norm(*on(side, x)), side)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(layer_norm_ref(x)))
     assert np.isnan(got).all()
+
+
+def test_layer_norm_of_long_strided_rows(side):
+    """Rows that step evenly but not contiguously: a device x is read where it is, a host x
+    from its contiguous device copy, with the copy's strides (x's own lie past the copy)."""
+    rng = np.random.default_rng(8)
+    base = (rng.standard_normal((3, 2 * 8200)) * 2 - 1).astype(np.float32)
+    x = base[:, ::2]
+    w = rng.standard_normal(8200).astype(np.float32)
+    placed, ws = on(side, base, w)
+    xs = placed[:, ::2]
+    ex = ops.layer_norm.explain(xs, ws)
+    assert "hand-written" in ex.stages[0]
+    got = back(ops.layer_norm(xs, ws), side)
+    np.testing.assert_allclose(got, layer_norm_ref(x, w, None), **NORM_TOL[np.float32])
