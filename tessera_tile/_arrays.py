@@ -23,6 +23,7 @@ import math
 from typing import NamedTuple
 
 import numpy as np
+from numba import cuda
 
 from . import _config
 from .sim import compat
@@ -101,10 +102,8 @@ def read(value, name: str, *, scalars: bool = True) -> Arg:
     if getattr(value, "__cuda_ndarray__", False):
         # A numba device array, read from itself: faster than its interface, which also calls
         # an array with a stride-0 axis contiguous and leaves its strides out.
-        rec = Arg(
-            DEVICE, value, tuple(value.shape), tuple(value.strides), np.dtype(value.dtype),
-            compat.device_pointer(value), "numba",
-        )  # fmt: skip
+        shape, strides, dtype, address = compat.layout(value)
+        rec = Arg(DEVICE, value, tuple(shape), tuple(strides), np.dtype(dtype), address, "numba")
         return _check_device(rec, name)
     try:
         cai = value.__cuda_array_interface__
@@ -270,24 +269,29 @@ class Placement:
         if out is not None and out.kind == DEVICE:
             return out
         if self.family != "numba":
-            return read(empty(shape, dtype, self.family, self.stream), "a result")
+            return read(self.new(shape, dtype), "a result")
         return self.temp(shape, dtype)
 
     def temp(self, shape, dtype) -> Arg:
         """A new numba device array (a temporary, or a result of numba's family): its record
         is known as it is made, not read."""
-        value = empty(shape, dtype, "numba", self.stream)
+        value = self.new(shape, dtype, "numba")
         strides = contiguous_strides(shape, dtype.itemsize)
         return Arg(
             DEVICE, value, tuple(shape), strides, dtype, compat.device_pointer(value), "numba"
         )
 
-    def finish(self, result: Arg, out: Arg | None = None):
-        """A result on the caller's side: as it is for device calls, else copied back (into
-        ``out`` when given)."""
+    def new(self, shape, dtype, family: str | None = None):
+        """A new, uninitialised device array of ``family`` (default: the call's)."""
+        return empty(shape, dtype, family or self.family, self.stream)
+
+    def finish(self, result, out: Arg | None = None):
+        """A result (the device array a kernel wrote) on the caller's side: as it is for
+        device calls, else copied back (into ``out`` when given; a host call's results are
+        numba device arrays)."""
         if self.on_device:
-            return result.value
-        return to_host(device_handle(result), None if out is None else out.value, self.stream)
+            return result
+        return to_host(result, None if out is None else out.value, self.stream)
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,8 +307,6 @@ def resolve_stream(stream, args: list[Arg]):
             return _external(_cupy.current_stream_handle())
         if _config.SIMULATED:
             return 0
-        from numba import cuda
-
         return cuda.default_stream()
     if isinstance(stream, bool):
         raise TypeError("stream= must be a numba stream, a CuPy stream or an int handle")
@@ -323,8 +325,6 @@ def resolve_stream(stream, args: list[Arg]):
 
 
 def _is_numba_stream(stream) -> bool:
-    from numba import cuda
-
     if _config.SIMULATED:
         return isinstance(stream, cuda.stream)  # a class in the simulator
     _, stream_type, _ = compat.driver_names()
@@ -334,8 +334,6 @@ def _is_numba_stream(stream) -> bool:
 def _external(handle: int):
     if _config.SIMULATED:
         return 0
-    from numba import cuda
-
     return cuda.default_stream() if handle == 0 else cuda.external_stream(handle)
 
 
@@ -345,8 +343,6 @@ def _external(handle: int):
 
 def device_handle(arg: Arg):
     """The numba device array of a device argument, to launch kernels with (no copy)."""
-    from numba import cuda
-
     if arg.family == "numba":
         return arg.value
     if not _config.SIMULATED:
@@ -381,11 +377,19 @@ def view(handle, shape, strides, offset: int = 0):
     if not math.prod(shape):
         offset = 0
     if _config.SIMULATED:
-        base = compat.host_memory(handle)
+        return _fake_device_array(_host_view(compat.host_memory(handle), shape, strides, offset))
+    return compat.device_view(handle, shape, strides, offset)
+
+
+def _host_view(base: np.ndarray, shape, strides, offset: int) -> np.ndarray:
+    """The simulator's view: over ``base``'s buffer where the view lies inside it (fast, and
+    its ``base`` chain leads to the allocation), else by ``as_strided``."""
+    try:
+        return np.ndarray(shape, base.dtype, base, offset, strides)
+    except (TypeError, ValueError, BufferError):  # a strided base, or a view reaching before it
         if offset:
             base = np.lib.stride_tricks.as_strided(base, (2,), (offset,))[1:]
-        return _fake_device_array(np.lib.stride_tricks.as_strided(base, shape, strides))
-    return compat.device_view(handle, shape, strides, offset)
+        return np.lib.stride_tricks.as_strided(base, shape, strides)
 
 
 def empty(shape, dtype, family: str, stream):
@@ -396,8 +400,6 @@ def empty(shape, dtype, family: str, stream):
         from . import _cupy
 
         return _cupy.empty(shape, dtype)
-    from numba import cuda
-
     return cuda.device_array(shape, dtype, stream=stream)
 
 
@@ -407,8 +409,6 @@ _UNUSED: dict = {}
 def unused(dtype):
     """A 1-element device array of ``dtype`` for a kernel argument the launch never reads or
     writes (an absent bias): one per device and dtype, kept, so calls allocate nothing for it."""
-    from numba import cuda
-
     key = (0 if _config.SIMULATED else id(cuda.current_context()), np.dtype(dtype).str)
     if key not in _UNUSED:
         _UNUSED[key] = cuda.device_array(1, dtype)
@@ -417,8 +417,6 @@ def unused(dtype):
 
 def zeros(n: int, dtype, stream):
     """A zeroed 1-D device array, by a device memset (no host transfer)."""
-    from numba import cuda
-
     a = cuda.device_array(n, dtype, stream=stream)
     if _config.SIMULATED:
         compat.host_memory(a).fill(0)  # the simulator's memset
@@ -430,8 +428,6 @@ def zeros(n: int, dtype, stream):
 
 def to_device(arg: Arg, stream) -> Arg:
     """Copy a host array to the device (contiguously, as numba requires); the copy's record."""
-    from numba import cuda
-
     copy = cuda.to_device(np.ascontiguousarray(arg.value), stream=stream)
     return read(copy, "a device copy")
 

@@ -365,14 +365,23 @@ class LaunchPlan:
     def run(self, inputs: list, place: arrays.Placement, outs) -> list:
         """Launch every stage. ``inputs``: per argument, its numba device array or scalar
         value; ``outs``: per result, its device ``out=`` record or None. Returns the device
-        array of each result computed here (``on_device`` order)."""
+        array of each result computed here (``on_device`` order), of the call's family."""
         handles = dict(enumerate(inputs))
         results = []
         for k, (shape, dtype) in zip(self.on_device, self.results, strict=True):
-            results.append(place.result(shape, dtype, outs[k]))
-            handles[("out", k)] = arrays.device_handle(results[-1])
+            out = outs[k]
+            if out is not None and out.kind == DEVICE:
+                results.append(out.value)
+                handles[("out", k)] = arrays.device_handle(out)
+            elif place.family == "numba":
+                results.append(place.new(shape, dtype))
+                handles[("out", k)] = results[-1]
+            else:
+                rec = place.result(shape, dtype)
+                results.append(rec.value)
+                handles[("out", k)] = arrays.device_handle(rec)
         for tid, shape, dtype in self.temps:
-            handles[("temp", tid)] = place.temp(shape, dtype).value
+            handles[("temp", tid)] = place.new(shape, dtype, "numba")
         for launch in self.launches:
             _launch(launch, handles, place)
         return results
@@ -461,10 +470,10 @@ def quick_key(args: tuple, constants: bool = False) -> tuple | None:
                 return None
             key.append((Arg, a.shape, a.strides, a.dtype, a.address % schedule.VECTOR_BYTES))
         elif getattr(a, "__cuda_ndarray__", False):
-            address = compat.device_pointer(a)
+            shape, strides, dtype, address = compat.layout(a)
             if not address:
                 return None
-            key.append((type(a), a.shape, a.strides, a.dtype, address % schedule.VECTOR_BYTES))
+            key.append((type(a), shape, strides, dtype, address % schedule.VECTOR_BYTES))
         elif type(a) in _SCALARS or isinstance(a, np.generic):
             typed = type(a) if type(a) in _SCALARS else a.dtype
             key.append((typed, a) if constants else typed)
@@ -483,7 +492,7 @@ def run_ready(program: Program, plan: LaunchPlan, args: tuple, stream):
     arrays or their records, and scalars)."""
     place = arrays.Placement.of_numba_arrays(stream)
     inputs = [a.value if type(a) is Arg else a for a in args]
-    results = [r.value for r in plan.run(inputs, place, [None] * len(plan.on_device))]
+    results = plan.run(inputs, place, [None] * len(plan.on_device))
     return results[0] if program.trace.single else tuple(results)
 
 
@@ -533,19 +542,19 @@ def _launch(launch: StageLaunch, handles: dict, place: arrays.Placement) -> None
         params.append(
             arrays.zeros(1, dtype, place.stream)
             if length == "ticket"
-            else place.temp((bound.blocks,), dtype).value
+            else place.new(bound.blocks, dtype, "numba")
         )
     params += [handles[value] if is_arg else value for is_arg, value in launch.scalars]
     if _config.dump_source():
         print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")
-
-    def run():
-        with np.errstate(all="ignore"):  # the simulator computes in NumPy: no warnings
-            bound.generated.kernel[bound.blocks, bound.threads, place.stream](*params)
-
+    kernel = bound.generated.kernel
     prof = profiling.active()
     if prof is None:
-        run()
-    else:
-        name, kernel = bound.generated.name, bound.generated.kernel
-        prof.launch(name, bound.predicted_bytes(), launch.flops, run, place.stream, kernel)
+        kernel[bound.blocks, bound.threads, place.stream](*params)
+        return
+
+    def run():
+        kernel[bound.blocks, bound.threads, place.stream](*params)
+
+    name, nbytes = bound.generated.name, bound.predicted_bytes()
+    prof.launch(name, nbytes, launch.flops, run, place.stream, kernel)

@@ -209,8 +209,7 @@ class KernelLaunch:
 def launch_all(launches, handles: list, stream) -> None:
     for launch in launches:
         params = [p.of(handles) if type(p) in SPECS else p for p in launch.params]
-        with np.errstate(all="ignore"):  # the simulator computes in NumPy: no warnings
-            launch.kernel[launch.grid, launch.threads, stream](*params)
+        launch.kernel[launch.grid, launch.threads, stream](*params)
 
 
 @dataclass
@@ -266,7 +265,7 @@ class HandWritten:
         place = arrays.Placement(list(inputs.values()), [o], stream)
         result = place.result(self.out_shape, self.dtype, o)
         self.execute(place, [place.device(r) for r in inputs.values()], result)
-        return place.finish(result, o)
+        return place.finish(result.value, o)
 
     def ready(self, op_args: tuple) -> Ready | None:
         """This call's launches, kept for later calls on arrays of the same layouts."""
@@ -281,9 +280,9 @@ class HandWritten:
 
         def run(args, stream):
             place = arrays.Placement.of_numba_arrays(stream)
-            result = place.result(shape, dtype)
-            launch_all(launches, [*_values(args, positions), result.value], place.stream)
-            return result.value
+            result = place.new(shape, dtype)
+            launch_all(launches, [*_values(args, positions), result], place.stream)
+            return result
 
         tuner = self.tuner
         return Ready(run, tuner, tuner.generation if tuner is not None else 0)

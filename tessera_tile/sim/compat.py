@@ -147,6 +147,16 @@ def wrap_disk_cache(kernel, wrap_save, wrap_load) -> None:
         cache.load_overload = wrap_load(load, getattr(cache, "flush", None))
 
 
+def layout(array) -> tuple:
+    """``(shape, strides, dtype, address)`` of a numba device array, read from itself (its
+    attributes; in the simulator, from the host array its memory is, as fast as NumPy)."""
+    if isinstance(array, FakeCUDAArray):
+        host = array._ary
+        return host.shape, host.strides, host.dtype, host.__array_interface__["data"][0]
+    pointer = array.device_ctypes_pointer.value or 0
+    return array.shape, array.strides, array.dtype, pointer
+
+
 def device_pointer(array) -> int:
     """The address of a numba device array's first element (0 where numba holds none): its
     ``device_ctypes_pointer``, or in the simulator the host address of its memory."""

@@ -8,7 +8,6 @@ routes numba-cuda's simulated launches through it (``FakeCUDAKernel.__call__`` a
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import threading
@@ -95,10 +94,11 @@ class Launch:
 
     def _error_model(self):
         """``debug=True`` kernels stop at a division by zero with ``FloatingPointError``, as
-        numba-cuda's simulator documents (compiled, they raise ``ZeroDivisionError``)."""
+        numba-cuda's simulator documents (compiled, they raise ``ZeroDivisionError``); other
+        kernels compute as a GPU does, without floating-point warnings (inf, NaN)."""
         if self.kernel._debug:
             return np.errstate(divide="raise")  # the block's threads copy this context
-        return contextlib.nullcontext()
+        return np.errstate(all="ignore")
 
 
 _stock_call = compat.FakeCUDAKernel.__call__
