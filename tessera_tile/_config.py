@@ -2,7 +2,8 @@
 
 * ``NUMBA_ENABLE_CUDASIM``: kernels run in the simulator. Read once, at import, as Numba reads
   it: it cannot change for a running process.
-* ``TESSERA_TILE_DUMP``: print every generated kernel's source and every fused launch.
+* ``TESSERA_TILE_DUMP``: print every generated kernel's source and every fused launch. Read
+  once, at import (a launch must not pay for reading the environment).
 * ``TESSERA_TILE_CACHE_DIR``: where persistent caches live (default: the user cache directory).
 """
 
@@ -21,10 +22,7 @@ SIMULATED: bool = _flag("NUMBA_ENABLE_CUDASIM")
 TARGET: str = "sim" if SIMULATED else "cuda"  # part of every compiled-kernel cache key
 
 
-def dump_source() -> bool:
-    """True when generated sources and launches are printed (read at each use, for debugging
-    a running session)."""
-    return _flag("TESSERA_TILE_DUMP")
+DUMP: bool = _flag("TESSERA_TILE_DUMP")  # print generated sources and launches
 
 
 def cache_dir() -> Path:

@@ -204,7 +204,7 @@ def build(name: str, source: str, sched: Schedule, helpers: dict, path_of=None) 
     filename = str(path) if path is not None else f"<tessera_tile generated {name}>"
     if path is None:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    if _config.dump_source():
+    if _config.DUMP:
         print(source)
     namespace = {**_namespace(), **helpers}
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated code

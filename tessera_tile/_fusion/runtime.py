@@ -545,7 +545,7 @@ def _launch(launch: StageLaunch, handles: dict, place: arrays.Placement) -> None
             else place.new(bound.blocks, dtype, "numba")
         )
     params += [handles[value] if is_arg else value for is_arg, value in launch.scalars]
-    if _config.dump_source():
+    if _config.DUMP:
         print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")
     kernel = bound.generated.kernel
     prof = profiling.active()
