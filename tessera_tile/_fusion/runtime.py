@@ -20,8 +20,8 @@ from .. import _config, profiling
 from .. import tile_ir as ir
 from .._arrays import DEVICE, Arg
 from ..sim import compat
-from . import lower, schedule
 from . import plan as planner
+from . import schedule
 from .compile import CountingCache, Generated, KernelCache
 from .plan import Plan, Stage, StageKind
 from .schedule import Variant
@@ -315,24 +315,6 @@ def planned_records(program: Program, call: Call, shapes: dict) -> dict:
     return records
 
 
-def scalar_sources(stage: Stage, counts: dict) -> tuple:
-    """Where each scalar parameter comes from: ``("count", value)``, known from the shapes, or
-    ``("arg", position)``, a scalar argument of the call."""
-    return tuple(
-        ("count", counts[n.arg]) if n.op is ir.Op.COUNT else ("arg", n.arg) for n in stage.scalars
-    )
-
-
-def full_scratch_types(stage: Stage) -> list:
-    """(length in blocks or 1, dtype) of the partials and the ticket a full stage takes."""
-    out = []
-    for r in stage.reductions:
-        out.append(("blocks", lower.acc_dtype(r)))
-        if r.op in ir.INDEX_REDUCE:
-            out.append(("blocks", np.dtype(np.int64)))
-    return out + [("ticket", np.dtype(np.int32))]
-
-
 # --------------------------------------------------------------------------------------------
 # execution
 
@@ -346,7 +328,7 @@ class StageLaunch:
     # (shape, strides) of its view, or None where the array is passed as it is
     arrays: tuple
     scalars: tuple  # per scalar parameter, then each size: (True, position) or (False, value)
-    scratch: tuple  # a full stage's (length, dtype): partials per block, then its ticket
+    scratch: tuple  # a full stage's ("partial" or "ticket", dtype): partials per block, ticket
     flops: int
 
 
@@ -419,23 +401,7 @@ def _make_plan(program: Program, call: Call, cache: KernelCache, math: str) -> L
         bound = bind(stage, records, shapes, cache, math)
         if bound.empty:
             continue
-        keys = [n.arg for n in stage.leaves] + [dest for _, dest in stage.outputs]
-        views = []
-        for key, (shape, strides, *_) in zip(keys, bound.layout.views, strict=True):
-            same = (shape, strides) == (records[key].shape, records[key].strides)
-            views.append((key, None if same else (shape, strides)))
-        sources = scalar_sources(stage, counts)
-        scalars = [(kind == "arg", value) for kind, value in sources]
-        scalars += [(False, n) for n in bound.layout.sizes()]
-        launches.append(
-            StageLaunch(
-                bound,
-                tuple(views),
-                tuple(scalars),
-                tuple(full_scratch_types(stage)) if stage.kind.scratch else (),
-                profiling.stage_flops(stage, bound.layout.n_kept, bound.layout.n_red),
-            )
-        )
+        launches.append(_stage_launch(bound, records, counts))
     return LaunchPlan(
         shapes,
         on_device,
@@ -443,6 +409,30 @@ def _make_plan(program: Program, call: Call, cache: KernelCache, math: str) -> L
         tuple((tid, shapes[n.key], n.dtype) for tid, n in program.plan.temps.items()),
         tuple(launches),
     )
+
+
+def _stage_launch(bound: Bound, records: dict, counts: dict) -> StageLaunch:
+    """The launch of one bound stage: its parameters (``schedule.parameters``, in order)
+    as the arrays to pass or view, the scratch to allocate and the values to pass."""
+    stage, layout = bound.stage, bound.layout
+    keys = [n.arg for n in stage.leaves] + [dest for _, dest in stage.outputs]
+    views, scratch, scalars = [], [], []
+    for p in schedule.parameters(stage, bound.variant):
+        if p.role in ("leaf", "out"):
+            at = p.index if p.role == "leaf" else len(stage.leaves) + p.index
+            key, (shape, strides, *_) = keys[at], layout.views[at]
+            same = (shape, strides) == (records[key].shape, records[key].strides)
+            views.append((key, None if same else (shape, strides)))
+        elif p.role in ("partial", "ticket"):
+            scratch.append((p.role, p.dtype))
+        elif p.role == "scalar":
+            n = stage.scalars[p.index]
+            scalars.append((False, counts[n.arg]) if n.op is ir.Op.COUNT else (True, n.arg))
+        else:  # a collapsed size
+            at = p.index if p.role == "kept" else layout.kept_rank + p.index
+            scalars.append((False, layout.sizes()[at]))
+    flops = profiling.stage_flops(stage, layout.n_kept, layout.n_red)
+    return StageLaunch(bound, tuple(views), tuple(scalars), tuple(scratch), flops)
 
 
 def ready(program: Program, call: Call) -> bool:
@@ -538,10 +528,10 @@ def _launch(launch: StageLaunch, handles: dict, place: arrays.Placement) -> None
         handles[key] if view is None else arrays.view(handles[key], *view)
         for key, view in launch.arrays
     ]
-    for length, dtype in launch.scratch:
+    for role, dtype in launch.scratch:
         params.append(
             arrays.zeros(1, dtype, place.stream)
-            if length == "ticket"
+            if role == "ticket"
             else place.new(bound.blocks, dtype, "numba")
         )
     params += [handles[value] if is_arg else value for is_arg, value in launch.scalars]

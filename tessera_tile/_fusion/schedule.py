@@ -19,6 +19,7 @@ The templates (:mod:`.templates`) render a :class:`Schedule` and decide nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -245,6 +246,32 @@ def index_bits(n_kept: int, n_red: int) -> int:
 
 
 MATH_MODES = ("fast", "ieee")
+
+
+class Param(NamedTuple):
+    """One parameter of a stage's kernel: the writer names it, the launch plan passes it."""
+
+    name: str
+    role: str  # "leaf", "out", "partial", "ticket", "scalar", "kept" or "red" (the sizes)
+    index: int  # in stage.leaves, stage.outputs, stage.scalars or the collapsed sizes
+    dtype: np.dtype | None = None  # of a partial or the ticket
+
+
+def parameters(stage: Stage, variant: Variant) -> tuple[Param, ...]:
+    """The kernel's parameters, in order: the arrays (leaves, then outputs), a full stage's
+    partials per block and its ticket, the scalars, the collapsed kept and reduced sizes."""
+    params = [Param(f"in{i}", "leaf", i) for i in range(len(stage.leaves))]
+    params += [Param(f"out{i}", "out", i) for i in range(len(stage.outputs))]
+    if variant.kind.scratch:
+        for i, r in enumerate(stage.reductions):
+            params.append(Param(f"part{i}", "partial", i, lower.acc_dtype(r)))
+            if r.op in ir.INDEX_REDUCE:
+                params.append(Param(f"parti{i}", "partial", i, np.dtype(np.int64)))
+        params.append(Param("ticket", "ticket", 0, np.dtype(np.int32)))
+    params += [Param(f"s{i}", "scalar", i) for i in range(len(stage.scalars))]
+    params += [Param(f"dk{i}", "kept", i) for i in range(variant.kept_rank)]
+    params += [Param(f"dr{i}", "red", i) for i in range(variant.red_rank)]
+    return tuple(params)
 
 
 def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:

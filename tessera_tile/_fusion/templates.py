@@ -23,7 +23,7 @@ from .lower import (
     store_cast,
 )
 from .plan import StageKind
-from .schedule import Schedule
+from .schedule import Schedule, parameters
 
 
 class _Source:
@@ -114,18 +114,7 @@ class KernelWriter:
 
     # params -------------------------------------------------------------------------------
     def params(self) -> list[str]:
-        names = [f"in{i}" for i in range(len(self.leaves))]
-        names += [self.out_name(i) for i in range(len(self.outputs))]
-        if self.v.kind.scratch:
-            for i, r in enumerate(self.reductions):
-                names.append(f"part{i}")
-                if r.op in ir.INDEX_REDUCE:
-                    names.append(f"parti{i}")
-            names.append("ticket")
-        names += [f"s{i}" for i in range(len(self.scalars))]
-        names += [f"dk{i}" for i in range(self.v.kept_rank)]
-        names += [f"dr{i}" for i in range(self.v.red_rank)]
-        return names
+        return [p.name for p in parameters(self.sched.stage, self.v)]
 
     # values -------------------------------------------------------------------------------
     def const_expr(self, n: Node) -> str:
