@@ -170,6 +170,16 @@ def host_memory(fake) -> np.ndarray:
     return fake._ary
 
 
+def set_host_memory(fake, host: np.ndarray) -> None:
+    """Make ``host`` the simulated device array's memory (a view of the same allocation)."""
+    fake._ary = host
+
+
+def debug_kernel(fake) -> bool:
+    """Whether a simulated kernel was compiled with ``debug=True``."""
+    return bool(fake._debug)
+
+
 def device_view(handle, shape, strides, offset: int):
     """A numba device array over ``handle``'s memory from ``offset`` bytes on (a GPU's
     ``gpu_data`` pointer, sliced without indexing ``handle``)."""

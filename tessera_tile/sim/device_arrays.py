@@ -49,7 +49,7 @@ def _root(ary: np.ndarray) -> np.ndarray:
 def _at(fake, offset: int, shape, strides) -> np.ndarray:
     """A view of ``fake``'s allocation at byte ``offset`` from its first element, made on the
     allocation itself so that the profiler still sees where the allocation ends."""
-    ary = fake._ary
+    ary = compat.host_memory(fake)
     root = _root(ary)
     start = ary.__array_interface__["data"][0] + offset - root.__array_interface__["data"][0]
     if 0 in shape:  # nothing to address: NumPy refuses an offset at or past the end
@@ -62,14 +62,14 @@ def _null(fake) -> bool:
     flag = getattr(fake, "_tt_null", None)
     if flag is not None:
         return flag
-    return _root(fake._ary).nbytes == 0
+    return _root(compat.host_memory(fake)).nbytes == 0
 
 
 def _view(fake, item, getting: bool):
     """numba-cuda's view of ``fake[item]``: (its dummy array, the byte offset of its pointer).
     Reading slices the pointer to the first contiguous extent when there is one, writing to the
     whole extent (``_do_getitem``, ``_do_setitem``)."""
-    ary = fake._ary
+    ary = compat.host_memory(fake)
     dummy = compat.dummy_array(ary.shape, ary.strides, ary.itemsize)[item]
     extents = list(dummy.iter_contiguous_extent()) if getting else []
     begin, end = extents[0] if len(extents) == 1 else dummy.extent
@@ -79,7 +79,9 @@ def _view(fake, item, getting: bool):
 
 
 def _getitem(self, item):
-    if self._ary.dtype.fields is not None:  # records: numba-cuda returns DeviceRecords
+    if (
+        compat.host_memory(self).dtype.fields is not None
+    ):  # records: numba-cuda returns DeviceRecords
         return _stock_getitem(self, item)
     dummy, begin = _view(self, item, getting=True)
     if not dummy.is_array:  # one element, copied to the host as numba-cuda does
@@ -90,23 +92,25 @@ def _getitem(self, item):
 
 
 def _setitem(self, item, value):
-    if self._ary.dtype.fields is not None:
+    if compat.host_memory(self).dtype.fields is not None:
         return _stock_setitem(self, item, value)
     dummy, begin = _view(self, item, getting=False)
     shape, strides = (dummy.shape, dummy.strides) if dummy.is_array else ((), ())
     target = _at(self, begin, shape, strides)
-    target[...] = value._ary if isinstance(value, compat.FakeCUDAArray) else value
+    target[...] = compat.host_memory(value) if isinstance(value, compat.FakeCUDAArray) else value
 
 
 def _transpose(self, axes=None):
     """numba-cuda's ``DeviceNDArray.transpose``: a copy, 2-D only."""
-    if axes and tuple(axes) == tuple(range(self._ary.ndim)):
+    if axes and tuple(axes) == tuple(range(compat.host_memory(self).ndim)):
         return self
-    if self._ary.ndim != 2:
+    if compat.host_memory(self).ndim != 2:
         raise NotImplementedError("transposing a non-2D DeviceNDArray isn't supported")
     if axes is not None and set(axes) != {0, 1}:
         raise ValueError(f"invalid axes list {axes!r}")
-    return compat.FakeCUDAArray(np.ascontiguousarray(self._ary.T), stream=self.stream)
+    return compat.FakeCUDAArray(
+        np.ascontiguousarray(compat.host_memory(self).T), stream=self.stream
+    )
 
 
 def _numba_contiguous(ary: np.ndarray) -> bool:
@@ -121,7 +125,7 @@ def _numba_contiguous(ary: np.ndarray) -> bool:
 
 
 def _interface(self) -> dict:
-    ary = self._ary
+    ary = compat.host_memory(self)
     return {
         "shape": ary.shape,
         "strides": None if _numba_contiguous(ary) else ary.strides,
@@ -143,9 +147,10 @@ def _contiguous_strides(shape, itemsize: int, order: str) -> tuple:
 
 def _device_array(shape, dtype=np.float64, strides=None, order="C", stream=0):
     fake = _stock_device_array(shape, dtype, strides=strides, order=order, stream=stream)
-    if strides is None and fake._ary.size == 0:
-        want = _contiguous_strides(fake._ary.shape, fake._ary.itemsize, order)
-        fake._ary = np.lib.stride_tricks.as_strided(fake._ary, strides=want)
+    host = compat.host_memory(fake)
+    if strides is None and host.size == 0:
+        want = _contiguous_strides(host.shape, host.itemsize, order)
+        compat.set_host_memory(fake, np.lib.stride_tricks.as_strided(host, strides=want))
     return fake
 
 
@@ -163,7 +168,13 @@ def _set(getitem, setitem, device_array, transpose, shape) -> None:
 
 
 def patch() -> None:
-    _set(_getitem, _setitem, _device_array, _transpose, property(lambda self: self._ary.shape))
+    _set(
+        _getitem,
+        _setitem,
+        _device_array,
+        _transpose,
+        property(lambda self: compat.host_memory(self).shape),
+    )
 
 
 def unpatch() -> None:

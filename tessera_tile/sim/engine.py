@@ -63,8 +63,10 @@ class Launch:
             return ints.typed_view(own_allocation(arg))
         if isinstance(arg, compat.ArgHint):
             arg = arg.to_device(self.retr)
-        if isinstance(arg, compat.FakeCUDAArray) and arg._ary.dtype.fields is None:
-            return ints.typed_view(arg._ary)  # device arrays and their views: any strides
+        if isinstance(arg, compat.FakeCUDAArray) and compat.host_memory(arg).dtype.fields is None:
+            return ints.typed_view(
+                compat.host_memory(arg)
+            )  # device arrays and their views: any strides
         if isinstance(arg, np.ndarray) and arg.ndim > 0:
             arg = compat.InOut(arg).to_device(self.retr)
         elif isinstance(arg, np.void):
@@ -96,7 +98,7 @@ class Launch:
         """``debug=True`` kernels stop at a division by zero with ``FloatingPointError``, as
         numba-cuda's simulator documents (compiled, they raise ``ZeroDivisionError``); other
         kernels compute as a GPU does, without floating-point warnings (inf, NaN)."""
-        if self.kernel._debug:
+        if compat.debug_kernel(self.kernel):
             return np.errstate(divide="raise")  # the block's threads copy this context
         return np.errstate(all="ignore")
 
@@ -117,7 +119,7 @@ def _call(self, *args):
         argtypes, restype = _declared_types(self, len(args))
         result = self.fn(*map(ints.as_declared, args, argtypes))
         return ints.as_declared(result, restype)
-    if self._device:
+    if compat.is_device_function(self):
         return _stock_call(self, *args)
     with _launch_lock:
         Launch(self, args).run()

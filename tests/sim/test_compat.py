@@ -216,3 +216,30 @@ def test_device_pointer_is_the_first_elements_address():
     view = d[2:]
     assert compat.device_pointer(view) - compat.device_pointer(d) == 8
     assert compat.device_pointer(d) == d.__cuda_array_interface__["data"][0]
+
+
+def test_layout_is_shape_strides_dtype_and_address():
+    from numba import cuda
+
+    d = cuda.to_device(np.zeros((4, 6), np.float32))[:, 1:]
+    shape, strides, dtype, address = compat.layout(d)
+    assert (shape, strides, dtype) == ((4, 5), (24, 4), np.dtype(np.float32))
+    assert address == compat.device_pointer(d) == d.__cuda_array_interface__["data"][0]
+
+
+@pytest.mark.sim_only(reason="the simulator's kernels and device arrays")
+def test_simulated_kernel_flags_and_memory():
+    from numba import cuda
+
+    @cuda.jit(debug=True, opt=False)
+    def checked(a):
+        a[0] = 1
+
+    @cuda.jit
+    def plain(a):
+        a[0] = 1
+
+    assert compat.debug_kernel(checked) and not compat.debug_kernel(plain)
+    d = cuda.device_array(4, np.float32)
+    compat.set_host_memory(d, np.arange(4, dtype=np.float32))
+    np.testing.assert_array_equal(d.copy_to_host(), np.arange(4))
