@@ -24,6 +24,7 @@ from ..tile_config import (
     CANDIDATES,
     TileConfig,
     estimate,
+    traffic_bytes,
     waves_text,
 )
 from ._contract import (
@@ -337,11 +338,10 @@ class Product(HandWritten):
         and shuffled to the other 7)."""
         z = math.prod(self.batch)
         m, n, k = self.m, self.n, self.k
-        rows, cols = -(-m // cfg.tile_m), -(-n // cfg.tile_n)
-        item = self.dtype.itemsize
+        rows = -(-m // cfg.tile_m)
         if not (m and n):
             return 0
-        nbytes = z * item * (m * k * cols + k * n * rows + m * n)
+        nbytes = traffic_bytes(m, n, k, z, cfg, self.dtype.itemsize)
         if self.bias is not None:
             reads = 1
             if cfg.dtype != "float32":  # the tensor-core kernels' epilogue
