@@ -2,8 +2,9 @@
 Prints tables; asserts nothing.
 
     python benchmarks/overhead.py stubbed  # simulator: our host time per call, launches skipped
+    python benchmarks/overhead.py typing   # no GPU: numba-cuda's typing of launch arguments
     python benchmarks/overhead.py gpu      # a GPU: first call, then whole warm calls, vs CuPy
-    python benchmarks/overhead.py          # both
+    python benchmarks/overhead.py          # all three
 
 ``stubbed`` times calls in the simulator with every kernel launch (configuration included)
 skipped (``tessera_tile.sim.launches_skipped``): what is left is tessera_tile's own Python. The
@@ -155,5 +156,40 @@ def gpu() -> None:
     console.print(launches)
 
 
+def typing() -> None:
+    """What numba-cuda's dispatcher does on the host for each argument of every launch: type
+    it (``typeof(value, Purpose.argument)``, the C dispatcher's fallback for device arrays);
+    and what a view the ops launch with costs to make. Measured on numba's own
+    ``DeviceNDArray`` over fake device memory: no GPU, no simulator."""
+    from numba.core.typing.typeof import Purpose, typeof
+    from numba.cuda.cudadrv import driver
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    def fake(shape, strides, address):
+        nbytes = driver.memory_size_from_info(shape, strides, 4)
+        memory = driver.MemoryPointer(None, driver.binding.CUdeviceptr(address), size=nbytes)
+        return DeviceNDArray(shape, strides, np.dtype(np.float32), gpu_data=memory)
+
+    arrays = {
+        "C-contiguous (64, 512)": fake((64, 512), (2048, 4), 1 << 20),
+        "strided view (64, 256)": fake((64, 256), (2048, 8), 1 << 21),
+        "3-D matmul view (1, 64, 32)": fake((1, 64, 32), (0, 128, 4), 1 << 22),
+    }
+    table = Table(title="numba-cuda: typing one launch argument on the host (no GPU)")
+    table.add_column("argument (float32 DeviceNDArray)")
+    table.add_column("µs per argument", justify="right")
+    for name, a in arrays.items():
+        per = _per_call_us(lambda a=a: typeof(a, Purpose.argument), lambda: None, calls=20000)
+        table.add_row(name, f"{per:.2f}")
+    Console(width=120).print(table)
+
+    from tessera_tile.sim import compat
+
+    base = arrays["C-contiguous (64, 512)"]
+    view = _per_call_us(lambda: compat.device_view(base, (1, 64, 32), (0, 128, 4), 256), str)
+    print(f"a view the ops launch with, made from the pointer (a DeviceNDArray): {view:.2f} µs")
+
+
 if __name__ == "__main__":
-    run(__doc__, {"stubbed": stubbed, "gpu": gpu}, simulated=frozenset({"stubbed"}))
+    steps = {"stubbed": stubbed, "typing": typing, "gpu": gpu}
+    run(__doc__, steps, simulated=frozenset({"stubbed"}))
