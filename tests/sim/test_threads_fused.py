@@ -1,7 +1,7 @@
 """Fused functions and ops called from 8 host threads at once (issue 21): each thread traces,
-plans and launches its own functions and shapes while the others do; every result matches
-NumPy. Tracing state is per thread, and the program, launch-plan and kernel caches are shared
-safely."""
+plans and launches its own functions and shapes while the others do, then calls them again
+(the kept calls); every result matches NumPy. Tracing state is per thread, and the program,
+launch-plan and kernel caches are shared safely."""
 
 import sys
 import threading
@@ -29,7 +29,8 @@ def jobs(seed: int, side: str):
     other threads trace theirs) and ops, on shapes of its own."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((3 + seed, 17 + 5 * seed)).astype(np.float32)
-    (placed,) = on(side, x)
+    w = rng.standard_normal((17 + 5 * seed, 4)).astype(np.float32)
+    placed, w_placed = on(side, x, w)
     f, g = tt.fuse(centred), tt.fuse(normalised)
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return [
@@ -37,6 +38,8 @@ def jobs(seed: int, side: str):
         (lambda: g(placed), x / np.abs(x).sum(axis=-1, keepdims=True), 1e-5),
         (lambda: ops.softmax(placed), e / e.sum(axis=-1, keepdims=True), 1e-5),
         (lambda: ops.sum(placed, axis=0), x.sum(axis=0), 1e-5),
+        (lambda: ops.linear(placed, w_placed, None, "relu"), np.maximum(x @ w, 0), 1e-5),
+        (lambda: ops.transpose(placed), x.T, 0),
     ]
 
 
