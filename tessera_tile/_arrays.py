@@ -369,27 +369,31 @@ def _fake_device_array(host: np.ndarray):
     return compat.FakeCUDAArray(host)
 
 
-def view(handle, shape, strides, offset: int = 0):
+def view(handle, shape, strides, offset: int = 0, dtype=None):
     """A view of a numba device array, starting ``offset`` bytes past its first element, with
-    these byte strides. It is made from the pointer, never by indexing: numba's indexing gives
-    a stride-0 axis size 1 and refuses any view of an empty array (its pointer is null), so a
-    view without elements never touches the memory."""
+    these byte strides, of ``dtype`` (default: the array's; one of the same item size reads
+    the same bytes as another type: a bfloat16 array as its ``uint16`` bits). It is made from
+    the pointer, never by indexing: numba's indexing gives a stride-0 axis size 1 and refuses
+    any view of an empty array (its pointer is null), so a view without elements never touches
+    the memory."""
     if not math.prod(shape):
         offset = 0
     if _config.SIMULATED:
-        return _fake_device_array(_host_view(compat.host_memory(handle), shape, strides, offset))
-    return compat.device_view(handle, shape, strides, offset)
+        host = _host_view(compat.host_memory(handle), shape, strides, offset, dtype)
+        return _fake_device_array(host)
+    return compat.device_view(handle, shape, strides, offset, dtype)
 
 
-def _host_view(base: np.ndarray, shape, strides, offset: int) -> np.ndarray:
+def _host_view(base: np.ndarray, shape, strides, offset: int, dtype=None) -> np.ndarray:
     """The simulator's view: over ``base``'s buffer where the view lies inside it (fast, and
     its ``base`` chain leads to the allocation), else by ``as_strided``."""
+    dtype = base.dtype if dtype is None else np.dtype(dtype)
     try:
-        return np.ndarray(shape, base.dtype, base, offset, strides)
+        return np.ndarray(shape, dtype, base, offset, strides)
     except (TypeError, ValueError, BufferError):  # a strided base, or a view reaching before it
         if offset:
             base = np.lib.stride_tricks.as_strided(base, (2,), (offset,))[1:]
-        return np.lib.stride_tricks.as_strided(base, shape, strides)
+        return np.lib.stride_tricks.as_strided(base.view(dtype), shape, strides)
 
 
 def empty(shape, dtype, family: str, stream):

@@ -48,7 +48,7 @@ import numpy as np
 
 from . import _cache, _config, profiling
 from . import tile_ir as ir
-from ._fusion import persist, runtime, schedule
+from ._fusion import lower, persist, runtime, schedule
 from ._fusion import plan as planner
 from ._fusion.compile import CountingCache, KernelCache
 from ._fusion.plan import StageKind
@@ -491,7 +491,7 @@ def std(x, axis=None, keepdims: bool = False, ddof: int = 0):
 
 def logsumexp(x, axis=None, keepdims: bool = False):
     """``log(sum(exp(x)))`` over ``axis``, computed stably around the maximum."""
-    if not np.issubdtype(as_node(x).dtype, np.floating):
+    if not lower.is_float(as_node(x).dtype):
         x = astype(x, np.float64)
     m = max(x, axis, keepdims=True)
     shift = where(isfinite(m), m, 0)

@@ -5,7 +5,9 @@ each, a structural fingerprint, and validation kept apart from construction.
 
 Dtypes follow NumPy 2 exactly because they are inferred by NumPy itself: ``infer_dtype`` applies
 the NumPy function of an op to tiny arrays of the operand dtypes (Python scalars stay Python
-scalars, so they are weak, as in NumPy 2).
+scalars, so they are weak, as in NumPy 2). bfloat16 (``ml_dtypes``), which NumPy promotes with
+little else, follows JAX: with float16 it gives float32, with an integer array or a Python
+scalar it stays bfloat16, with float32 or float64 it gives those.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
+import ml_dtypes
 import numpy as np
 
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 SUPPORTED_DTYPES = tuple(
     np.dtype(d) for d in ("bool", "int32", "int64", "float16", "float32", "float64")
-)
+) + (BFLOAT16,)
 
 
 class Op(Enum):
@@ -270,12 +274,31 @@ def _infer(op: Op, operands: tuple[tuple[np.dtype, bool], ...], arg) -> np.dtype
         return np.asarray(_apply(op, samples, arg)).dtype
 
 
+def _as_float16(operands: tuple) -> tuple:
+    """bfloat16 operands as float16 ones, which NumPy promotes as JAX does bfloat16 (the
+    result is mapped back): integer arrays beside them weak, and float16 beside them float32."""
+    f16 = np.dtype(np.float16)
+    both = any(d == f16 and not w for d, w in operands)
+    out = []
+    for d, w in operands:
+        if d == BFLOAT16 or (both and d == f16 and not w):
+            out.append((np.dtype(np.float32) if both else f16, w))
+        elif d.kind in "iub" and not w:
+            out.append((d, True))
+        else:
+            out.append((d, w))
+    return tuple(out)
+
+
 def infer_dtype(op: Op, srcs, arg=None) -> np.dtype:
-    """The NumPy 2 result dtype of ``op`` on ``srcs``; TypeError when NumPy refuses or the
-    result is a dtype the library does not support."""
+    """The NumPy 2 result dtype of ``op`` on ``srcs`` (bfloat16 as JAX promotes it); TypeError
+    when NumPy refuses or the result is a dtype the library does not support."""
     operands = tuple((s.dtype, s.weak) for s in srcs)
+    bf16 = any(d == BFLOAT16 for d, _ in operands)
     try:
-        dtype = _infer(op, operands, arg)
+        dtype = _infer(op, _as_float16(operands) if bf16 else operands, arg)
+        if bf16 and dtype == np.float16:
+            dtype = BFLOAT16
     except TypeError as e:
         names = ", ".join(str(d) for d, _ in operands)
         raise TypeError(f"{op.name.lower()} is not defined for ({names}): {e}") from None

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def assert_close_rounded(got, want, rtol: float, atol: float = 0.0) -> None:
     dtype's largest finite value, an infinity of its sign also passes (rounding there may go
     either way: float16 rounds 65,520 and above to inf)."""
     got, want = np.asarray(got), np.asarray(want, np.float64)
-    largest = float(np.finfo(got.dtype).max)
+    largest = float(ml_dtypes.finfo(got.dtype).max)  # NumPy's finfo and bfloat16's
     near_edge = np.isfinite(want) & (np.abs(want) * (1 + rtol) + atol >= largest)
     overflowed = near_edge & np.isinf(got) & (np.sign(got) == np.sign(want))
     expected = np.where(overflowed, got.astype(np.float64), want)

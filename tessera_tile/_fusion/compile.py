@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _cache, _config, memory, warp
+from .. import _cache, _config, bfloat16, memory, warp
 from .. import tile_ir as ir
 from ..sim import compat
 from . import device, persist
@@ -162,6 +162,7 @@ def _namespace() -> dict:
         "boolean": types.boolean,
         "int32": types.int32,
         "int64": types.int64,
+        "uint16": types.uint16,
         "uint32": types.uint32,
         "uint64": types.uint64,
         "float16": types.float16,
@@ -178,6 +179,8 @@ def _namespace() -> dict:
         "mod_int": device.mod_int,
         "mod_float": device.mod_float,
         "pow_int": device.pow_int,
+        "bf16_to_f32": bfloat16.bf16_to_f32,
+        "f32_to_bf16": bfloat16.f32_to_bf16,
         "load16": memory.load16,
         "store16": memory.store16,
         "load16_shared": memory.load16_shared,

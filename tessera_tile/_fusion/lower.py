@@ -5,8 +5,10 @@
 * ``REDUCTIONS[op]``: a reduction's monoid: its identity, how a value is folded into the
   accumulator, and the warp operator of its butterfly all-reduce.
 
-Every value is computed in its compute dtype (float16 in float32) and every constant is cast to
-it, so float32 kernels contain no float64 instruction.
+Every value is computed in its compute dtype (float16 and bfloat16 in float32) and every
+constant is cast to it, so float32 kernels contain no float64 instruction. A bfloat16 array
+reaches the kernel as its ``uint16`` bits (:mod:`tessera_tile.bfloat16`): loads widen them with
+``bf16_to_f32``, stores round with ``f32_to_bf16``.
 """
 
 from __future__ import annotations
@@ -28,28 +30,50 @@ TYPE_NAMES = {
     np.dtype(np.float16): "float16",
     np.dtype(np.float32): "float32",
     np.dtype(np.float64): "float64",
+    ir.BFLOAT16: "uint16",  # its storage in kernels: the bits
 }
+HALVES = (np.dtype(np.float16), ir.BFLOAT16)  # computed in float32, rounded when stored
 ONLINE = "online"  # the op of the online (max, sum of exp) pseudo-reduction, see schedule.Online
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
-    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+    return np.dtype(np.float32) if dtype in HALVES else np.dtype(dtype)
+
+
+def storage_dtype(dtype: np.dtype) -> np.dtype:
+    """What an array of ``dtype`` is in a kernel: bfloat16 as its bits."""
+    return np.dtype(np.uint16) if dtype == ir.BFLOAT16 else np.dtype(dtype)
+
+
+def load_cast(dtype: np.dtype, expr: str) -> str:
+    """A loaded element ``expr`` of an array of ``dtype`` in its compute dtype."""
+    if dtype == ir.BFLOAT16:
+        return f"bf16_to_f32({expr})"
+    return f"float32({expr})" if dtype == np.float16 else expr
+
+
+def _rounded(dtype: np.dtype, expr: str) -> str:
+    """A float32 ``expr`` rounded to a half dtype, as stored: its bits for bfloat16."""
+    return f"f32_to_bf16({expr})" if dtype == ir.BFLOAT16 else f"float16({expr})"
 
 
 def is_float(dtype) -> bool:
-    return np.dtype(dtype).kind == "f"
+    return np.dtype(dtype).kind == "f" or dtype == ir.BFLOAT16  # ml_dtypes' kind is "V"
 
 
-def cast(expr: str, src: np.dtype, dst: np.dtype) -> str:
+def cast(expr: str, src: np.dtype, dst: np.dtype, explicit: bool = False) -> str:
     """``expr`` (a value of dtype ``src``, held in its compute dtype) as ``dst``.
 
     float16 values live in float32 between float16 ops; where one flows into another dtype it
-    is rounded to float16 first, as NumPy would have stored it.
+    is rounded to float16 first, as NumPy would have stored it. bfloat16 values are computed in
+    float32 and rounded once, where stored, or where an explicit cast (``explicit``) asks.
     """
     src, dst = np.dtype(src), np.dtype(dst)
     held = compute_dtype(src)
     if src == np.float16 and dst != np.float16:
         expr, held = f"float16({expr})", src
+    elif src == ir.BFLOAT16 and dst != ir.BFLOAT16 and explicit:  # rounded, widened again
+        expr = f"bf16_to_f32({_rounded(src, expr)})"
     target = compute_dtype(dst)
     if held == target:
         return expr
@@ -68,7 +92,13 @@ def literal(value) -> str:
 
 def store_cast(n: Node, expr: str) -> str:
     """``expr`` as stored into an array of ``n``'s dtype."""
-    return f"float16({expr})" if n.dtype == np.dtype(np.float16) else expr
+    return _rounded(n.dtype, expr) if n.dtype in HALVES else expr
+
+
+def vector_element(n: Node, expr: str) -> str:
+    """``expr`` as one element of a vector store into an array of ``n``'s dtype."""
+    dtype = np.dtype(n.dtype)
+    return _rounded(dtype, expr) if dtype in HALVES else f"{TYPE_NAMES[dtype]}({expr})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,7 +209,7 @@ EMIT: dict[Op, Callable[[_Operands], str]] = {
     Op.ABS: lambda o: f"abs({o(0)})",
     Op.INVERT: lambda o: f"(not {o(0)})" if o.out == np.dtype(bool) else f"(~{o(0)})",
     Op.SQUARE: lambda o: f"({o(0)} * {o(0)})",
-    Op.CAST: lambda o: cast(o.args[0], o.n.srcs[0].dtype, np.dtype(o.n.arg)),
+    Op.CAST: lambda o: cast(o.args[0], o.n.srcs[0].dtype, np.dtype(o.n.arg), explicit=True),
     Op.ISNAN: _float_test(Op.ISNAN),
     Op.ISINF: _float_test(Op.ISINF),
     Op.ISFINITE: _float_test(Op.ISFINITE),

@@ -27,6 +27,7 @@ from .lower import (
     reciprocal,
     second_accumulator,
     store_cast,
+    vector_element,
 )
 from .schedule import BLOCK, COLUMN_BLOCK, WARP, Online, pass_leaves
 from .templates import KernelWriter
@@ -146,8 +147,7 @@ class ReductionWriter(KernelWriter):
                 for line in self.fold_element(r, a, ai, lanes[lane], no_load, f"(j + {lane})"):
                     s(line)
         for i, n in outs:
-            t = TYPE_NAMES[np.dtype(n.dtype)]
-            vals = [f"{t}({self.value(n, lanes[lane], no_load)})" for lane in range(width)]
+            vals = [vector_element(n, self.value(n, lanes[lane], no_load)) for lane in range(width)]
             s(f"store16(out{i}, {at}, ({', '.join(vals)}))")
 
     def cache_at(self, lane: int) -> str:
@@ -271,8 +271,7 @@ class ReductionWriter(KernelWriter):
                     for r, a, ai in accs:
                         guarded += self.fold_element(r, a, ai, env, no_load, f"(jc{c} + {lane})")
                 for i, n in p.outputs:
-                    t = TYPE_NAMES[np.dtype(n.dtype)]
-                    vals = [f"{t}({self.value(n, env, no_load)})" for env in chunk]
+                    vals = [vector_element(n, self.value(n, env, no_load)) for env in chunk]
                     if width > 1:
                         guarded.append(f"store16(out{i}, ({at},), ({', '.join(vals)}))")
                     else:

@@ -20,8 +20,8 @@ from .. import _config, profiling
 from .. import tile_ir as ir
 from .._arrays import DEVICE, Arg
 from ..sim import compat
+from . import lower, schedule
 from . import plan as planner
-from . import schedule
 from .compile import CountingCache, Generated, KernelCache
 from .plan import Plan, Stage, StageKind
 from .schedule import Variant
@@ -226,8 +226,8 @@ class Layout:
             sizes = self.kept_sizes if is_row else self.kept_sizes + self.red_sizes
             strides = [fstrides[g[-1]] if g[-1] >= 0 else 0 for g in groups]
             if not groups:  # a full reduction's one-element output
-                return (1,), (0,), a.dtype, a.address, is_row
-            return tuple(sizes), tuple(strides), a.dtype, a.address, is_row
+                return (1,), (0,), lower.storage_dtype(a.dtype), a.address, is_row
+            return tuple(sizes), tuple(strides), lower.storage_dtype(a.dtype), a.address, is_row
 
         # (shape, strides, dtype, address, is_row) of each array's view, leaves then outputs
         self.views = [spec(*e) for e in entries]
@@ -420,9 +420,10 @@ def _stage_launch(bound: Bound, records: dict, counts: dict) -> StageLaunch:
     for p in schedule.parameters(stage, bound.variant):
         if p.role in ("leaf", "out"):
             at = p.index if p.role == "leaf" else len(stage.leaves) + p.index
-            key, (shape, strides, *_) = keys[at], layout.views[at]
-            same = (shape, strides) == (records[key].shape, records[key].strides)
-            views.append((key, None if same else (shape, strides)))
+            key, (shape, strides, dtype, *_) = keys[at], layout.views[at]
+            rec = records[key]
+            same = (shape, strides, dtype) == (rec.shape, rec.strides, rec.dtype)
+            views.append((key, None if same else (shape, strides, 0, dtype)))
         elif p.role in ("partial", "ticket"):
             scratch.append((p.role, p.dtype))
         elif p.role == "scalar":

@@ -20,7 +20,9 @@ from .lower import (
     emit_approx,
     emit_elementwise,
     literal,
+    load_cast,
     store_cast,
+    vector_element,
 )
 from .plan import StageKind
 from .schedule import Schedule, parameters
@@ -134,10 +136,7 @@ class KernelWriter:
             return self.names[n.key]
         if n.op is Op.INPUT:
             var = self.fresh("v")
-            loaded = load(n)
-            if n.dtype == np.dtype(np.float16):
-                loaded = f"float32({loaded})"
-            self.src(f"{var} = {loaded}")
+            self.src(f"{var} = {load_cast(n.dtype, load(n))}")
             env[n.key] = var
             return var
         if n.op in ir.REDUCE:
@@ -287,9 +286,8 @@ class KernelWriter:
                     lanes[lane][leaf.key] = part
             load = self.loader(set())
             for i, (n, _) in enumerate(self.outputs):
-                vals = [self.value(n, lanes[lane], load) for lane in range(width)]
-                t = TYPE_NAMES[np.dtype(n.dtype)]
-                s(f"store16({self.out_name(i)}, b, ({', '.join(f'{t}({v})' for v in vals)}))")
+                vals = [vector_element(n, self.value(n, env, load)) for env in lanes]
+                s(f"store16({self.out_name(i)}, b, ({', '.join(vals)}))")
             s(f"i = {self.ix('i + step')}")
 
     # passes shared by row / column / full ----------------------------------------------------
@@ -298,7 +296,6 @@ class KernelWriter:
         """Loaded elements in their compute dtype (float16 is computed in float32)."""
         if compute_dtype(leaf.dtype) == np.dtype(leaf.dtype):
             return parts
-        t = TYPE_NAMES[compute_dtype(leaf.dtype)]
         for part in parts:
-            self.src(f"{part}w = {t}({part})")
+            self.src(f"{part}w = {load_cast(leaf.dtype, part)}")
         return [f"{part}w" for part in parts]

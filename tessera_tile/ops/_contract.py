@@ -15,11 +15,13 @@ import numpy as np
 
 from .. import _arrays as arrays
 from .._fusion import runtime
+from ..tile_ir import BFLOAT16
 
 MAX_READY = 256  # calls an op keeps (by key; bounded)
 DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
 
-FLOATS = tuple(np.dtype(d) for d in ("float16", "float32", "float64"))
+FLOATS = tuple(np.dtype(d) for d in ("float16", "float32", "float64"))  # hand-written kernels
+COMPOSED_FLOATS = (*FLOATS, BFLOAT16)  # the composer's fused definitions take bfloat16 too
 
 
 # --------------------------------------------------------------------------------------------

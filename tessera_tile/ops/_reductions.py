@@ -7,14 +7,14 @@ import numpy as np
 
 from ..kernels import reduction as _reduction
 from ._contract import (
-    FLOATS,
+    COMPOSED_FLOATS,
     Fused,
     PrebuiltOp,
     array_arg,
     axis_index,
 )
 
-REDUCIBLE = tuple(np.dtype(d) for d in ("bool", "int32", "int64")) + FLOATS
+REDUCIBLE = tuple(np.dtype(d) for d in ("bool", "int32", "int64")) + COMPOSED_FLOATS
 
 
 def _axes(axis, ndim: int):

@@ -11,6 +11,7 @@ from ..kernels import layer_norm_long as _layer_norm_long
 from ..kernels import norms as _norms
 from ..kernels import softmax as _softmax
 from ._contract import (
+    COMPOSED_FLOATS,
     FLOATS,
     Fused,
     HandWritten,
@@ -38,7 +39,7 @@ def _row_param(value, name: str, x: arrays.Arg, what: str) -> arrays.Arg:
 
 def _softmax_plan(kind: str):
     def plan(x, axis=-1):
-        a = array_arg(x, "x", FLOATS, kind)
+        a = array_arg(x, "x", COMPOSED_FLOATS, kind)
         if not a.shape:
             raise ValueError(f"x is 0-dimensional; {kind} needs at least one axis")
         return Fused(getattr(_softmax, kind)(axis_index(axis, len(a.shape))), (a,))
@@ -78,7 +79,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     (over 32 KiB) go to a hand-written kernel that reads them twice (Welford's one-pass
     statistics, then the output).
     """
-    a = array_arg(x, "x", FLOATS, "layer_norm")
+    a = array_arg(x, "x", COMPOSED_FLOATS, "layer_norm")
     if not a.shape:
         raise ValueError("x is 0-dimensional; layer_norm normalises over the last axis")
     w, b = (
@@ -88,7 +89,10 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     eps = eps_value(eps)
     fused = Fused(_norms.layer_norm(w is not None, b is not None), (a, *filter(None, (w, b)), eps))
     rows = _layer_norm_long.rows_view(a)
-    if rows is not None and not _layer_norm_long.on_chip(a.shape[-1], a.dtype):
+    long_rows = a.dtype in FLOATS and not _layer_norm_long.on_chip(
+        a.shape[-1], a.dtype
+    )  # bfloat16 rows of any length: the composer's kernel
+    if rows is not None and long_rows:
         return _LayerNormLong(a, rows, w, b, eps, fused)
     return fused
 
@@ -100,7 +104,7 @@ def rms_norm(x, weight=None, eps=1e-6):
     in float32, rounded once), float32 or float64. A NaN makes its row NaN; an infinity makes
     itself NaN (``inf / inf``) and the rest of its row 0, as NumPy's formula.
     """
-    a = array_arg(x, "x", FLOATS, "rms_norm")
+    a = array_arg(x, "x", COMPOSED_FLOATS, "rms_norm")
     if not a.shape:
         raise ValueError("x is 0-dimensional; rms_norm normalises over the last axis")
     params = [] if weight is None else [_row_param(weight, "weight", a, "rms_norm")]

@@ -180,12 +180,13 @@ def debug_kernel(fake) -> bool:
     return bool(fake._debug)
 
 
-def device_view(handle, shape, strides, offset: int):
+def device_view(handle, shape, strides, offset: int, dtype=None):
     """A numba device array over ``handle``'s memory from ``offset`` bytes on (a GPU's
-    ``gpu_data`` pointer, sliced without indexing ``handle``)."""
+    ``gpu_data`` pointer, sliced without indexing ``handle``), of ``dtype`` (default: the
+    handle's; one of the same size reads the same bytes as another type)."""
     device_ndarray, _, _ = driver_names()
     data = handle.gpu_data.view(offset) if offset else handle.gpu_data
-    return device_ndarray(shape, strides, handle.dtype, gpu_data=data)
+    return device_ndarray(shape, strides, dtype or handle.dtype, gpu_data=data)
 
 
 # -- device-array indexing (sim.device_arrays): numba-cuda's dummyarray, as on a GPU ------------

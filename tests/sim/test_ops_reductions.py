@@ -1,18 +1,21 @@
 """Prebuilt reductions against NumPy: values and NumPy's result dtypes for bool, int32, int64,
-float16, float32 and float64; any axis (None, an int, a tuple), keepdims, size 0.
+float16, bfloat16, float32 and float64; any axis (None, an int, a tuple), keepdims, size 0.
 
 Tolerances per result dtype, against a float64 reference of the same inputs: integer and bool
 results exact; max/min/argmax/argmin exact for every dtype; float results rtol 2e-3 (float16:
-the result is rounded to float16), 2e-5 (float32: the combining order differs from NumPy's
-pairwise sum) and 1e-12 (float64), with an absolute part of rtol times the largest magnitude
+the result is rounded to float16), 2^-7 (bfloat16, likewise), 2e-5 (float32: the combining order
+differs from NumPy's pairwise sum) and 1e-12 (float64), with an absolute part of rtol times the
+largest magnitude
 the result can reach from its inputs (m = max |x|, n elements reduced): m * n for sum, m for
 mean and std, m**2 for var, so cancellation to near zero is judged on the scale of the terms.
-float16 sums, means, variances and standard deviations are computed in float32 and rounded once
+float16 and bfloat16 sums, means, variances and standard deviations are computed in float32 and
+rounded once
 (NumPy squares float16 deviations in float16: its ``std`` of [-300.25, 300.25] is inf), so the
 reference is the float64 result; a float16 result past 65,504 is inf. Inputs reach magnitude
 1,000, and hold NaN and infinities anywhere.
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import assert_close_rounded, back, counting_launches, on
@@ -23,9 +26,14 @@ from tessera_tile import ops
 
 NAMES = ["sum", "mean", "max", "min", "var", "std", "argmax", "argmin"]
 EXACT = {"max", "min", "argmax", "argmin"}
-RTOL = {"float16": 2e-3, "float32": 2e-5, "float64": 1e-12}
+# bfloat16: 8 significant bits, one rounding of a float32 result: 2^-7 (see test_ops_rows)
+RTOL = {"float16": 2e-3, "bfloat16": 2**-7, "float32": 2e-5, "float64": 1e-12}
 SHAPES = [(1,), (31,), (33,), (2, 33), (33, 5), (5, 32), (1, 7), (2, 3, 33), (3, 31, 2)]
-DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
+DTYPES = ["bool", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+
+
+def floating(dtype) -> bool:
+    return dtype.kind == "f" or dtype == ml_dtypes.bfloat16  # ml_dtypes' kind is "V"
 
 
 @np.errstate(invalid="ignore", over="ignore")  # NaN and inf inputs, float16 squares
@@ -33,7 +41,7 @@ def reference(name, x, axis, keepdims):
     """NumPy's value computed in float64 where NumPy's own dtype is a float, and NumPy's dtype."""
     expected = getattr(np, name)(x, axis=axis, keepdims=keepdims)
     dtype = np.asarray(expected).dtype
-    if name in EXACT or dtype.kind != "f":
+    if name in EXACT or not floating(dtype):
         return np.asarray(expected), dtype
     wide = getattr(np, name)(x.astype(np.float64), axis=axis, keepdims=keepdims)
     return np.asarray(wide), dtype
@@ -44,7 +52,7 @@ def check(got, x, name, axis, keepdims):
     selections, else within the tolerance of the result dtype (see the module's docstring)."""
     want, dtype = reference(name, x, axis, keepdims)
     assert got.dtype == dtype and got.shape == want.shape, (got.dtype, dtype, got.shape)
-    if name in EXACT or dtype.kind != "f":
+    if name in EXACT or not floating(dtype):
         np.testing.assert_array_equal(got, want)
         return
     rtol = RTOL[str(dtype)]

@@ -8,6 +8,7 @@ root). Inputs reach magnitude 1,000 (float16 squares overflow from 256 on), and 
 infinities anywhere in a row give NumPy's result: NaN where NumPy's is NaN.
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import back, counting_launches, on, transposed
@@ -16,8 +17,13 @@ from hypothesis import strategies as st
 
 from tessera_tile import ops, sim
 
+# bfloat16 keeps 8 significant bits: a result rounded once is within 2^-8 of the exact value,
+# relatively; rtol 2^-7 allows that and the float32 computation's own error beside it (a few
+# 2^-24), and atol 2^-7 (one bfloat16 ulp at 1) the cancellation near 0, as float16's 1e-3 does
+# for its 11 bits.
 TOL = {
     np.float16: dict(rtol=2e-3, atol=1e-3),
+    ml_dtypes.bfloat16: dict(rtol=2**-7, atol=2**-7),
     np.float32: dict(rtol=2e-5, atol=1e-6),
     np.float64: dict(rtol=1e-12, atol=1e-14),
 }
