@@ -69,6 +69,15 @@ def _halves(registers, count: int) -> np.ndarray:
     return words.view("<f2")
 
 
+def _bf16_halves(registers, count: int) -> np.ndarray:
+    """The bfloat16 values of ``count`` packed registers (low half first), as float32: a
+    bfloat16 is the upper half of a float32."""
+    words = np.array([int(r) & 0xFFFFFFFF for r in registers], dtype="<u4")
+    if words.size != count:
+        raise sim.SimulationError(f"expected a fragment of {count} registers, got {words.size}")
+    return (words.view("<u2").astype(np.uint32) << 16).view(np.float32)
+
+
 def _pack(lo, hi) -> np.uint32:
     return np.uint32(int(lo) | (int(hi) << 16))  # narrowed (Numba's typing) by the caller
 
@@ -208,6 +217,10 @@ def _mma_twin_of(name: str, kind: str, k: int, values, a_coord, b_coord, accumul
 
 
 _mma_twin = _mma_twin_of("mma_m16n8k16", "mma.m16n8k16", 16, _halves, _a_coord, _b_coord)
+# bfloat16: float16's fragment layout; products exact in float32 (8 x 8 significant bits)
+_mma_bf16_twin = _mma_twin_of(
+    "mma_m16n8k16_bf16", "mma.m16n8k16.bf16", 16, _bf16_halves, _a_coord, _b_coord
+)
 _mma_tf32_twin = _mma_twin_of(
     "mma_m16n8k8_tf32", "mma.m16n8k8.tf32", 8, _tf32_values, _a_coord_tf32, _b_coord_tf32,
     _tf32_sum,

@@ -139,6 +139,7 @@ from ._mma_twins import (
     ROW_BYTES,  # noqa: F401 - public constants of this module, re-exported
     TF32_MASK,  # noqa: F401
     _ldmatrix_twin,
+    _mma_bf16_twin,
     _mma_tf32_twin,
     _mma_twin,
     _pack_twin,
@@ -156,6 +157,7 @@ __all__ = [
     "ldmatrix_x4",
     "ldmatrix_x4_trans",
     "mma_m16n8k16",
+    "mma_m16n8k16_bf16",
     "mma_m16n8k8_tf32",
     "pack_f16x2",
     "store_accumulator",
@@ -290,6 +292,24 @@ def mma_m16n8k16(typingctx, a, b, c):
     _registers("c", c, 4, types.Number)
 
     return types.UniTuple(types.float32, 4)(a, b, c), _mma_codegen(_MMA_ASM, _f16_operand)
+
+
+_MMA_BF16_ASM = _MMA_ASM.replace(".f16.f16.", ".bf16.bf16.")
+
+
+@sim.twin(_mma_bf16_twin)
+@intrinsic
+def mma_m16n8k16_bf16(typingctx, a, b, c):
+    """``mma_m16n8k16_bf16(a, b, c) -> d``: ``d = a @ b + c`` on the tensor cores with bfloat16
+    inputs (``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``): the fragments of
+    :func:`mma_m16n8k16`, each ``uint32`` of ``a`` and ``b`` two packed bfloat16 (low half
+    first: ``ldmatrix`` of a bfloat16 tile, or ``bfloat16.pack_bf16x2``); ``c`` and the result
+    4 ``float32``. A warp-wide ``.aligned`` collective."""
+    name = "mma_m16n8k16_bf16"
+    _registers("a", a, 4, types.Integer, name)
+    _registers("b", b, 2, types.Integer, name)
+    _registers("c", c, 4, types.Number, name)
+    return types.UniTuple(types.float32, 4)(a, b, c), _mma_codegen(_MMA_BF16_ASM, _f16_operand)
 
 
 _MMA_TF32_ASM = (

@@ -189,3 +189,24 @@ def test_tf32_main_loop(kernel, threads, per_tile, arch, record_property):
     assert report.count("STG.E.64") >= hmma // tiles and report.histogram.get("STG.E", 0) == 0, (
         report
     )
+
+
+@cuda.jit
+def one_bf16_mma(fa, fb, out):
+    lane = cuda.threadIdx.x
+    z = float32(0)
+    d = mma.mma_m16n8k16_bf16(
+        (fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3]),
+        (fb[lane, 0], fb[lane, 1]),
+        (z, z, z, z),
+    )
+    for i in range(4):
+        out[lane, i] = d[i]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_mma_is_one_hmma_bf16(arch):
+    sig = "void(uint32[:, ::1], uint32[:, ::1], float32[:, ::1])"
+    report = inspect.compile(one_bf16_mma, sig, arch=arch, block=32)
+    assert report.count("HMMA.16816.F32.BF16") == 1, report
+    assert report.spill_stores == report.spill_loads == 0

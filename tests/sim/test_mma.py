@@ -7,6 +7,7 @@ point type", "ldmatrix") as tables per register, independently of the implementa
 import functools
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import GROUP, TIG, c_fragment_coords, gather
@@ -138,6 +139,43 @@ def test_mma_fragment_layout(seed):
     fc = gather(c, c_fragment_coords()).astype(np.float32)
     out = np.zeros((32, 4), np.float32)
     mma_from_registers[1, 32](fa, fb, fc, out)
+    want, scale = reference(a, b, c)
+    coords = c_fragment_coords()
+    np.testing.assert_array_less(
+        np.abs(out - gather(want, coords)), MMA_RTOL * gather(scale, coords) + 1e-30
+    )
+
+
+@cuda.jit
+def mma_bf16_from_registers(fa, fb, fc, out):
+    lane = cuda.threadIdx.x
+    d = mma.mma_m16n8k16_bf16(
+        (fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3]),
+        (fb[lane, 0], fb[lane, 1]),
+        (fc[lane, 0], fc[lane, 1], fc[lane, 2], fc[lane, 3]),
+    )
+    for i in range(4):
+        out[lane, i] = d[i]
+
+
+def pack_bf16(values):
+    """(32, 2n) values -> (32, n) uint32 registers of bfloat16 (rounded), low half first."""
+    return np.ascontiguousarray(values.astype(ml_dtypes.bfloat16)).view(np.uint32)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mma_bf16_fragment_layout(seed):
+    """float16's fragment tables, bfloat16 values: the products are exact in float32, the
+    sums within the float32 bound of float16's test."""
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((16, 16)) * 1e20).astype(ml_dtypes.bfloat16)
+    b = (rng.standard_normal((16, 8)) * 1e-20).astype(ml_dtypes.bfloat16)
+    c = rng.standard_normal((16, 8)).astype(np.float32)
+    fa = pack_bf16(gather(a, a_fragment_coords()))
+    fb = pack_bf16(gather(b, b_fragment_coords()))
+    fc = gather(c, c_fragment_coords()).astype(np.float32)
+    out = np.zeros((32, 4), np.float32)
+    mma_bf16_from_registers[1, 32](fa, fb, fc, out)
     want, scale = reference(a, b, c)
     coords = c_fragment_coords()
     np.testing.assert_array_less(
