@@ -237,8 +237,9 @@ def _to_tf32_twin(x):
     return np.uint32(bits).view(np.float32)
 
 
-def _pair_twin(name: str, dtype, space: str):
-    """The twin of a two-element vector store ``name`` of ``dtype`` into ``space`` memory."""
+def _pair_twin(name: str, dtype, space: str, convert=None):
+    """The twin of a two-element vector store ``name`` of ``dtype`` into ``space`` memory;
+    ``convert`` makes the stored values from float32 (default: a cast to ``dtype``)."""
     size = 2 * np.dtype(dtype).itemsize
 
     def twin(out, index, x0, x1):
@@ -253,7 +254,8 @@ def _pair_twin(name: str, dtype, space: str):
             other = "a global" if space == "shared" else "a shared"
             raise sim.SimulationError(f"{name} ({space}): got {other} array")
         with np.errstate(over="ignore"):  # beyond float16's range: inf, as cvt.rn does
-            values = np.array([x0, x1], np.float32).astype(dtype)
+            pair = np.array([x0, x1], np.float32)
+            values = pair.astype(dtype) if convert is None else convert(pair)
         # an address range: it may cross a row end of the array, not its allocation
         sim.store(out, (*key[:-1], slice(key[-1], key[-1] + 2)), values)
 

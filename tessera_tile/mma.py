@@ -134,7 +134,7 @@ from llvmlite import ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from . import sim
+from . import bfloat16, sim
 from ._mma_twins import (
     ROW_BYTES,  # noqa: F401 - public constants of this module, re-exported
     TF32_MASK,  # noqa: F401
@@ -161,6 +161,8 @@ __all__ = [
     "mma_m16n8k8_tf32",
     "pack_f16x2",
     "store_accumulator",
+    "store_bf16x2",
+    "store_bf16x2_shared",
     "store_f16x2",
     "store_f16x2_shared",
     "store_f32x2",
@@ -377,9 +379,14 @@ def _check_pair_store(name: str, dtype, out, index, x0, x1) -> None:
             raise NumbaTypeError(f"{name} stores numbers, got {x}")
 
 
-def _make_pair_store(space: str):
+def _make_pair_store(space: str, kind: str = "f16"):
+    """``store_f16x2`` (float16 arrays) or ``store_bf16x2`` (a bfloat16 array's ``uint16``
+    bits) into ``space`` memory."""
+    name = f"store_{kind}x2"
+    element = types.float16 if kind == "f16" else types.uint16
+
     def impl(typingctx, out, index, x0, x1):
-        _check_pair_store("store_f16x2", types.float16, out, index, x0, x1)
+        _check_pair_store(name, element, out, index, x0, x1)
 
         def codegen(context, builder, sig, args):
             ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
@@ -393,18 +400,23 @@ def _make_pair_store(space: str):
             else:
                 addr, cons = ptr, "l,f,f,~{memory}"
                 st = "st.global.b32"
-            asm = f"{{ .reg .b32 p; cvt.rn.f16x2.f32 p, $2, $1; {st} [$0], p; }}"
+            asm = f"{{ .reg .b32 p; cvt.rn.{kind}x2.f32 p, $2, $1; {st} [$0], p; }}"
             fnty = ir.FunctionType(ir.VoidType(), [addr.type, f32, f32])
             builder.call(ir.InlineAsm(fnty, asm, cons, side_effect=True), [addr, lo, hi])
             return context.get_dummy_value()
 
         return types.void(out, types.unliteral(index), x0, x1), codegen
 
-    impl.__name__ = impl.__qualname__ = f"store_f16x2{'_shared' if space == 'shared' else ''}"
-    fn = sim.twin(_pair_twin("store_f16x2", np.float16, space))(intrinsic(impl))
+    impl.__name__ = impl.__qualname__ = f"{name}{'_shared' if space == 'shared' else ''}"
+    if kind == "f16":
+        twin = _pair_twin(name, np.float16, space)
+    else:
+        twin = _pair_twin(name, np.uint16, space, bfloat16.float32_to_bits)
+    fn = sim.twin(twin)(intrinsic(impl))
+    what = "float16" if kind == "f16" else "bfloat16 (into its uint16 bits)"
     fn.__doc__ = (
         f"``{impl.__name__}(out, index, x0, x1)``: ``out[index]``, the next element = ``x0``, "
-        f"``x1`` rounded to float16, in one 4-byte {space} store (``cvt.rn.f16x2.f32`` + "
+        f"``x1`` rounded to {what}, in one 4-byte {space} store (``cvt.rn.{kind}x2.f32`` + "
         "``st.b32``). ``&out[index]`` must be 4-byte aligned (the twin checks)."
     )
     return fn
@@ -435,6 +447,8 @@ def pack_f16x2(typingctx, lo, hi):
 
 store_f16x2 = _make_pair_store("global")
 store_f16x2_shared = _make_pair_store("shared")
+store_bf16x2 = _make_pair_store("global", "bf16")
+store_bf16x2_shared = _make_pair_store("shared", "bf16")
 
 
 @sim.twin(_pair_twin("store_f32x2", np.float32, "global"))

@@ -200,13 +200,14 @@ def one_bf16_mma(fa, fb, out):
         (fb[lane, 0], fb[lane, 1]),
         (z, z, z, z),
     )
-    for i in range(4):
-        out[lane, i] = d[i]
+    mma.store_bf16x2(out, (lane, 0), d[0], d[1])
+    mma.store_bf16x2(out, (lane, 2), d[2], d[3])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_bf16_mma_is_one_hmma_bf16(arch):
-    sig = "void(uint32[:, ::1], uint32[:, ::1], float32[:, ::1])"
+def test_bf16_mma_is_one_hmma_bf16_and_its_pair_stores_one_pack_each(arch):
+    sig = "void(uint32[:, ::1], uint32[:, ::1], uint16[:, ::1])"
     report = inspect.compile(one_bf16_mma, sig, arch=arch, block=32)
     assert report.count("HMMA.16816.F32.BF16") == 1, report
+    assert report.count("F2FP.BF16") == 2 and report.count("STG.E.U16") == 0, report
     assert report.spill_stores == report.spill_loads == 0

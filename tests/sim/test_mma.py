@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers import GROUP, TIG, c_fragment_coords, gather
-from numba import cuda, float32, uint32
+from numba import cuda, float32, uint16, uint32
 from numba.types import float16
 
 from tessera_tile import mma
@@ -234,6 +234,39 @@ def test_ldmatrix_feeds_mma():
     want, scale = reference(a, b, np.zeros((16, 16)))
     np.testing.assert_array_less(np.abs(d - want), MMA_RTOL * scale + 1e-30)
     np.testing.assert_array_equal(d16, d.astype(np.float16))
+
+
+@cuda.jit
+def tile_mma_bf16(a, b, d, d16):
+    """``tile_mma`` on bfloat16 bits (uint16): ldmatrix moves 16-bit values whatever they are."""
+    sa = cuda.shared.array((16, 16), uint16)
+    sb = cuda.shared.array((16, 16), uint16)
+    lane = cuda.threadIdx.x
+    for i in range(lane, 256, 32):
+        sa[i // 16, i % 16] = a[i // 16, i % 16]
+        sb[i // 16, i % 16] = b[i // 16, i % 16]
+    cuda.syncthreads()
+    fa = mma.ldmatrix_x4(sa, (lane % 16, 8 * (lane // 16)))
+    fb = mma.ldmatrix_x4_trans(sb, (lane % 8 + 8 * (lane // 8 % 2), 8 * (lane // 16)))
+    zero = float32(0)
+    for nt in range(2):
+        acc = mma.mma_m16n8k16_bf16(fa, (fb[2 * nt], fb[2 * nt + 1]), (zero, zero, zero, zero))
+        mma.store_accumulator(acc, d, 0, 8 * nt)
+        g, t = lane >> 2, lane & 3
+        mma.store_bf16x2(d16, (g, 8 * nt + 2 * t), acc[0], acc[1])
+        mma.store_bf16x2(d16, (g + 8, 8 * nt + 2 * t), acc[2], acc[3])
+
+
+def test_ldmatrix_feeds_the_bf16_mma_and_pair_stores_round_to_nearest_even():
+    rng = np.random.default_rng(4)
+    a = (rng.standard_normal((16, 16)) * 1e30).astype(ml_dtypes.bfloat16)
+    b = (rng.standard_normal((16, 16)) * 1e-30).astype(ml_dtypes.bfloat16)
+    d = np.full((16, 16), np.nan, np.float32)
+    d16 = np.full((16, 16), 0xFFFF, np.uint16)
+    tile_mma_bf16[1, 32](a.view(np.uint16), b.view(np.uint16), d, d16)
+    want, scale = reference(a, b, np.zeros((16, 16)))
+    np.testing.assert_array_less(np.abs(d - want), MMA_RTOL * scale + 1e-30)
+    np.testing.assert_array_equal(d16.view(ml_dtypes.bfloat16), d.astype(ml_dtypes.bfloat16))
 
 
 @cuda.jit
