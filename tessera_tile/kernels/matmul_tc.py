@@ -62,15 +62,18 @@ from __future__ import annotations
 
 import functools
 
-from numba import boolean, cuda, float32, int32, uint32
+from numba import boolean, cuda, float32, int32, uint16, uint32
 from numba.types import float16
 
+from ..bfloat16 import bf16_to_f32, f32_to_bf16
 from ..memory import store16_shared
 from ..mma import (
     ldmatrix_x4,
     ldmatrix_x4_trans,
     mma_m16n8k8_tf32,
     mma_m16n8k16,
+    mma_m16n8k16_bf16,
+    store_bf16x2,
     store_f16x2,
     store_f32x2,
 )
@@ -108,17 +111,20 @@ def tensor_core_matmul(
     has_bias: bool = False,
     *,
     async_copy: bool = True,
+    bf16: bool = False,
 ):
     """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` in
-    float16 with float32 accumulation on the tensor cores (memoised per configuration).
+    float16 (or, with ``bf16``, bfloat16, every array its ``uint16`` bits) with float32
+    accumulation on the tensor cores (memoised per configuration).
 
     ``async_copy=True`` (default): ``cp.async`` pipeline of ``num_stages`` stages, which needs
     :func:`aligned_rows`; ``False``: synchronous guarded loads, any layout. See the module doc
     for the launch and the layouts; :func:`plan` gives grid, block and global bytes.
     """
     cfg = TensorCoreConfig(
-        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(async_copy)
-    )
+        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(async_copy),
+        bf16=bool(bf16),
+    )  # fmt: skip
     cfg.validate(activation)
     return build_kernel(cfg, activation)
 
@@ -141,7 +147,7 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     ksteps = tile_k // cfg.mma_k
     tf32 = cfg.tf32
     CHUNK = cfg.chunk  # noqa: N806 - tc_tiles.CHUNK's name, this element size's value
-    elem = float32 if tf32 else float16
+    elem = float32 if tf32 else (uint16 if cfg.bf16 else float16)
     # B offsets: float16, one per ldmatrix.x4.trans; TF32, one per n8 tile modulo 4 (its
     # swizzle repeats every 4 n8 tiles, 32 columns, and is the same in rows t and t + 4)
     nb = min(nt, 4)
@@ -162,7 +168,12 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     q_b, step_b, passes_b, exact_b = cp_b.per_row, cp_b.row_step, cp_b.passes, cp_b.exact
     per_a, per_b = ck_a // q_a, ck_b // q_b  # chunks per thread and pass
 
-    epilogue = _epilogue(mt, nt, has_bias, async_copy, act, store_f32x2 if tf32 else store_f16x2)
+    if cfg.bf16:
+        epilogue = _epilogue(mt, nt, has_bias, async_copy, act, store_bf16x2, bf16=True)
+    else:
+        epilogue = _epilogue(
+            mt, nt, has_bias, async_copy, act, store_f32x2 if tf32 else store_f16x2
+        )
 
     @cuda.jit(device=True)
     def reverse3(v):
@@ -192,14 +203,14 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
         rows = src.shape[1]
         cols = src.shape[2]
         ok = gr < rows
-        x0 = src[bz, gr, gk] if ok and gk < cols else float16(0)
-        x1 = src[bz, gr, gk + 1] if ok and gk + 1 < cols else float16(0)
-        x2 = src[bz, gr, gk + 2] if ok and gk + 2 < cols else float16(0)
-        x3 = src[bz, gr, gk + 3] if ok and gk + 3 < cols else float16(0)
-        x4 = src[bz, gr, gk + 4] if ok and gk + 4 < cols else float16(0)
-        x5 = src[bz, gr, gk + 5] if ok and gk + 5 < cols else float16(0)
-        x6 = src[bz, gr, gk + 6] if ok and gk + 6 < cols else float16(0)
-        x7 = src[bz, gr, gk + 7] if ok and gk + 7 < cols else float16(0)
+        x0 = src[bz, gr, gk] if ok and gk < cols else elem(0)
+        x1 = src[bz, gr, gk + 1] if ok and gk + 1 < cols else elem(0)
+        x2 = src[bz, gr, gk + 2] if ok and gk + 2 < cols else elem(0)
+        x3 = src[bz, gr, gk + 3] if ok and gk + 3 < cols else elem(0)
+        x4 = src[bz, gr, gk + 4] if ok and gk + 4 < cols else elem(0)
+        x5 = src[bz, gr, gk + 5] if ok and gk + 5 < cols else elem(0)
+        x6 = src[bz, gr, gk + 6] if ok and gk + 6 < cols else elem(0)
+        x7 = src[bz, gr, gk + 7] if ok and gk + 7 < cols else elem(0)
         store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
 
     @cuda.jit(device=True)
@@ -264,7 +275,7 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
             cp_async_wait_group(lag)
         cuda.syncthreads()
 
-    mma = mma_m16n8k8_tf32 if tf32 else mma_m16n8k16
+    mma = mma_m16n8k8_tf32 if tf32 else (mma_m16n8k16_bf16 if cfg.bf16 else mma_m16n8k16)
 
     @cuda.jit(device=True, **INLINE)
     def multiply(fa, fb, acc):
@@ -441,20 +452,27 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
 
     kernel.__module__ = module
     kernel.__name__ = kernel.__qualname__ = (
-        f"matmul_{'tf32' if tf32 else 'tc'}_{tile_m}x{tile_n}x{tile_k}_w{cfg.num_warps}_s{stages}"
+        f"matmul_{'tf32' if tf32 else 'bf16' if cfg.bf16 else 'tc'}_{tile_m}x{tile_n}x{tile_k}"
+        f"_w{cfg.num_warps}_s{stages}"
         f"{'_bias' if has_bias else ''}{'' if async_copy else '_sync'}"
     )
     return cuda.jit(kernel)
 
 
-def _epilogue(mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pair=store_f16x2):
+def _epilogue(
+    mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pair=store_f16x2,
+    bf16: bool = False,
+):  # fmt: skip
     """``epilogue(acc, c, bias, bz, row_base, col_base, m, n)``: ``act(acc + bias)`` stored,
     masked, for every accumulator of the warp tile (``store_pair``: two columns in one store,
-    ``store_f16x2`` rounding to float16 or ``store_f32x2``, where rows are aligned; else one
-    element at a time, converted to C's dtype). Written out statement
+    ``store_f16x2`` / ``store_bf16x2`` rounding to the half type or ``store_f32x2``, where rows
+    are aligned; else one element at a time, converted to C's dtype; ``bf16``: the bias and C
+    are bfloat16 bits, widened and rounded with :mod:`tessera_tile.bfloat16`). Written out
+    statement
     by statement (generated source, inlined): as loops, LLVM leaves the outer one rolled once
     the activation is large (gelu's erf), and the accumulators then go through local memory.
     """
+    widen, narrow = ("bf16_to_f32", "f32_to_bf16") if bf16 else ("float32", "")
     lines = ["def epilogue(acc, c, bias, bz, row_base, col_base, m, n):", "    lane = cuda.laneid"]
     for j in range(nt):
         lines.append(f"    col = col_base + {8 * j}")
@@ -463,9 +481,9 @@ def _epilogue(mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pai
                 "    b0 = ZERO",
                 "    b1 = ZERO",
                 "    if lane < 4 and col < n:",
-                "        b0 = float32(bias[col])",
+                f"        b0 = {widen}(bias[col])",
                 "    if lane < 4 and col + 1 < n:",
-                "        b1 = float32(bias[col + 1])",
+                f"        b1 = {widen}(bias[col + 1])",
                 "    b0 = cuda.shfl_sync(FULL_MASK, b0, lane & 3)",
                 "    b1 = cuda.shfl_sync(FULL_MASK, b1, lane & 3)",
             ]
@@ -480,13 +498,13 @@ def _epilogue(mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pai
                     lines.append("        store_pair(c, (bz, row, col), v0, v1)")
                 else:
                     lines += [
-                        "        c[bz, row, col] = v0",
+                        f"        c[bz, row, col] = {narrow}(v0)",
                         "        if col + 1 < n:",
-                        "            c[bz, row, col + 1] = v1",
+                        f"            c[bz, row, col + 1] = {narrow}(v1)",
                     ]
     namespace = {
         "ZERO": ZERO, "act": act, "store_pair": store_pair, "cuda": cuda, "float32": float32,
-        "FULL_MASK": 0xFFFFFFFF,
+        "FULL_MASK": 0xFFFFFFFF, "bf16_to_f32": bf16_to_f32, "f32_to_bf16": f32_to_bf16,
     }  # fmt: skip
     exec("\n".join(lines), namespace)  # noqa: S102 - our own generated code
     return cuda.jit(device=True, **INLINE)(namespace["epilogue"])

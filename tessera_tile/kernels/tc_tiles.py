@@ -80,6 +80,7 @@ class TensorCoreConfig(NamedTuple):
     has_bias: bool = False
     async_copy: bool = True
     tf32: bool = False
+    bf16: bool = False  # bfloat16 operands (their uint16 bits) with mma .bf16, else float16
 
     @property
     def itemsize(self) -> int:
