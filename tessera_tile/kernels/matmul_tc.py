@@ -516,3 +516,4 @@ matmul_tc_8warps = tensor_core_matmul(128, 128, 32, 8, 3)
 # Synchronous loads gain nothing from a third stage; with 4 warps this variant spills.
 matmul_tc_sync = tensor_core_matmul(128, 128, 32, 8, 2, async_copy=False)
 matmul_tc_small_bias = tensor_core_matmul(32, 32, 16, 1, 2, has_bias=True)
+matmul_bf16_anchor = tensor_core_matmul(bf16=True)  # the anchor's tile on bfloat16

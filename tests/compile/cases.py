@@ -32,6 +32,7 @@ SIMT = {"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 512}
 FLASH = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, ::1]")
 FLASH_ANY = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, :]")
 F16_MM = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
+BF16_MM = "void(uint16[:, :, ::1], uint16[:, :, ::1], float32[::1], uint16[:, :, ::1])"  # bits
 ATT = "tessera_tile.kernels.attention_simt"
 ATT_ALIGNED = "void(" + "float32[:, :, ::1], " * 4 + "float32)"
 ATT_STRIDED = "void(" + "float32[:, :, :], " * 4 + "float32)"
@@ -218,6 +219,14 @@ CASES = [
         {"sm_80": 176, "sm_90": 176},
         256,
         {"HMMA.16816.F32": 32, "LDSM": 12, "STS.128": 2},
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tc",
+        "matmul_bf16_anchor",
+        BF16_MM,
+        {"sm_80": 232, "sm_90": 232},
+        128,
+        {"HMMA.16816.F32.BF16": 64, "LDSM": 16, "LDGSTS.E.BYPASS.128": 8},
     ),  # fmt: skip
     Case(
         "tessera_tile.kernels.matmul_tc",

@@ -146,6 +146,25 @@ def test_main_loop(kernel, per_tile, floor, ceiling, arch, record_property):
     assert report.count("STG.E.U16") == 0 and report.count("STG.E") >= hmma // tiles, report
 
 
+BF16_SIG = "void(uint16[:, :, ::1], uint16[:, :, ::1], float32[::1], uint16[:, :, ::1])"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_main_loop_is_the_float16_loop(arch, record_property):
+    """Issue 22's bar: HMMA.16816.F32.BF16 and the float16 kernel's instructions per HMMA
+    (within 5%), 0 spills; the epilogue stores bfloat16 pairs (one F2FP.BF16 each)."""
+    bf16 = inspect.compile(tc.matmul_bf16_anchor, BF16_SIG, arch=arch, block=128)
+    f16 = inspect.compile(tc.matmul_tc_anchor, MATMUL_SIG, arch=arch, block=128)
+    assert bf16.spill_stores == bf16.spill_loads == 0 and not bf16.uses_local_memory
+    loop, hmma, ldsm, _ = loop_facts(bf16)
+    f16_loop, f16_hmma, _, _ = loop_facts(f16)
+    assert loop.count("HMMA.16816.F32.BF16") == hmma == f16_hmma, loop.key_opcodes()
+    per, f16_per = loop.instructions / hmma, f16_loop.instructions / f16_hmma
+    record_property("resources", f"{arch} instr/HMMA bfloat16 {per:.2f}, float16 {f16_per:.2f}")
+    assert per <= 1.05 * f16_per, (per, f16_per)
+    assert bf16.count("STG.E.U16") == 0 and bf16.count("F2FP.BF16") >= hmma // 4, bf16
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_fallback_loads_synchronously(arch):
     sync = inspect.compile(tc.matmul_tc_sync, MATMUL_SIG, arch=arch, block=256)
