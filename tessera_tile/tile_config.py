@@ -310,7 +310,7 @@ def tile_dtype(dtype="float32", precision: str | None = None) -> str:
     cores), ``"tf32"`` for float32 with ``precision="tf32"``, else ``"float32"`` (SIMT)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if str(dtype) == "float16":
+    if str(dtype) in ("float16", "bfloat16"):  # the same tiles, mma .f16 or .bf16
         return "float16"
     return "tf32" if precision == "tf32" else "float32"
 

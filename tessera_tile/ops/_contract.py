@@ -168,18 +168,22 @@ class Fused:
 
 class View(NamedTuple):
     """A kernel parameter that views one of the call's arrays (inputs in order, then the
-    result): as it is (``shape`` None), or with this shape, these byte strides and offset."""
+    result): as it is (``shape`` None), or with this shape, these byte strides and offset;
+    of ``dtype`` where given (a bfloat16 array as its ``uint16`` bits)."""
 
     array: int
     shape: tuple | None = None
     strides: tuple = ()
     offset: int = 0
+    dtype: np.dtype | None = None
 
     def of(self, handles: list):
         handle = handles[self.array]
         if self.shape is None:
-            return handle
-        return arrays.view(handle, self.shape, self.strides, self.offset)
+            if self.dtype is None:
+                return handle
+            return arrays.view(handle, handle.shape, handle.strides, 0, self.dtype)
+        return arrays.view(handle, self.shape, self.strides, self.offset, self.dtype)
 
 
 class Unused(NamedTuple):

@@ -28,7 +28,9 @@ from ..tile_config import (
     PRECISIONS,
     TileConfig,
     score,
+    tile_dtype,
 )
+from ..tile_ir import BFLOAT16
 from ._contract import HandWritten, PrebuiltOp, Report, array_arg, new_result
 from ._matmul_geometry import (
     MAX_GRID_YZ,
@@ -85,9 +87,9 @@ def _check_precision(precision, dtype: np.dtype, config: TileConfig | None):
         raise TypeError(f"precision must be None or a str, got {type(precision).__name__}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "tf32" and dtype == np.float16:
+    if precision == "tf32" and dtype != np.float32:
         raise ValueError(
-            "precision='tf32' is for float32 inputs; float16 inputs already run on tensor "
+            f"precision='tf32' is for float32 inputs; {dtype} inputs already run on tensor "
             "cores (leave precision=None)"
         )
     if config is None:
@@ -140,10 +142,15 @@ def _product(
     m = 1 if a_vector else ra.shape[-2]
     cfg = _check_config(config)
     _check_precision(precision, ra.dtype, cfg)
-    if cfg is not None and cfg.dtype == "float16" and ra.dtype != np.float16:
+    if cfg is not None and cfg.dtype == "float16" and ra.dtype == np.float32:
         raise ValueError(
             f"config has float16 tiles (the tensor-core kernel); {ra.dtype} inputs need "
             "TileConfig(..., dtype='float32')"
+        )
+    if ra.dtype == BFLOAT16 and cfg is not None and cfg.dtype != "float16":
+        raise ValueError(
+            "bfloat16 runs on the tensor cores only: config needs float16 tiles "
+            f"(TileConfig(..., dtype='float16')), got {cfg.dtype} tiles"
         )
     product = Product(
         ra,
@@ -171,7 +178,7 @@ def _check_k(product: Product, name: str) -> None:
     """The tensor-core kernels count k-tiles in int32 (with the stages in flight ahead of the
     current one): refuse a K that would wrap, for every tile a launch may take (a call
     without ``config`` may be tuned to any of the choices)."""
-    kind = "tf32" if product.precision == "tf32" else product.dtype.name
+    kind = "tf32" if product.precision == "tf32" else tile_dtype(product.dtype.name)
     tiles = [product.config] if product.config is not None else CHOICES
     tiles = [c for c in tiles if c.dtype == kind and kind in ("float16", "tf32")]
     if tiles and kind == "float16":
@@ -244,14 +251,15 @@ def matmul(a, b, *, config=None, precision=None):
 
     a, b: float32 (computed exactly in float32 SIMT) or float16 (on the tensor cores, or the
     float32 SIMT kernel for a strided inner axis: products and sums in float32, rounded to
-    float16 once, so a result beyond float16's range is inf); one dtype for both; host or
-    device, any strides. NaN and inf follow IEEE arithmetic, as NumPy (``inf * 0`` is NaN).
+    float16 once, so a result beyond float16's range is inf), or bfloat16 (on the tensor cores
+    only, the same way: a device operand needs a contiguous last axis); one dtype for both;
+    host or device, any strides. NaN and inf follow IEEE arithmetic, as NumPy (``inf * 0`` is NaN).
     K = 0 gives zeros.
     config: a :class:`tessera_tile.TileConfig`, or None for the analytic model's default.
     precision: None (float32 computed exactly) or ``"tf32"``: float32 inputs on TF32 tensor
     cores, each input read with 10 mantissa bits (relative error up to ``2**-10`` per input;
     float32 accumulation), where rows are 16-byte aligned (else the exact kernel; ``explain``
-    says which). ValueError for float16 inputs, which already run on tensor cores.
+    says which). ValueError for float16 and bfloat16 inputs, which already run on tensor cores.
     One kernel (one launch per batch run; see ``docs/matmul.md``).
     """
     return _product(a, b, ("a", "b"), "matmul", config, precision=precision)

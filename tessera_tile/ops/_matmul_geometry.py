@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _arrays as arrays
+from ..tile_ir import BFLOAT16
 from ._contract import View
 
 __all__ = [
@@ -102,14 +103,14 @@ def geometry(batch: tuple[int, ...], mats: list[Matrix]) -> Geometry:
     return Geometry(batch, outer, tuple(run), z_strides)
 
 
-def matrix_view(array: int, mat: Matrix, index, z_count: int, z_stride: int) -> View:
+def matrix_view(array: int, mat: Matrix, index, z_count: int, z_stride: int, dtype=None) -> View:
     """The (z, rows, cols) view of the call's array ``array`` in one launch, from batch
     ``index`` on: made from the record's strides, never by indexing the device array (numba's
     ``DeviceNDArray.__getitem__``, its dummyarray, gives size 1 along stride-0 axes, and raises
     on any view into a 0-byte (null) allocation, e.g. ``[0]`` of a (2, 3, 0) array)."""
     offset = sum(i * s for i, s in zip(index, mat.batch_strides, strict=True))
     shape = (z_count, mat.rows, mat.cols)
-    return View(array, shape, (z_stride, mat.row_stride, mat.col_stride), offset)
+    return View(array, shape, (z_stride, mat.row_stride, mat.col_stride), offset, dtype)
 
 
 def first_address(rec: arrays.Arg, mat: Matrix, index) -> int:
@@ -146,4 +147,9 @@ def array_type(dtype: np.dtype, ndim: int, layout: str) -> str:
     axes = [":"] * ndim
     if layout == "C":
         axes[-1] = "::1"
-    return f"{np.dtype(dtype).name}[{', '.join(axes)}]"
+    return f"{kernel_dtype(dtype).name}[{', '.join(axes)}]"
+
+
+def kernel_dtype(dtype) -> np.dtype:
+    """What an array of ``dtype`` is in the kernels: bfloat16 as its ``uint16`` bits."""
+    return np.dtype(np.uint16) if np.dtype(dtype) == BFLOAT16 else np.dtype(dtype)

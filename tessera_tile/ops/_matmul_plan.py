@@ -27,6 +27,7 @@ from ..tile_config import (
     traffic_bytes,
     waves_text,
 )
+from ..tile_ir import BFLOAT16
 from ._contract import (
     HandWritten,
     KernelLaunch,
@@ -45,12 +46,13 @@ from ._matmul_geometry import (
     first_address,
     geometry,
     inner_contiguous,
+    kernel_dtype,
     layout,
     matrix_view,
     rows_aligned,
 )
 
-DTYPES = tuple(np.dtype(d) for d in ("float16", "float32"))
+DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 ACTIVATIONS = (None, *epilogue.ACTIVATIONS)  # the activation table's names (tile_ir)
 INT32_MAX = 2**31 - 1
 
@@ -118,7 +120,12 @@ def choose_kernel(
             f"fallback computes exactly, tile {SIMT_FALLBACK})"
         )  # fmt: skip
         config = SIMT_FALLBACK
-    if dtype == np.float16 and config.dtype == "float16" and tensor_rows is not None:
+    if dtype == BFLOAT16 and tensor_rows is None:
+        raise ValueError(
+            "bfloat16 runs on the tensor cores only, which need every operand's last axis "
+            "contiguous: a device operand (or out=) here has a strided last axis"
+        )
+    if dtype in (np.float16, BFLOAT16) and config.dtype == "float16" and tensor_rows is not None:
         if tensor_rows == "contiguous":
             reasons.append(
                 "rows not 16-byte aligned (K or N not a multiple of 8, or an offset view): the "
@@ -128,7 +135,7 @@ def choose_kernel(
         c = config
         kernel = tc.tensor_core_matmul(
             c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
-            async_copy=tensor_rows == "aligned",
+            async_copy=tensor_rows == "aligned", bf16=dtype == BFLOAT16,
         )  # fmt: skip
         signature = f"void({', '.join(types)})"
         return KernelChoice(kernel, config, config.threads, signature, tuple(reasons))
@@ -317,12 +324,13 @@ class Product(HandWritten):
         if self.config is None:
             self.tuner.choose(a, b)
         geo, mats, planned = self.plan_launches(a, b, result)
-        bias = View(2) if self.bias is not None else Unused(np.dtype(np.float32))
+        kind = kernel_dtype(self.dtype) if self.dtype == BFLOAT16 else None  # bfloat16: bits
+        bias = View(2, dtype=kind) if self.bias is not None else Unused(np.dtype(np.float32))
         arrays_of = (0, 1, len(records))  # A, B and C among the call's arrays
         out = []
         for index, _z0, count, choice in planned:
             va, vb, vc = (
-                matrix_view(i, m, index, count, z)
+                matrix_view(i, m, index, count, z, kind)
                 for i, m, z in zip(arrays_of, mats, geo.z_strides, strict=True)
             )
             grid = choice.grid(self.m, self.n, count)
