@@ -28,6 +28,7 @@ EXAMPLES = [
     "matmul",
     "fused_softmax",
     "ops_demo",
+    "bf16_mlp_block",
 ]
 
 

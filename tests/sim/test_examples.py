@@ -29,3 +29,12 @@ def test_fused_softmax_example_matches_numpy():
     example = load_example("fused_softmax")
     assert example.run(rows=5, cols=70) < 1e-4
     assert example.softmax.explain(example.inputs(4, 40)[0]).kernels == 1
+
+
+def test_bf16_mlp_block_example_matches_numpy():
+    """Four roundings to bfloat16 (the hidden activation, the second product, the residual sum,
+    the output), each within 2^-8 relatively: the block within 4 * 2^-8 of float64."""
+    example = load_example("bf16_mlp_block")
+    assert example.BOUND == 4 * 2**-8
+    assert example.run(tokens=16, width=32, hidden=64) < example.BOUND
+    assert example.run(tokens=33, width=36, hidden=24, seed=1) < example.BOUND  # 72-byte rows
