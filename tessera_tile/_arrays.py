@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 from numba import cuda
 
@@ -143,9 +144,16 @@ def _from_interface(value, cai, name: str) -> Arg:
     return Arg(DEVICE, value, shape, strides, dtype, pointer, family, bool(readonly))
 
 
+# bfloat16 has no typestr of its own: ml_dtypes' dtype.str, which CuPy and PyTorch (since
+# pytorch/pytorch#143042) put in __cuda_array_interface__, is the 2-byte void "<V2"
+BFLOAT16_TYPESTR = np.dtype(ml_dtypes.bfloat16).str
+
+
 def _interface_dtype(typestr, what: str) -> np.dtype:
     if not isinstance(typestr, str):
         raise TypeError(f"{what} typestr must be a str, got {type(typestr).__name__}")
+    if typestr == BFLOAT16_TYPESTR:
+        return np.dtype(ml_dtypes.bfloat16)
     try:
         return np.dtype(typestr)
     except (TypeError, ValueError):
@@ -349,7 +357,7 @@ def device_handle(arg: Arg):
         return cuda.as_cuda_array(arg.value)  # synchronises on the interface's stream
     # The simulator's device memory is host memory: view the pointer as a NumPy array.
     host = np.asarray(_Interface(arg))
-    return _fake_device_array(host)
+    return _fake_device_array(host if host.dtype == arg.dtype else host.view(arg.dtype))
 
 
 class _Interface:

@@ -134,3 +134,22 @@ def test_explain_takes_bfloat16_stand_ins():
     ex = tt.fuse(lambda a: tt.exp(a) * 2).explain(np.zeros((64, 128), BF16))
     assert ex.kernels == 1 and ex.bytes_fused == 2 * 64 * 128 * 2
     assert "bf16_to_f32" in ex.source and "f32_to_bf16" in ex.source
+
+
+def test_interface_objects_of_bfloat16_are_read_by_their_typestr():
+    """CuPy and PyTorch describe bfloat16 in __cuda_array_interface__ with ml_dtypes'
+    typestr "<V2"; the result is a numba device array of bfloat16."""
+    from numba import cuda
+
+    x = (np.random.default_rng(3).standard_normal((3, 20)) * 100).astype(BF16)
+    d = cuda.to_device(x)
+
+    class Interface:
+        def __init__(self, device_array):
+            self.device_array = device_array
+            self.__cuda_array_interface__ = {**device_array.__cuda_array_interface__}
+
+    assert Interface(d).__cuda_array_interface__["typestr"] == "<V2"
+    got = tt.fuse(lambda a: a * 2 - 1)(Interface(d))
+    assert getattr(got, "__cuda_ndarray__", False)
+    check(got.copy_to_host(), x.astype(np.float64) * 2 - 1)
