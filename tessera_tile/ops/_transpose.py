@@ -5,10 +5,13 @@ from __future__ import annotations
 import builtins
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import _arrays as arrays
 from ..kernels import transpose as _transpose
+from ..tile_ir import BFLOAT16
 from ._contract import (
-    FLOATS,
+    COMPOSED_FLOATS,
     HandWritten,
     KernelLaunch,
     PrebuiltOp,
@@ -28,8 +31,14 @@ class _Transpose(HandWritten):
     contiguous_out = True
 
     @property
+    def bits(self) -> np.dtype | None:
+        """What a bfloat16 array is moved as: float16 (the same 2 bytes, copied as they are,
+        NaN payloads included); None for the dtypes with kernels of their own."""
+        return np.dtype(np.float16) if self.x.dtype == BFLOAT16 else None
+
+    @property
     def kernel(self):
-        return _transpose.KERNELS[self.x.dtype]
+        return _transpose.KERNELS[self.bits or self.x.dtype]
 
     @property
     def out_shape(self) -> tuple:
@@ -50,16 +59,19 @@ class _Transpose(HandWritten):
     def launches(self, records, result) -> list:
         if not self.x.size:
             return []
-        signature = (numba_type(records[0]), numba_type(result))
-        params = (View(0), View(1))
+        signature = tuple(self._type(r) for r in (records[0], result))
+        params = (View(0, dtype=self.bits), View(1, dtype=self.bits))
         return [KernelLaunch(self.kernel, self._blocks(), _transpose.THREADS, params, signature)]
+
+    def _type(self, rec: arrays.Arg):
+        return numba_type(rec if self.bits is None else rec._replace(dtype=self.bits))
 
     def report(self) -> Report:
         name = self.kernel.py_func.__name__
         nbytes = 2 * self.x.size * self.x.dtype.itemsize
         launch = KernelLaunch(
             self.kernel, self._blocks(), _transpose.THREADS, (),
-            (numba_type(self.x), numba_type(new_result(self.out_shape, self.dtype))),
+            tuple(self._type(r) for r in (self.x, new_result(self.out_shape, self.dtype))),
         )  # fmt: skip
         stage = (
             f"{name}: hand-written, {_transpose.TILE}x{_transpose.TILE} tiles through padded "
@@ -69,12 +81,13 @@ class _Transpose(HandWritten):
 
 
 def transpose(x):
-    """``x.T`` of a 2-D array as a new C-contiguous array: float16, float32 or float64, any
-    strides in; values are copied bit for bit (NaN and ±inf included, float16 stays float16).
+    """``x.T`` of a 2-D array as a new C-contiguous array: float16, bfloat16, float32 or float64,
+    any strides in; values are copied bit for bit (NaN and ±inf included, float16 stays float16;
+    bfloat16 moves as float16, the same two bytes).
     One hand-written kernel through a padded shared-memory tile: each element read and written
     once, both coalesced, no bank conflicts.
     """
-    a = array_arg(x, "x", FLOATS, "transpose")
+    a = array_arg(x, "x", COMPOSED_FLOATS, "transpose")
     if len(a.shape) != 2:
         raise ValueError(f"x has shape {a.shape}; transpose takes 2-D arrays")
     return _Transpose(a)

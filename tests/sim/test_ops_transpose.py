@@ -1,6 +1,7 @@
 """Prebuilt 2-D transpose: exact against NumPy for any strides, C-contiguous out, each element
 read and written once, and zero bank conflicts in the simulator profile."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import back, counting_launches, on, transposed
@@ -9,7 +10,7 @@ from hypothesis import strategies as st
 
 from tessera_tile import ops, sim
 
-DTYPES = [np.float16, np.float32, np.float64]
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64]
 
 
 @given(
@@ -51,6 +52,15 @@ def test_traffic_is_the_minimum_and_no_bank_conflicts(dtype):
     assert prof.shared_requests > 0  # the tile really went through shared memory
     assert prof.bytes_read == x.nbytes and prof.bytes_written == x.nbytes
     assert ops.transpose.explain(x).bytes_fused == 2 * x.nbytes
+
+
+def test_bfloat16_moves_bit_for_bit(side):
+    """Every bfloat16 bit pattern, NaN payloads included, lands transposed unchanged."""
+    x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16)
+    x = x.reshape(128, 512)
+    got = back(ops.transpose(*on(side, x)), side)
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got.view(np.uint16), x.view(np.uint16).T)
 
 
 def test_size_zero_and_out(side):
