@@ -1,5 +1,7 @@
-"""float16 flash attention ``O = softmax(Q @ K^T * scale) @ V`` on the tensor cores: the score
-matrix never leaves the chip.
+"""float16 (or bfloat16) flash attention ``O = softmax(Q @ K^T * scale) @ V`` on the tensor
+cores: the score matrix never leaves the chip. With ``bf16=True`` the arrays are bfloat16 as
+their ``uint16`` bits, the products ``mma .bf16`` and P and O rounded to bfloat16; the loop is
+the same.
 
 :func:`flash_attention` makes the kernel ``kernel(q, k, v, o, scale_log2)`` of one head size:
 
@@ -49,12 +51,21 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
-from numba import boolean, cuda, float32, int32, uint32
+from numba import boolean, cuda, float32, int32, uint16, uint32
 from numba.types import float16
 
 from .._fusion.device import exp2_approx, max_nan, rcp_approx
+from ..bfloat16 import f32_to_bf16, pack_bf16x2
 from ..memory import store16_shared
-from ..mma import ldmatrix_x4, ldmatrix_x4_trans, mma_m16n8k16, pack_f16x2, store_f16x2
+from ..mma import (
+    ldmatrix_x4,
+    ldmatrix_x4_trans,
+    mma_m16n8k16,
+    mma_m16n8k16_bf16,
+    pack_f16x2,
+    store_bf16x2,
+    store_f16x2,
+)
 from ..pipeline import (
     SHARED_ALIGN,
     cp_async_cg_16_zfill,
@@ -131,11 +142,12 @@ def kv_rows(m0: int, sq: int, sk: int, causal: bool, cfg) -> int:
     return min(sk, tiles * cfg.block_kv)
 
 
-def flash_attention(head_dim: int, causal: bool, aligned: bool, config=None):
-    """The ``cuda.jit`` kernel ``kernel(q, k, v, o, scale_log2)`` (module doc), memoised."""
+def flash_attention(head_dim: int, causal: bool, aligned: bool, config=None, bf16: bool = False):
+    """The ``cuda.jit`` kernel ``kernel(q, k, v, o, scale_log2)`` (module doc), memoised;
+    ``bf16``: q, k, v and o are bfloat16 (their ``uint16`` bits), on the ``.bf16`` mma."""
     cfg = default_config(head_dim) if config is None else AttentionConfig(*config)
     cfg.validate(head_dim)
-    return _build(head_dim, bool(causal), bool(aligned), cfg)
+    return _build(head_dim, bool(causal), bool(aligned), cfg, bool(bf16))
 
 
 @cuda.jit(device=True)
@@ -144,7 +156,7 @@ def _reverse3(v):
 
 
 @functools.cache
-def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
+def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig, bf16: bool = False):
     block_q, block_kv, stages, threads = cfg.block_q, cfg.block_kv, cfg.num_stages, cfg.threads
     ahead, lag = stages - 1, stages - 2
     kd = d // 16  # k16 steps of Q K^T; also pairs of n8 tiles of P V
@@ -158,6 +170,11 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
     q_per, kv_per = cq.chunks // cq.per_row, ckv.chunks // ckv.per_row
     q_threads, q_step, q_passes, q_exact = cq.per_row, cq.row_step, cq.passes, cq.exact
     kv_threads, kv_row_step, kv_passes, kv_exact = ckv.per_row, ckv.row_step, ckv.passes, ckv.exact
+    # float16, or bfloat16 as its bits: the same tiles, the .bf16 mma, P and O rounded to it
+    elem = uint16 if bf16 else float16
+    mma = mma_m16n8k16_bf16 if bf16 else mma_m16n8k16
+    pack = pack_bf16x2 if bf16 else pack_f16x2
+    store_pair = store_bf16x2 if bf16 else store_f16x2
 
     @cuda.jit(device=True)
     def chunk_at(r, c):
@@ -170,7 +187,7 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
         if aligned:  # a copy of 0 source bytes reads nothing: its address may be outside src
             cp_async_cg_16_zfill(dst, offset, src, (bz, row, col), 16 if ok else 0)
         else:
-            z = float16(0)
+            z = elem(0)
             x0 = src[bz, row, col] if ok else z
             x1 = src[bz, row, col + 1] if ok else z
             x2 = src[bz, row, col + 2] if ok else z
@@ -202,7 +219,7 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
     @cuda.jit(device=True, **INLINE)
     def mma_into(acc, j, a, b0, b1):
         """``acc[j] += a @ (b0, b1)``: one mma.sync on accumulator tile ``j`` (a constant)."""
-        d = mma_m16n8k16(a, (b0, b1), (acc[j, 0], acc[j, 1], acc[j, 2], acc[j, 3]))
+        d = mma(a, (b0, b1), (acc[j, 0], acc[j, 1], acc[j, 2], acc[j, 3]))
         for q in range(4):
             acc[j, q] = d[q]
 
@@ -262,10 +279,10 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
         # 16kk .. 16kk + 15 (layout C of two tiles = layout A of one k16 step).
         for kk in range(kk_steps):
             a = (
-                pack_f16x2(sacc[2 * kk, 0], sacc[2 * kk, 1]),
-                pack_f16x2(sacc[2 * kk, 2], sacc[2 * kk, 3]),
-                pack_f16x2(sacc[2 * kk + 1, 0], sacc[2 * kk + 1, 1]),
-                pack_f16x2(sacc[2 * kk + 1, 2], sacc[2 * kk + 1, 3]),
+                pack(sacc[2 * kk, 0], sacc[2 * kk, 1]),
+                pack(sacc[2 * kk, 2], sacc[2 * kk, 3]),
+                pack(sacc[2 * kk + 1, 0], sacc[2 * kk + 1, 1]),
+                pack(sacc[2 * kk + 1, 2], sacc[2 * kk + 1, 3]),
             )
             for j2 in range(kd):
                 f = ldmatrix_x4_trans(sv, k_base + off_v[j2] + 16 * kk * d)
@@ -273,9 +290,9 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
                 mma_into(oacc, 2 * j2 + 1, a, f[2], f[3])
 
     def kernel(q, k, v, o, scale_log2):
-        sq = cuda.shared.array(q_size, float16, alignment=SHARED_ALIGN)
-        sk = cuda.shared.array(ring, float16, alignment=SHARED_ALIGN)
-        sv = cuda.shared.array(ring, float16, alignment=SHARED_ALIGN)
+        sq = cuda.shared.array(q_size, elem, alignment=SHARED_ALIGN)
+        sk = cuda.shared.array(ring, elem, alignment=SHARED_ALIGN)
+        sv = cuda.shared.array(ring, elem, alignment=SHARED_ALIGN)
         # Local arrays indexed only by constants (loops over constants, unrolled): registers.
         qf = cuda.local.array((kd, 4), uint32)
         sacc = cuda.local.array((nt, 4), float32)
@@ -392,13 +409,17 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig):
                     x0 = oacc[j, 2 * h] * inv
                     x1 = oacc[j, 2 * h + 1] * inv
                     if aligned:
-                        store_f16x2(o, (bz, row, 8 * j + col), x0, x1)
+                        store_pair(o, (bz, row, 8 * j + col), x0, x1)
+                    elif bf16:
+                        o[bz, row, 8 * j + col] = f32_to_bf16(x0)
+                        o[bz, row, 8 * j + col + 1] = f32_to_bf16(x1)
                     else:
                         o[bz, row, 8 * j + col] = x0
                         o[bz, row, 8 * j + col + 1] = x1
 
     kernel.__name__ = kernel.__qualname__ = (
-        f"flash_attention_d{d}{'_causal' if causal else ''}_kv{block_kv}_w{cfg.num_warps}"
+        f"flash_attention{'_bf16' if bf16 else ''}_d{d}{'_causal' if causal else ''}"
+        f"_kv{block_kv}_w{cfg.num_warps}"
         f"_s{stages}{'' if aligned else '_sync'}"
     )
     return cuda.jit(kernel)
@@ -409,3 +430,4 @@ flash_attention_d64 = flash_attention(64, False, True)
 flash_attention_d64_causal = flash_attention(64, True, True)
 flash_attention_d128 = flash_attention(128, False, True)
 flash_attention_d16_sync = flash_attention(16, True, False)
+flash_attention_bf16_d64 = flash_attention(64, False, True, bf16=True)

@@ -1,5 +1,6 @@
-"""float16 tensor-core matmul ``C = act(A @ B + bias)``: ``mma.sync.m16n8k16``, ``ldmatrix`` from
-swizzled shared tiles, a multi-stage ``cp.async`` pipeline.
+"""float16 (or bfloat16: ``bf16=True``, every array its ``uint16`` bits) tensor-core matmul
+``C = act(A @ B + bias)``: ``mma.sync.m16n8k16``, ``ldmatrix`` from swizzled shared tiles, a
+multi-stage ``cp.async`` pipeline.
 
 :func:`tensor_core_matmul` makes the kernel ``kernel(a, b, bias, c)`` of one configuration:
 

@@ -10,6 +10,7 @@ dimensions broadcast as in NumPy and become the grid's second axis as the matmul
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from .. import _arrays as arrays
 from ..kernels import attention as tensor_cores
 from ..kernels import attention_simt as simt
 from ..kernels.attention import kv_rows
+from ..tile_ir import BFLOAT16
 from ._contract import (
     HandWritten,
     KernelLaunch,
@@ -36,6 +38,7 @@ from ._matmul_geometry import (
     as_matrix,
     first_address,
     geometry,
+    kernel_dtype,
     layout,
     matrix_view,
     rows_aligned,
@@ -43,7 +46,7 @@ from ._matmul_geometry import (
 
 __all__ = ["attention"]
 
-DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,14 @@ FAMILIES = {
         tensor_cores.flash_attention,
         tensor_cores.AttentionConfig,
         "float16: tensor cores (mma.sync m16n8k16), float32 scores and statistics",
+        "synchronous guarded loads instead of cp.async",
+        True,
+    ),
+    BFLOAT16: Family(
+        tensor_cores,
+        functools.partial(tensor_cores.flash_attention, bf16=True),
+        tensor_cores.AttentionConfig,
+        "bfloat16: tensor cores (mma.sync m16n8k16 .bf16), float32 scores and statistics",
         "synchronous guarded loads instead of cp.async",
         True,
     ),
@@ -173,10 +184,11 @@ class Attention(HandWritten):
         geo, mats, planned = self.plan_launches([*records, result])
         cfg = self.tile_config()
         scale_log2 = np.float32(self.scale * LOG2E)
+        bits = kernel_dtype(self.dtype) if self.dtype == BFLOAT16 else None  # bfloat16's
         out = []
         for launch in planned:
             views = [
-                matrix_view(i, m, launch.index, launch.count, z)
+                matrix_view(i, m, launch.index, launch.count, z, bits)
                 for i, (m, z) in enumerate(zip(mats, geo.z_strides, strict=True))
             ]
             grid = (-(-self.sq // cfg.block_q), launch.count)

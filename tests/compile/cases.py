@@ -31,6 +31,7 @@ MM = "tessera_tile.kernels.matmul"
 SIMT = {"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 512}
 FLASH = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, ::1]")
 FLASH_ANY = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, :]")
+FLASH_BF16 = "void({0}, {0}, {0}, {0}, float32)".format("uint16[:, :, ::1]")  # bfloat16 bits
 F16_MM = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
 BF16_MM = "void(uint16[:, :, ::1], uint16[:, :, ::1], float32[::1], uint16[:, :, ::1])"  # bits
 ATT = "tessera_tile.kernels.attention_simt"
@@ -297,6 +298,7 @@ CASES = [
             ("flash_attention_d64_causal", FLASH, {"sm_80": 160, "sm_90": 160}, 192),
             ("flash_attention_d128", FLASH, {"sm_80": 232, "sm_90": 232}, 192),
             ("flash_attention_d16_sync", FLASH_ANY, {"sm_80": 140, "sm_90": 140}, 48),
+            ("flash_attention_bf16_d64", FLASH_BF16, {"sm_80": 160, "sm_90": 160}, 192),
         )
     ),  # fmt: skip
 ]

@@ -17,7 +17,23 @@ from tessera_tile.kernels import attention as fa
 
 ARCHS = ("sm_80", "sm_90")
 SIG = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, ::1]")
+BF16_SIG = "void({0}, {0}, {0}, {0}, float32)".format("uint16[:, :, ::1]")  # bfloat16 bits
 SCORES_PER_LANE = 16 * 64 // 32  # one warp's 16 x 64 scores of a tile, per lane
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_kv_loop_is_the_float16_loop(arch, record_property):
+    """Issue 22's bar: bfloat16 attention runs its float16 twin's K/V loop, HMMA .BF16, within
+    5% of its instructions, 0 spills."""
+    cfg = fa.default_config(64)
+    bf16 = inspect.compile(fa.flash_attention_bf16_d64, BF16_SIG, arch=arch, block=cfg.threads)
+    f16 = inspect.compile(fa.flash_attention_d64, SIG, arch=arch, block=cfg.threads)
+    assert bf16.spill_stores == bf16.spill_loads == 0 and not bf16.uses_local_memory
+    loop, f16_loop = bf16.loop_with("HMMA"), f16.loop_with("HMMA")
+    assert loop.count("HMMA.16816.F32.BF16") == loop.count("HMMA") == f16_loop.count("HMMA")
+    per, f16_per = loop.instructions, f16_loop.instructions
+    record_property("resources", f"{arch} K/V loop: bfloat16 {per} instr, float16 {f16_per}")
+    assert per <= 1.05 * f16_per, (per, f16_per)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -9,14 +9,17 @@ Per element, a result must lie within a bound derived from where the kernels rou
   moves O by at most ``2 e w``;
 * float16: P is rounded to float16 before ``P @ V`` (2**-11 per term), O at its store
   (2**-11 of |O|), and MUFU.EX2 and the float32 sums add a few float32 ulps: ``6 * 2**-11 w``;
+  bfloat16 the same with its unit roundoff 2**-8;
 * float32: the sums over Sk keys and the final ``1 / l``: ``(Sk + 4) u w + u |O|``.
 
 Every result must also have a relative Frobenius error below 1e-2 (float16) or 1e-5
-(float32), the issue's figures.
+(float32), the issue's figures, and 8e-2 for bfloat16 (float16's figure times the ratio of
+their unit roundoffs, 2**-8 / 2**-11).
 """
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import SIDES, attention_reference, back, counting_launches, on
@@ -29,7 +32,9 @@ from tessera_tile.kernels import attention_simt as simt
 
 U16 = 2.0**-11
 U32 = 2.0**-24
-FROBENIUS = {np.dtype(np.float16): 1e-2, np.dtype(np.float32): 1e-5}
+BF16 = np.dtype(ml_dtypes.bfloat16)
+HALF_U = {np.dtype(np.float16): U16, BF16: 2.0**-8}  # computed in float32, rounded to these
+FROBENIUS = {np.dtype(np.float16): 1e-2, BF16: 8e-2, np.dtype(np.float32): 1e-5}
 SMALL = tc.AttentionConfig(16, 1, 2)  # one warp: 16 query rows, 16-key tiles
 SMALL32 = simt.SimtAttentionConfig(16, 16, 32)  # one warp: 4 row groups of 8 lanes
 
@@ -45,8 +50,9 @@ def tolerance(q, k, v, causal, scale):
     e = e_score.max(axis=-1, keepdims=True, initial=0.0) + U32 * abs(scale) * spread
     w = attention_reference(q64, k64, np.abs(v64), causal, scale)
     ref = np.abs(attention_reference(q64, k64, v64, causal, scale))
-    if q.dtype == np.float16:
-        return (6 * U16 + 2 * e) * w + U16 * ref
+    if q.dtype in HALF_U:
+        u = HALF_U[q.dtype]
+        return (6 * u + 2 * e) * w + u * ref
     return ((sk + 4) * U32 + 2 * e) * w + U32 * ref
 
 
@@ -86,7 +92,7 @@ def operands(rng, q_shape, kv_shape, dtype=np.float16, amp=1.0):
     d=st.sampled_from([16, 32, 64]),
     causal=st.booleans(),
     side=st.sampled_from(SIDES),
-    dtype=st.sampled_from([np.float16, np.float32]),
+    dtype=st.sampled_from([np.float16, ml_dtypes.bfloat16, np.float32]),
     seed=st.integers(0, 2**16),
 )
 def test_matches_numpy(sq, sk, d, causal, side, dtype, seed):
@@ -96,8 +102,10 @@ def test_matches_numpy(sq, sk, d, causal, side, dtype, seed):
     check(got, q, k, v, causal)
 
 
-DTYPES = [(np.float16, SMALL), (np.float32, SMALL32)]
-BY_DTYPE = pytest.mark.parametrize(("dtype", "small"), DTYPES, ids=["float16", "float32"])
+DTYPES = [(np.float16, SMALL), (ml_dtypes.bfloat16, SMALL), (np.float32, SMALL32)]
+BY_DTYPE = pytest.mark.parametrize(
+    ("dtype", "small"), DTYPES, ids=["float16", "bfloat16", "float32"]
+)
 
 
 @BY_DTYPE
@@ -175,7 +183,7 @@ def test_scale(side, scale, dtype):
         check(got, q, k, v, causal, scale)
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
 def test_nan_propagates_as_in_numpy(side, dtype):
     """A NaN in q poisons its row; a NaN in k every row that sees that key (causal: the rows
     at or below it); the other rows are untouched."""
@@ -190,12 +198,10 @@ def test_nan_propagates_as_in_numpy(side, dtype):
     np.testing.assert_array_equal(nan_rows, expected)
     rows = ~expected
     want = attention_reference(q, k, v, True, 0.25)[rows]
-    assert np.abs(got[rows].astype(np.float64) - want).max() < (
-        1e-2 if dtype == np.float16 else 1e-5
-    )
+    assert np.abs(got[rows].astype(np.float64) - want).max() < FROBENIUS[np.dtype(dtype)]
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
 @pytest.mark.parametrize("where", ["k +inf", "k -inf", "v +inf"])
 def test_infinities_as_ieee(side, dtype, where):
     """As the docstring says, IEEE arithmetic: a +inf score makes its row NaN (inf - inf), a
