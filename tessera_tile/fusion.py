@@ -439,7 +439,7 @@ def astype(x, dtype):
         raise TypeError(f"astype: unsupported dtype {dtype}")
     if dtype == as_node(x).dtype:
         return x
-    return unary(Op.CAST, x, arg=dtype.str)
+    return unary(Op.CAST, x, arg=ir.dtype_arg(dtype))
 
 
 # reductions ---------------------------------------------------------------------------------

@@ -23,6 +23,13 @@ import ml_dtypes
 import numpy as np
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def dtype_arg(dtype) -> str:
+    """A dtype as a cast's argument: its ``str``, but bfloat16 by name (its ``str`` is the
+    2-byte void ``<V2``, which ``np.dtype`` reads back as void)."""
+    dtype = np.dtype(dtype)
+    return dtype.name if dtype == BFLOAT16 else dtype.str
 SUPPORTED_DTYPES = tuple(
     np.dtype(d) for d in ("bool", "int32", "int64", "float16", "float32", "float64")
 ) + (BFLOAT16,)
@@ -419,10 +426,10 @@ def reduction(op: Op, src: Node, axis, keepdims: bool) -> Node:
     if not axes:  # nothing to reduce (a 0-d value, or axis=()): NumPy returns the value
         if op in INDEX_REDUCE:
             false = elementwise(Op.AND, elementwise(Op.ISNAN, src), leaf_const(False))
-            return elementwise(Op.CAST, false, arg=np.dtype(np.int64).str)
+            return elementwise(Op.CAST, false, arg=dtype_arg(np.int64))
         if op in (Op.ANY, Op.ALL):
             return elementwise(Op.NE, src, leaf_const(0))
-        return src if dtype == src.dtype else elementwise(Op.CAST, src, arg=dtype.str)
+        return src if dtype == src.dtype else elementwise(Op.CAST, src, arg=dtype_arg(dtype))
     if op in INDEX_REDUCE and axis is None:
         keepdims_shape = (1,) * src.ndim if keepdims else ()
         return Node(op, dtype, (src,), (axes, keepdims, True), keepdims_shape)

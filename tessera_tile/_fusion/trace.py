@@ -234,7 +234,7 @@ class Traced:
         dtype = np.dtype(dtype)
         if dtype not in ir.SUPPORTED_DTYPES:
             raise TypeError(f"astype: unsupported dtype {dtype}")
-        return self if dtype == self.dtype else unary(Op.CAST, self, arg=dtype.str)
+        return self if dtype == self.dtype else unary(Op.CAST, self, arg=ir.dtype_arg(dtype))
 
 
 def as_node(value) -> Node:
@@ -349,7 +349,7 @@ def cast_results(trace: Trace, dtypes: list, names: list[str], fn_name: str) -> 
                     f"Cannot cast the result of {fn_name} into {name} from dtype('{node.dtype}')"
                     f" to dtype('{dtype}') with casting rule 'same_kind'"
                 )
-            node = ir.elementwise(Op.CAST, node, arg=dtype.str)
+            node = ir.elementwise(Op.CAST, node, arg=ir.dtype_arg(dtype))
         outputs.append(node)
     trace.outputs = tuple(outputs)
 

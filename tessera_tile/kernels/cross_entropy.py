@@ -18,7 +18,8 @@ written.
 
 A target outside ``[0, C)`` that is not ``ignore_index`` gives NaN here (a kernel cannot raise);
 ``tessera_tile.ops.cross_entropy`` refuses such targets before launch when they are on the host.
-Computation is in float32 for float16 and float32 logits, float64 for float64 logits. NaN and
+Computation is in float32 for float16, bfloat16 (read as its bits, widened exactly) and float32
+logits, float64 for float64 logits. NaN and
 infinities as PyTorch's ``log_softmax`` gives them: a NaN that a lane meets first becomes its
 maximum, and the butterfly combines maxima with ``max_nan``, so a NaN logit makes the loss NaN
 from any lane; a +inf makes it NaN through ``exp(inf - inf)``; a row of only -inf gives
@@ -35,6 +36,7 @@ from numba import cuda, float32, float64
 
 from .. import fusion as tt
 from .._fusion.device import max_nan
+from ..bfloat16 import bf16_to_f32, f32_to_bf16
 from ..memory import aligned16, load16
 
 WARP_SIZE = 32
@@ -43,10 +45,13 @@ THREADS = WARP_SIZE * WARPS_PER_BLOCK
 FULL_MASK = 0xFFFFFFFF
 
 
-def _make(ct, vector: int):
+def _make(ct, vector: int, bf16: bool = False, bf16_losses: bool = False):
     """The kernel computing in ``ct`` (float32 or float64) for logits of ``16 // vector``
-    bytes; closes over its constants (a constant ``vector`` keeps divisions by it shifts)."""
+    bytes; closes over its constants (a constant ``vector`` keeps divisions by it shifts).
+    ``bf16``: the logits are bfloat16 bits, widened exactly; ``bf16_losses``: the losses too
+    (reduction "none"), each rounded once."""
     zero, one = ct(0.0), ct(1.0)
+    widen = bf16_to_f32 if bf16 else ct
     neg_inf, nan = ct(-math.inf), ct(math.nan)
 
     @cuda.jit(device=True)
@@ -76,14 +81,14 @@ def _make(ct, vector: int):
                 while chunk < n_cols // vector:
                     vals = load16(logits, (row, chunk * vector))
                     for k in range(vector):
-                        x = ct(vals[k])
+                        x = widen(vals[k])
                         m, s = online(m, s, x)
                         if chunk * vector + k == t:
                             picked = x
                     chunk += WARP_SIZE
                 j = (n_cols // vector) * vector + lane  # the tail: fewer than one chunk
             while j < n_cols:
-                x = ct(logits[row, j])
+                x = widen(logits[row, j])
                 m, s = online(m, s, x)
                 if j == t:
                     picked = x
@@ -101,12 +106,16 @@ def _make(ct, vector: int):
             if lane == 0:
                 counted = one
                 if t == ignore_index:
-                    loss[row] = zero
+                    value = zero
                     counted = zero
                 elif t < 0 or t >= n_cols:
-                    loss[row] = nan
+                    value = nan
                 else:
-                    loss[row] = (m - picked) + math.log(s)  # m - picked is exact near m
+                    value = (m - picked) + math.log(s)  # m - picked is exact near m
+                if bf16_losses:
+                    loss[row] = f32_to_bf16(value)
+                else:
+                    loss[row] = value
                 if write_valid:  # only the mean needs the count of rows not ignored
                     valid[row] = counted
             row += row_step
@@ -117,11 +126,14 @@ def _make(ct, vector: int):
 cross_entropy_rows_f16 = _make(float32, 8)  # float16 logits, computed in float32
 cross_entropy_rows_f32 = _make(float32, 4)
 cross_entropy_rows_f64 = _make(float64, 2)
+cross_entropy_rows_bf16 = _make(float32, 8, bf16=True, bf16_losses=True)  # reduction "none"
+cross_entropy_rows_bf16_f32 = _make(float32, 8, bf16=True)  # float32 losses to reduce
 KERNELS = {
     np.dtype("f2"): cross_entropy_rows_f16,
     np.dtype("f4"): cross_entropy_rows_f32,
     np.dtype("f8"): cross_entropy_rows_f64,
 }
+BF16_KERNELS = {True: cross_entropy_rows_bf16, False: cross_entropy_rows_bf16_f32}  # by "none"
 
 
 @functools.cache

@@ -10,8 +10,9 @@ from numba import from_dtype, types
 
 from .. import _arrays as arrays
 from ..kernels import cross_entropy as _cross_entropy
+from ..tile_ir import BFLOAT16
 from ._contract import (
-    FLOATS,
+    COMPOSED_FLOATS,
     HandWritten,
     KernelLaunch,
     PrebuiltOp,
@@ -50,13 +51,20 @@ class _CrossEntropy(HandWritten):
         return np.dtype(np.float64 if self.logits.dtype == np.float64 else np.float32)
 
     @property
+    def bits(self) -> np.dtype | None:
+        """uint16 for bfloat16 logits, which the kernel reads as their bits; else None."""
+        return np.dtype(np.uint16) if self.logits.dtype == BFLOAT16 else None
+
+    @property
     def kernel(self):
+        if self.bits is not None:
+            return _cross_entropy.BF16_KERNELS[self.reduction == "none"]
         return _cross_entropy.KERNELS[self.logits.dtype]
 
     def _reducer(self):
         if self.reduction == "none":
             return None
-        return _cross_entropy.reduce_losses(self.reduction, self.logits.dtype.str)
+        return _cross_entropy.reduce_losses(self.reduction, self.logits.dtype.name)
 
     def _loss_dtype(self) -> np.dtype:
         return self.logits.dtype if self.reduction == "none" else self.compute
@@ -69,15 +77,19 @@ class _CrossEntropy(HandWritten):
             return []
         blocks = -(-n // _cross_entropy.WARPS_PER_BLOCK)
         valid = View(3) if self.reduction == "mean" else Unused(self.compute)
-        params = (View(0), View(1), View(2), valid, self.ignore_index, self.reduction == "mean")
+        losses = self.bits if self.reduction == "none" else None  # bfloat16 losses: bits
+        logits, loss = View(0, dtype=self.bits), View(2, dtype=losses)
+        params = (logits, View(1), loss, valid, self.ignore_index, self.reduction == "mean")
         signature = self._signature(records)
         return [KernelLaunch(self.kernel, blocks, _cross_entropy.THREADS, params, signature)]
 
     def _signature(self, records) -> tuple:
+        logits = records[0] if self.bits is None else records[0]._replace(dtype=self.bits)
+        loss = self._loss_dtype()
         return (
-            numba_type(records[0]),
+            numba_type(logits),
             numba_type(records[1]),
-            types.Array(from_dtype(self._loss_dtype()), 1, "C"),
+            types.Array(from_dtype(np.uint16 if loss == BFLOAT16 else loss), 1, "C"),
             types.Array(from_dtype(self.compute), 1, "C"),
             types.int64,
             types.boolean,
@@ -160,7 +172,7 @@ def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
     row when they are on the device. One hand-written kernel reads each logit once and writes
     no probabilities; ``"mean"`` and ``"sum"`` add a fused full reduction of the N losses.
     """
-    x = array_arg(logits, "logits", FLOATS, "cross_entropy")
+    x = array_arg(logits, "logits", COMPOSED_FLOATS, "cross_entropy")
     if len(x.shape) != 2:
         raise ValueError(f"logits has shape {x.shape}; cross_entropy needs (N, C)")
     t = arrays.read(targets, "targets", scalars=False)

@@ -141,6 +141,22 @@ CASES = [
     ),
     Case(
         "tessera_tile.kernels.cross_entropy",
+        "cross_entropy_rows_bf16",  # bfloat16 logits and losses: their uint16 bits
+        "void(uint16[:, ::1], int64[::1], uint16[::1], float32[::1], int64, boolean)",
+        budget={"sm_80": 40, "sm_90": 40},
+        block=128,
+        opcodes={"SHFL": 10, "MUFU.EX2": 1, "LDG.E.128": 1},
+    ),
+    Case(
+        "tessera_tile.kernels.cross_entropy",
+        "cross_entropy_rows_bf16_f32",  # bfloat16 logits, float32 losses to reduce
+        "void(uint16[:, ::1], int64[::1], float32[::1], float32[::1], int64, boolean)",
+        budget={"sm_80": 40, "sm_90": 40},
+        block=128,
+        opcodes={"SHFL": 10, "MUFU.EX2": 1, "LDG.E.128": 1},
+    ),
+    Case(
+        "tessera_tile.kernels.cross_entropy",
         "cross_entropy_rows_f64",
         "void(float64[:, ::1], int32[::1], float64[::1], float64[::1], int64, boolean)",
         budget={"sm_80": 44, "sm_90": 64},

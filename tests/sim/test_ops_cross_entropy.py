@@ -5,12 +5,14 @@ The reference follows PyTorch's ``cross_entropy``, which computes ``log_softmax`
 loss NaN; a +inf logit too (``exp(inf - inf)``); so does a row of only -inf (``-inf - -inf``);
 a -inf target among finite logits gives +inf.
 
-Tolerances per logits dtype: rtol 2e-3 (float16: the result is rounded to float16), 1e-5
-(float32), 1e-12 (float64), with an absolute part of rtol times the scale of the terms,
+Tolerances per logits dtype: rtol 2e-3 (float16: the result is rounded to float16), 2^-7
+(bfloat16: rounded once, 8 significant bits, as in test_ops_rows), 1e-5 (float32), 1e-12
+(float64), with an absolute part of rtol times the scale of the terms,
 max(1, max |finite logit|) (times the number of rows for ``"sum"``); a float16 result past
 65,504 is inf. Logits reach magnitude 1e4.
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import SIDES, assert_close_rounded, back, counting_launches, on
@@ -19,7 +21,7 @@ from hypothesis import strategies as st
 
 from tessera_tile import ops, sim
 
-RTOL = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-12}
+RTOL = {np.float16: 2e-3, ml_dtypes.bfloat16: 2**-7, np.float32: 1e-5, np.float64: 1e-12}
 
 
 @np.errstate(invalid="ignore")  # inf - inf and -inf - -inf are NaN, as in PyTorch
