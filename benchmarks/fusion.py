@@ -11,6 +11,7 @@
 
 import time
 
+import ml_dtypes
 import numpy as np
 from _steady_state import marginal, streamed, whole
 from _steps import run
@@ -114,7 +115,8 @@ def traffic() -> None:
 
 
 SASS_CASES = (("chain", np.float32), ("chain", np.float16), ("softmax", np.float32),
-              ("softmax", np.float16), ("layer_norm", np.float32))  # fmt: skip
+              ("softmax", np.float16), ("softmax", ml_dtypes.bfloat16),
+              ("layer_norm", np.float32))  # fmt: skip
 
 
 def sass_figures() -> list[dict]:

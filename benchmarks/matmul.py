@@ -118,6 +118,7 @@ def sass() -> None:
     from tessera_tile import inspect
     from tessera_tile.kernels import epilogue
     from tessera_tile.kernels import matmul as km
+    from tessera_tile.kernels import matmul_tc as tc
     from tessera_tile.tile_config import CANDIDATES
 
     table = Table(title="ours, compiled offline (static SASS, ptxas 13.5): not timings")
@@ -135,6 +136,20 @@ def sass() -> None:
                 str(r.registers), str(r.spill_stores + r.spill_loads), str(r.shared_bytes),
                 str(r.instructions), f"{loop.instructions} instr, {loop.count('FFMA')} FFMA",
                 f"{ratio:.1f}", "",
+            )  # fmt: skip
+        for name, kernel, dtype in (
+            ("tensor cores float16 128x128x32 w4", tc.matmul_tc_anchor, "float16"),
+            ("tensor cores bfloat16 128x128x32 w4", tc.matmul_bf16_anchor, "uint16"),
+        ):
+            t = f"{dtype}[:, :, ::1]"
+            r = inspect.compile(kernel, f"void({t}, {t}, float32[::1], {t})", arch=arch, block=128)
+            loop = r.loop_with("HMMA")
+            hmma = loop.count("HMMA")
+            table.add_row(
+                name, arch, str(r.registers), str(r.spill_stores + r.spill_loads),
+                str(r.shared_bytes), str(r.instructions),
+                f"{loop.instructions} instr, {hmma} HMMA ({loop.instructions / hmma:.2f}/HMMA)",
+                "", "",
             )  # fmt: skip
         plain = inspect.compile(km.simt_matmul(CANDIDATES[0]), sig, arch=arch)
         for name in ("gelu", "gelu_tanh", "silu", "relu"):

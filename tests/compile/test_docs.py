@@ -88,6 +88,7 @@ FUSION_ROWS = {
     ("chain", "float16"): "float16 (8 per `LDG.E.128`; was 2-byte loads, 97/element)",
     ("softmax", "float32"): "now (row in registers)",
     ("softmax", "float16"): "float16",
+    ("softmax", "bfloat16"): "bfloat16 (widened by a shift, rounded in pairs)",
 }
 
 

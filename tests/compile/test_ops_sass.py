@@ -79,3 +79,25 @@ def test_op_kernels_compile_clean(name, dtype, arch, record_property):
 def test_float16_rows_use_128_bit_loads():
     op, args, kwargs = calls(np.float16)["softmax"]
     assert op.inspect(*args, arch="sm_90", **kwargs)[0].count("LDG.E.128") >= 1
+
+
+@pytest.mark.parametrize("arch", ("sm_80", "sm_90"))
+def test_ops_inspect_bfloat16_stand_ins(arch):
+    """explain and inspect take ml_dtypes bfloat16 NumPy arrays as stand-ins for device ones:
+    every kernel a bfloat16 call launches compiles without spills."""
+    import ml_dtypes
+
+    bf16 = ml_dtypes.bfloat16
+    x, w = np.zeros((64, 512), bf16), np.zeros((512, 256), bf16)
+    q = np.zeros((2, 64, 64), bf16)
+    reports = [
+        *ops.softmax.inspect(x, arch=arch),
+        *ops.layer_norm.inspect(x, np.zeros(512, bf16), np.zeros(512, bf16), arch=arch),
+        *ops.cross_entropy.inspect(x, np.zeros(64, np.int64), arch=arch),
+        *ops.linear.inspect(x, w, np.zeros(256, bf16), "gelu", arch=arch),
+        *ops.attention.inspect(q, q, q, arch=arch),
+    ]
+    assert len(reports) == 6  # cross_entropy: its row kernel and the fused mean
+    for r in reports:
+        assert r.spill_stores == r.spill_loads == 0 and not r.uses_local_memory, r
+    assert ops.linear.explain(x, w).kernels == 1

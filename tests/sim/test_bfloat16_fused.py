@@ -153,3 +153,28 @@ def test_interface_objects_of_bfloat16_are_read_by_their_typestr():
     got = tt.fuse(lambda a: a * 2 - 1)(Interface(d))
     assert getattr(got, "__cuda_ndarray__", False)
     check(got.copy_to_host(), x.astype(np.float64) * 2 - 1)
+
+
+@pytest.mark.sim_only(reason="the profiler measures traffic in the simulator only")
+def test_row_ops_move_what_float16_moves():
+    from tessera_tile import ops, sim
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 300))
+    w, b = rng.standard_normal(300), rng.standard_normal(300)
+    t = rng.integers(0, 300, 6)
+    moved = {}
+    for dtype in (np.float16, BF16):
+        xs, ws, bs = (a.astype(dtype) for a in (x, w, b))
+        calls = {
+            "softmax": lambda: ops.softmax(xs),  # noqa: B023
+            "layer_norm": lambda: ops.layer_norm(xs, ws, bs),  # noqa: B023
+            "cross_entropy": lambda: ops.cross_entropy(xs, t, reduction="none"),  # noqa: B023
+            "sum": lambda: ops.sum(xs, axis=1),  # noqa: B023
+        }
+        for name, call in calls.items():
+            with sim.profile() as prof:
+                call()
+            moved[name, np.dtype(dtype).name] = prof.bytes_read + prof.bytes_written
+    for name in ("softmax", "layer_norm", "cross_entropy", "sum"):
+        assert moved[name, "bfloat16"] == moved[name, "float16"] > 0, name
