@@ -30,6 +30,8 @@ def dtype_arg(dtype) -> str:
     2-byte void ``<V2``, which ``np.dtype`` reads back as void)."""
     dtype = np.dtype(dtype)
     return dtype.name if dtype == BFLOAT16 else dtype.str
+
+
 SUPPORTED_DTYPES = tuple(
     np.dtype(d) for d in ("bool", "int32", "int64", "float16", "float32", "float64")
 ) + (BFLOAT16,)
