@@ -24,6 +24,8 @@ SIGNATURES = {
     "test_mma": {
         "mma_from_registers": [f"void({U32_2D}, {U32_2D}, {F32_2D}, {F32_2D})"],
         "tile_mma": ["void(float16[:, ::1], float16[:, ::1], float32[:, ::1], float16[:, ::1])"],
+        "mma_bf16_from_registers": [f"void({U32_2D}, {U32_2D}, {F32_2D}, {F32_2D})"],
+        "tile_mma_bf16": ["void(uint16[:, ::1], uint16[:, ::1], float32[:, ::1], uint16[:, ::1])"],
         "masked_store": [f"void({F32_2D}, float16[:, ::1], int64, int64)"],
         "divergent_mma": [f"void({F32})"],
         "branchy_mma": [f"void({F32})"],

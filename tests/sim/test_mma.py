@@ -203,25 +203,35 @@ def test_mma_integers_exact():
 # ---------------------------------------------------------------------------------------------
 
 
-@cuda.jit
-def tile_mma(a, b, d, d16):
-    """One warp: D (16 x 16) = A (16 x 16) @ B (16 x 16) from shared memory, two n8 tiles."""
-    sa = cuda.shared.array((16, 16), float16)
-    sb = cuda.shared.array((16, 16), float16)
-    lane = cuda.threadIdx.x
-    for i in range(lane, 256, 32):
-        sa[i // 16, i % 16] = a[i // 16, i % 16]
-        sb[i // 16, i % 16] = b[i // 16, i % 16]
-    cuda.syncthreads()
-    fa = mma.ldmatrix_x4(sa, (lane % 16, 8 * (lane // 16)))
-    fb = mma.ldmatrix_x4_trans(sb, (lane % 8 + 8 * (lane // 8 % 2), 8 * (lane // 16)))
-    zero = float32(0)
-    for nt in range(2):
-        acc = mma.mma_m16n8k16(fa, (fb[2 * nt], fb[2 * nt + 1]), (zero, zero, zero, zero))
-        mma.store_accumulator(acc, d, 0, 8 * nt)
-        g, t = lane >> 2, lane & 3
-        mma.store_f16x2(d16, (g, 8 * nt + 2 * t), acc[0], acc[1])
-        mma.store_f16x2(d16, (g + 8, 8 * nt + 2 * t), acc[2], acc[3])
+def _tile_mma(elem, product, store_pair):
+    """A kernel of one warp: D (16 x 16) = A (16 x 16) @ B (16 x 16) from shared memory of
+    ``elem`` (float16, or bfloat16's uint16 bits: ldmatrix moves 16-bit values whatever they
+    are), two n8 tiles by ``product``, stored in float32 and, in pairs, by ``store_pair``."""
+
+    @cuda.jit
+    def kernel(a, b, d, d16):
+        sa = cuda.shared.array((16, 16), elem)
+        sb = cuda.shared.array((16, 16), elem)
+        lane = cuda.threadIdx.x
+        for i in range(lane, 256, 32):
+            sa[i // 16, i % 16] = a[i // 16, i % 16]
+            sb[i // 16, i % 16] = b[i // 16, i % 16]
+        cuda.syncthreads()
+        fa = mma.ldmatrix_x4(sa, (lane % 16, 8 * (lane // 16)))
+        fb = mma.ldmatrix_x4_trans(sb, (lane % 8 + 8 * (lane // 8 % 2), 8 * (lane // 16)))
+        zero = float32(0)
+        for nt in range(2):
+            acc = product(fa, (fb[2 * nt], fb[2 * nt + 1]), (zero, zero, zero, zero))
+            mma.store_accumulator(acc, d, 0, 8 * nt)
+            g, t = lane >> 2, lane & 3
+            store_pair(d16, (g, 8 * nt + 2 * t), acc[0], acc[1])
+            store_pair(d16, (g + 8, 8 * nt + 2 * t), acc[2], acc[3])
+
+    return kernel
+
+
+tile_mma = _tile_mma(float16, mma.mma_m16n8k16, mma.store_f16x2)
+tile_mma_bf16 = _tile_mma(uint16, mma.mma_m16n8k16_bf16, mma.store_bf16x2)
 
 
 def test_ldmatrix_feeds_mma():
@@ -234,27 +244,6 @@ def test_ldmatrix_feeds_mma():
     want, scale = reference(a, b, np.zeros((16, 16)))
     np.testing.assert_array_less(np.abs(d - want), MMA_RTOL * scale + 1e-30)
     np.testing.assert_array_equal(d16, d.astype(np.float16))
-
-
-@cuda.jit
-def tile_mma_bf16(a, b, d, d16):
-    """``tile_mma`` on bfloat16 bits (uint16): ldmatrix moves 16-bit values whatever they are."""
-    sa = cuda.shared.array((16, 16), uint16)
-    sb = cuda.shared.array((16, 16), uint16)
-    lane = cuda.threadIdx.x
-    for i in range(lane, 256, 32):
-        sa[i // 16, i % 16] = a[i // 16, i % 16]
-        sb[i // 16, i % 16] = b[i // 16, i % 16]
-    cuda.syncthreads()
-    fa = mma.ldmatrix_x4(sa, (lane % 16, 8 * (lane // 16)))
-    fb = mma.ldmatrix_x4_trans(sb, (lane % 8 + 8 * (lane // 8 % 2), 8 * (lane // 16)))
-    zero = float32(0)
-    for nt in range(2):
-        acc = mma.mma_m16n8k16_bf16(fa, (fb[2 * nt], fb[2 * nt + 1]), (zero, zero, zero, zero))
-        mma.store_accumulator(acc, d, 0, 8 * nt)
-        g, t = lane >> 2, lane & 3
-        mma.store_bf16x2(d16, (g, 8 * nt + 2 * t), acc[0], acc[1])
-        mma.store_bf16x2(d16, (g + 8, 8 * nt + 2 * t), acc[2], acc[3])
 
 
 def test_ldmatrix_feeds_the_bf16_mma_and_pair_stores_round_to_nearest_even():
