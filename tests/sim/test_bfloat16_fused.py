@@ -178,3 +178,40 @@ def test_row_ops_move_what_float16_moves():
             moved[name, np.dtype(dtype).name] = prof.bytes_read + prof.bytes_written
     for name in ("softmax", "layer_norm", "cross_entropy", "sum"):
         assert moved[name, "bfloat16"] == moved[name, "float16"] > 0, name
+
+
+def test_every_elementwise_function_on_bfloat16():
+    """Every unary tt.* function: bfloat16 in, bfloat16 (or bool) out, within one ulp of the
+    float64 result rounded to bfloat16 (NaN where it is NaN)."""
+    from math import erf
+
+    from tessera_tile.kernels import epilogue
+
+    x = np.linspace(-3, 3, 37).astype(BF16)
+    x[5], x[6], x[7] = np.nan, np.inf, -np.inf
+    cases = {
+        "exp": (tt.exp, np.exp), "exp2": (tt.exp2, np.exp2), "log": (tt.log, np.log),
+        "log2": (tt.log2, np.log2), "log1p": (tt.log1p, np.log1p),
+        "expm1": (tt.expm1, np.expm1), "sqrt": (tt.sqrt, np.sqrt),
+        "rsqrt": (tt.rsqrt, lambda v: 1 / np.sqrt(v)), "sin": (tt.sin, np.sin),
+        "cos": (tt.cos, np.cos), "tanh": (tt.tanh, np.tanh),
+        "erf": (tt.erf, np.vectorize(erf)), "sigmoid": (tt.sigmoid, lambda v: 1 / (1 + np.exp(-v))),
+        "floor": (tt.floor, np.floor), "ceil": (tt.ceil, np.ceil),
+        "square": (tt.square, np.square), "abs": (tt.abs, np.abs),
+        "clip": (lambda v: tt.clip(v, -1, 0.5), lambda v: np.clip(v, -1, 0.5)),
+        **{
+            name: (getattr(tt, name), lambda v, name=name: epilogue.reference(name, v))
+            for name in ("relu", "gelu", "silu")
+        },
+    }  # fmt: skip
+    for name, (ours, theirs) in cases.items():
+        with np.errstate(all="ignore"):
+            want = np.asarray(theirs(x.astype(np.float64)), np.float64)
+        got = tt.fuse(ours)(x)
+        assert got.dtype == BF16, name
+        try:
+            check(got, want)
+        except AssertionError as e:
+            raise AssertionError(name) from e
+    for name, ours, theirs in (("isnan", tt.isnan, np.isnan), ("isinf", tt.isinf, np.isinf)):
+        np.testing.assert_array_equal(tt.fuse(ours)(x), theirs(x.astype(np.float64)), name)
