@@ -59,7 +59,7 @@ class PrebuiltOp:
         key = _key(args, kwargs) if out is None else None
         if key is not None:
             ready = self._ready.get(key)
-            if ready is not None and ready.current():
+            if ready is not None and (ready.tuner is None or ready.current()):
                 return ready.run(args, stream)
         plan = self._plan(*args, **kwargs)
         result = plan.run(out, stream)
@@ -153,10 +153,10 @@ class Fused:
             return None
         slots = iter(positions)
         picks = [next(slots) if type(a) is arrays.Arg else None for a in self.args]
-        constants = self.args
+        sources = list(zip(picks, self.args, strict=True))  # per fused argument, made once
 
         def run(args, stream):
-            taken = [c if i is None else args[i] for i, c in zip(picks, constants, strict=True)]
+            taken = [c if i is None else args[i] for i, c in sources]
             return runtime.run_ready(*entry, taken, stream)
 
         return Ready(run)
