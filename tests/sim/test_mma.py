@@ -111,16 +111,25 @@ def test_ldmatrix_layout(fn, count, trans):
 # ---------------------------------------------------------------------------------------------
 
 
-@cuda.jit
-def mma_from_registers(fa, fb, fc, out):
-    lane = cuda.threadIdx.x
-    d = mma.mma_m16n8k16(
-        (fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3]),
-        (fb[lane, 0], fb[lane, 1]),
-        (fc[lane, 0], fc[lane, 1], fc[lane, 2], fc[lane, 3]),
-    )
-    for i in range(4):
-        out[lane, i] = d[i]
+def _from_registers(product):
+    """A kernel of one warp: ``product`` (an m16n8k16 mma) of registers packed on the host."""
+
+    @cuda.jit
+    def kernel(fa, fb, fc, out):
+        lane = cuda.threadIdx.x
+        d = product(
+            (fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3]),
+            (fb[lane, 0], fb[lane, 1]),
+            (fc[lane, 0], fc[lane, 1], fc[lane, 2], fc[lane, 3]),
+        )
+        for i in range(4):
+            out[lane, i] = d[i]
+
+    return kernel
+
+
+mma_from_registers = _from_registers(mma.mma_m16n8k16)
+mma_bf16_from_registers = _from_registers(mma.mma_m16n8k16_bf16)
 
 
 def reference(a, b, c):
@@ -144,18 +153,6 @@ def test_mma_fragment_layout(seed):
     np.testing.assert_array_less(
         np.abs(out - gather(want, coords)), MMA_RTOL * gather(scale, coords) + 1e-30
     )
-
-
-@cuda.jit
-def mma_bf16_from_registers(fa, fb, fc, out):
-    lane = cuda.threadIdx.x
-    d = mma.mma_m16n8k16_bf16(
-        (fa[lane, 0], fa[lane, 1], fa[lane, 2], fa[lane, 3]),
-        (fb[lane, 0], fb[lane, 1]),
-        (fc[lane, 0], fc[lane, 1], fc[lane, 2], fc[lane, 3]),
-    )
-    for i in range(4):
-        out[lane, i] = d[i]
 
 
 def pack_bf16(values):
