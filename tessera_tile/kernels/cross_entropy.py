@@ -11,8 +11,10 @@ written.
     block = 4 warps; warp w of block b takes rows b*4 + w, + 4*gridDim.x, ...
     lane l reads 16-byte chunks l, l+32, ... of the row when it is contiguous and aligned
       (LDG.E.128: 4 floats, 8 halves, 2 doubles), else columns l, l+32, ...
-      running max m and sum s of exp(x - m) (online: s is rescaled when m grows)
-      the lane holding column target keeps x[target]
+      per chunk: its maximum, the running sum s rescaled once to it, then exp(x - m) of each
+      logit added (ex2.approx in float32), without a branch per logit
+      the lane holding column target keeps x[target] (a select per logit)
+      (strided or unaligned rows: columns l, l+32, ... one at a time, the same online rule)
     xor-shuffle butterfly combines (m, s) and x[target]; lane 0 writes
       loss = (m - x[target]) + log(s)   (0 and valid = 0 where target == ignore_index)
 
@@ -35,9 +37,10 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from .. import fusion as tt
-from .._fusion.device import max_nan
+from .._fusion.device import exp_approx, max_nan
 from ..bfloat16 import bf16_to_f32, f32_to_bf16
 from ..memory import aligned16, load16
+from .tc_tiles import INLINE
 
 WARP_SIZE = 32
 WARPS_PER_BLOCK = 4
@@ -53,6 +56,15 @@ def _make(ct, vector: int, bf16: bool = False, bf16_losses: bool = False):
     zero, one = ct(0.0), ct(1.0)
     widen = bf16_to_f32 if bf16 else ct
     neg_inf, nan = ct(-math.inf), ct(math.nan)
+    # exp(x - m) of a chunk's elements: ex2.approx (an FMUL and a MUFU.EX2, no libdevice
+    # range reduction) in float32, as the composer's softmax; libdevice's exp in float64
+    exp_shifted = math.exp if ct is float64 else exp_approx
+
+    @cuda.jit(device=True, **INLINE)
+    def rescaled(m, s, top):
+        """The running sum ``s`` of ``exp(x - m)`` for the new maximum ``top`` (once per
+        chunk): 0 stays 0 when both are -inf, where ``m - top`` is NaN."""
+        return s if m == top else s * math.exp(m - top)
 
     @cuda.jit(device=True)
     def online(m, s, x):
@@ -77,14 +89,22 @@ def _make(ct, vector: int, bf16: bool = False, bf16_losses: bool = False):
             j = lane
             if logits.strides[1] == logits.itemsize and aligned16(logits, (row, 0)):
                 # 16-byte loads: lane takes chunks lane, lane + 32, ... of the row
+                # per chunk: its maximum, one rescale of the sum, then each element's exp
+                # added without a branch (a chunk of -inf adds nothing: its exps are skipped)
                 chunk = lane
                 while chunk < n_cols // vector:
                     vals = load16(logits, (row, chunk * vector))
+                    base = chunk * vector
+                    top = m
                     for k in range(vector):
                         x = widen(vals[k])
-                        m, s = online(m, s, x)
-                        if chunk * vector + k == t:
-                            picked = x
+                        top = max_nan(top, x)
+                        picked = x if base + k == t else picked
+                    s = rescaled(m, s, top)
+                    m = top
+                    if m != neg_inf:
+                        for k in range(vector):
+                            s += exp_shifted(widen(vals[k]) - m)
                     chunk += WARP_SIZE
                 j = (n_cols // vector) * vector + lane  # the tail: fewer than one chunk
             while j < n_cols:

@@ -135,7 +135,7 @@ CASES = [
         "tessera_tile.kernels.cross_entropy",
         "cross_entropy_rows_f32",
         "void(float32[:, ::1], int64[::1], float32[::1], float32[::1], int64, boolean)",
-        budget={"sm_80": 40, "sm_90": 40},
+        budget={"sm_80": 44, "sm_90": 44},  # the chunk loop unrolled 4 times: 16 logits held
         block=128,
         opcodes={"SHFL": 10, "MUFU.EX2": 1, "LDG.E.128": 1},
     ),
