@@ -43,19 +43,24 @@ def _make(dtype: str):
         tile = cuda.shared.array(shape, nbtype)
         m, n = src.shape
         tiles_n = (n + TILE - 1) // TILE
-        total = ((m + TILE - 1) // TILE) * tiles_n
-        t = cuda.blockIdx.x
-        while t < total:
-            tile_row = t // tiles_n
+        tiles_m = (m + TILE - 1) // TILE
+        # this block's first tile; later ones step by gridDim.x tiles without a division in
+        # the loop (a 64-bit division there called CUDA's division routine once per tile)
+        tile_row = cuda.blockIdx.x // max(tiles_n, 1)
+        tile_col = cuda.blockIdx.x - tile_row * tiles_n
+        while tile_row < tiles_m:
             row0 = tile_row * TILE
-            col0 = (t - tile_row * tiles_n) * TILE
+            col0 = tile_col * TILE
             # 0 fills past the edge and never reaches dst; an int, as a captured float16
             # constant gave NVVM invalid IR
             stage.global_to_shared(src, row0, col0, tile, 0)
             cuda.syncthreads()
             stage.shared_to_global_transposed(tile, dst, col0, row0)
             cuda.syncthreads()  # the tile is overwritten by the next iteration
-            t += cuda.gridDim.x
+            tile_col += cuda.gridDim.x
+            while tile_col >= tiles_n:  # once, unless the grid is wider than a tile row
+                tile_col -= tiles_n
+                tile_row += 1
 
     return cuda.jit(transpose_tiles)
 

@@ -96,3 +96,15 @@ def test_the_launch_counter_sees_a_valid_call():
     with counting_launches() as counted:
         ops.transpose(x32)
     assert counted.launches == ops.transpose.explain(x32).kernels == 1
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 5, 13])
+def test_blocks_step_through_every_tile(blocks):
+    """Fewer blocks than tiles (3 x 4 here): each block steps through tiles t, t + blocks, ...
+    across tile rows, and a grid wider than a tile row (5, 13) wraps more than once."""
+    from tessera_tile.kernels import transpose as kernels
+
+    x = np.arange(70 * 100, dtype=np.float32).reshape(70, 100)
+    out = np.full((100, 70), np.nan, np.float32)
+    kernels.transpose_f32[blocks, kernels.THREADS](x, out)
+    np.testing.assert_array_equal(out, x.T)
