@@ -325,7 +325,7 @@ class StageLaunch:
 
     bound: Bound
     # per array parameter: its record key (position, ("out", k), ("temp", k)) and the
-    # (shape, strides) of its view, or None where the array is passed as it is
+    # (shape, strides, offset, dtype) of its view, or None where the array is passed as it is
     arrays: tuple
     scalars: tuple  # per scalar parameter, then each size: (True, position) or (False, value)
     scratch: tuple  # a full stage's ("partial" or "ticket", dtype): partials per block, ticket
