@@ -30,6 +30,7 @@ from . import _config
 from .sim import compat
 
 HOST, DEVICE, SCALAR = "host", "device", "scalar"
+DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
 
 
 class Arg(NamedTuple):
@@ -70,6 +71,14 @@ def contiguous_strides(shape, itemsize: int) -> tuple[int, ...]:
         strides.append(step)
         step *= max(n, 1)
     return tuple(reversed(strides))
+
+
+def placeholder(shape, dtype) -> Arg:
+    """The record of a device array nothing backs yet (a result, a temporary, a host input's
+    device copy; explain and inspect): C-contiguous, aligned as device allocations."""
+    dtype = np.dtype(dtype)
+    strides = contiguous_strides(shape, dtype.itemsize)
+    return Arg(DEVICE, None, tuple(shape), strides, dtype, DEVICE_ALIGN)
 
 
 def scalar(value) -> Arg:

@@ -25,6 +25,11 @@ import numpy as np
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
+def storage_dtype(dtype) -> np.dtype:
+    """What an array of ``dtype`` is in a kernel: bfloat16 as its ``uint16`` bits."""
+    return np.dtype(np.uint16) if np.dtype(dtype) == BFLOAT16 else np.dtype(dtype)
+
+
 def dtype_arg(dtype) -> str:
     """A dtype as a cast's argument: its ``str``, but bfloat16 by name (its ``str`` is the
     2-byte void ``<V2``, which ``np.dtype`` reads back as void)."""

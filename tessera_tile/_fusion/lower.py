@@ -40,11 +40,6 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype in HALVES else np.dtype(dtype)
 
 
-def storage_dtype(dtype: np.dtype) -> np.dtype:
-    """What an array of ``dtype`` is in a kernel: bfloat16 as its bits."""
-    return np.dtype(np.uint16) if dtype == ir.BFLOAT16 else np.dtype(dtype)
-
-
 def load_cast(dtype: np.dtype, expr: str) -> str:
     """A loaded element ``expr`` of an array of ``dtype`` in its compute dtype."""
     if dtype == ir.BFLOAT16:

@@ -20,8 +20,8 @@ from .. import _config, profiling
 from .. import tile_ir as ir
 from .._arrays import DEVICE, Arg
 from ..sim import compat
-from . import lower, schedule
 from . import plan as planner
+from . import schedule
 from .compile import CountingCache, Generated, KernelCache
 from .plan import Plan, Stage, StageKind
 from .schedule import Variant
@@ -226,8 +226,8 @@ class Layout:
             sizes = self.kept_sizes if is_row else self.kept_sizes + self.red_sizes
             strides = [fstrides[g[-1]] if g[-1] >= 0 else 0 for g in groups]
             if not groups:  # a full reduction's one-element output
-                return (1,), (0,), lower.storage_dtype(a.dtype), a.address, is_row
-            return tuple(sizes), tuple(strides), lower.storage_dtype(a.dtype), a.address, is_row
+                return (1,), (0,), ir.storage_dtype(a.dtype), a.address, is_row
+            return tuple(sizes), tuple(strides), ir.storage_dtype(a.dtype), a.address, is_row
 
         # (shape, strides, dtype, address, is_row) of each array's view, leaves then outputs
         self.views = [spec(*e) for e in entries]
@@ -295,23 +295,17 @@ def bind(
     return Bound(stage, layout, variant, generated, blocks, threads)
 
 
-def placeholder(shape, dtype) -> Arg:
-    """A contiguous, aligned device record that nothing backs (explain, inspect)."""
-    dtype = np.dtype(dtype)
-    return Arg(DEVICE, None, tuple(shape), arrays.contiguous_strides(shape, dtype.itemsize), dtype)
-
-
 def planned_records(program: Program, call: Call, shapes: dict) -> dict:
     """Records as a call would have them on the device, without allocating anything: host
     inputs as their contiguous copies, results and temporaries as fresh arrays."""
     records: dict = {}
     for i, a in enumerate(call.args):
         if a.is_array:
-            records[i] = a if a.kind == DEVICE else placeholder(a.shape, a.dtype)
+            records[i] = a if a.kind == DEVICE else arrays.placeholder(a.shape, a.dtype)
     for k, n in enumerate(program.trace.outputs):
-        records[("out", k)] = placeholder(shapes[n.key], n.dtype)
+        records[("out", k)] = arrays.placeholder(shapes[n.key], n.dtype)
     for tid, n in program.plan.temps.items():
-        records[("temp", tid)] = placeholder(shapes[n.key], n.dtype)
+        records[("temp", tid)] = arrays.placeholder(shapes[n.key], n.dtype)
     return records
 
 

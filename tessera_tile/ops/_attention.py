@@ -30,7 +30,7 @@ from ._contract import (
     array_arg,
     device_like,
     distinct,
-    new_result,
+    view_dtype,
 )
 from ._matmul_geometry import (
     Matrix,
@@ -38,7 +38,6 @@ from ._matmul_geometry import (
     as_matrix,
     first_address,
     geometry,
-    kernel_dtype,
     layout,
     matrix_view,
     rows_aligned,
@@ -184,11 +183,11 @@ class Attention(HandWritten):
         geo, mats, planned = self.plan_launches([*records, result])
         cfg = self.tile_config()
         scale_log2 = np.float32(self.scale * LOG2E)
-        bits = kernel_dtype(self.dtype) if self.dtype == BFLOAT16 else None  # bfloat16's
+        kind = view_dtype(self.dtype)
         out = []
         for launch in planned:
             views = [
-                matrix_view(i, m, launch.index, launch.count, z, bits)
+                matrix_view(i, m, launch.index, launch.count, z, kind)
                 for i, (m, z) in enumerate(zip(mats, geo.z_strides, strict=True))
             ]
             grid = (-(-self.sq // cfg.block_q), launch.count)
@@ -202,7 +201,7 @@ class Attention(HandWritten):
         """The device records a call would launch with: its operands' (host operands as their
         device copies), and a new result."""
         return [device_like(r) for r in (self.q, self.k, self.v)] + [
-            new_result(self.out_shape, self.dtype)
+            arrays.placeholder(self.out_shape, self.dtype)
         ]
 
     def _kv_rows(self) -> list[int]:

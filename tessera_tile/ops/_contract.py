@@ -15,10 +15,9 @@ import numpy as np
 
 from .. import _arrays as arrays
 from .._fusion import runtime
-from ..tile_ir import BFLOAT16
+from ..tile_ir import BFLOAT16, storage_dtype
 
 MAX_READY = 256  # calls an op keeps (by key; bounded)
-DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
 
 FLOATS = tuple(np.dtype(d) for d in ("float16", "float32", "float64"))  # hand-written kernels
 COMPOSED_FLOATS = (*FLOATS, BFLOAT16)  # the composer's fused definitions take bfloat16 too
@@ -106,7 +105,8 @@ class Ready:
     generation: int = 0
 
     def current(self) -> bool:
-        return self.tuner is None or self.tuner.generation == self.generation
+        """Whether the choice of its tuner (one it has) still stands."""
+        return self.tuner.generation == self.generation
 
 
 def _positions(records, op_args: tuple) -> list[int] | None:
@@ -213,6 +213,8 @@ class KernelLaunch:
 
 
 def launch_all(launches, handles: list, stream) -> None:
+    """Launch each :class:`KernelLaunch` on ``stream``, its views made of ``handles`` (the
+    call's device arrays: inputs in order, then the result)."""
     for launch in launches:
         params = [p.of(handles) if type(p) in SPECS else p for p in launch.params]
         launch.kernel[launch.grid, launch.threads, stream](*params)
@@ -281,7 +283,7 @@ class HandWritten:
         positions = _positions(records, op_args)
         if positions is None:
             return None
-        launches = self.launches(records, new_result(self.out_shape, self.dtype))
+        launches = self.launches(records, arrays.placeholder(self.out_shape, self.dtype))
         shape, dtype = self.out_shape, self.dtype
 
         def run(args, stream):
@@ -332,10 +334,11 @@ def _threads(threads) -> int:
     return math.prod(threads) if isinstance(threads, tuple) else threads
 
 
-def new_result(shape, dtype) -> arrays.Arg:
-    """A stand-in for a new result: C-contiguous, its address aligned as device allocations."""
-    strides = arrays.contiguous_strides(shape, np.dtype(dtype).itemsize)
-    return arrays.Arg(arrays.DEVICE, None, tuple(shape), strides, np.dtype(dtype), DEVICE_ALIGN)
+def view_dtype(dtype) -> np.dtype | None:
+    """The dtype a kernel views an array of ``dtype`` as where it differs (bfloat16: its
+    ``uint16`` bits); None where the array is passed as it is."""
+    kind = storage_dtype(dtype)
+    return None if kind == dtype else kind
 
 
 def device_like(rec: arrays.Arg) -> arrays.Arg:
@@ -343,7 +346,7 @@ def device_like(rec: arrays.Arg) -> arrays.Arg:
     aligned as device allocations."""
     if rec.kind == arrays.DEVICE:
         return rec
-    return new_result(rec.shape, rec.dtype)
+    return arrays.placeholder(rec.shape, rec.dtype)
 
 
 def distinct(launches) -> list:

@@ -10,7 +10,7 @@ from numba import from_dtype, types
 
 from .. import _arrays as arrays
 from ..kernels import cross_entropy as _cross_entropy
-from ..tile_ir import BFLOAT16
+from ..tile_ir import storage_dtype
 from ._contract import (
     COMPOSED_FLOATS,
     HandWritten,
@@ -22,6 +22,7 @@ from ._contract import (
     array_arg,
     launch_all,
     numba_type,
+    view_dtype,
 )
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -52,8 +53,8 @@ class _CrossEntropy(HandWritten):
 
     @property
     def bits(self) -> np.dtype | None:
-        """uint16 for bfloat16 logits, which the kernel reads as their bits; else None."""
-        return np.dtype(np.uint16) if self.logits.dtype == BFLOAT16 else None
+        """What the kernel reads bfloat16 logits as (their bits); None for the others."""
+        return view_dtype(self.logits.dtype)
 
     @property
     def kernel(self):
@@ -89,7 +90,7 @@ class _CrossEntropy(HandWritten):
         return (
             numba_type(logits),
             numba_type(records[1]),
-            types.Array(from_dtype(np.uint16 if loss == BFLOAT16 else loss), 1, "C"),
+            types.Array(from_dtype(storage_dtype(loss)), 1, "C"),
             types.Array(from_dtype(self.compute), 1, "C"),
             types.int64,
             types.boolean,

@@ -31,7 +31,7 @@ from ..tile_config import (
     tile_dtype,
 )
 from ..tile_ir import BFLOAT16
-from ._contract import HandWritten, PrebuiltOp, Report, array_arg, new_result
+from ._contract import HandWritten, PrebuiltOp, Report, array_arg
 from ._matmul_geometry import (
     MAX_GRID_YZ,
 )
@@ -366,7 +366,7 @@ def mlp(x, w1, b1, w2, b2, activation="gelu", *, precision=None):
         raise ValueError(f"w2 has shape {rw2.shape}; mlp needs ({first.n}, N) after w1")
     if rw2.dtype != first.dtype:
         raise TypeError(f"w2 has dtype {rw2.dtype}; it must match x's dtype {first.dtype}")
-    hidden = new_result(first.out_shape, first.dtype)  # a device temporary
+    hidden = arrays.placeholder(first.out_shape, first.dtype)  # a device temporary
     rb2 = None
     if b2 is not None:
         rb2 = arrays.read(b2, "b2", scalars=False)

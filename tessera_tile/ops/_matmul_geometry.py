@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _arrays as arrays
-from ..tile_ir import BFLOAT16
+from ..tile_ir import storage_dtype
 from ._contract import View
 
 __all__ = [
@@ -147,9 +147,4 @@ def array_type(dtype: np.dtype, ndim: int, layout: str) -> str:
     axes = [":"] * ndim
     if layout == "C":
         axes[-1] = "::1"
-    return f"{kernel_dtype(dtype).name}[{', '.join(axes)}]"
-
-
-def kernel_dtype(dtype) -> np.dtype:
-    """What an array of ``dtype`` is in the kernels: bfloat16 as its ``uint16`` bits."""
-    return np.dtype(np.uint16) if np.dtype(dtype) == BFLOAT16 else np.dtype(dtype)
+    return f"{storage_dtype(dtype).name}[{', '.join(axes)}]"

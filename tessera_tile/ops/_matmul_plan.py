@@ -36,7 +36,7 @@ from ._contract import (
     View,
     device_like,
     distinct,
-    new_result,
+    view_dtype,
 )
 from ._matmul_geometry import (
     Matrix,
@@ -46,7 +46,6 @@ from ._matmul_geometry import (
     first_address,
     geometry,
     inner_contiguous,
-    kernel_dtype,
     layout,
     matrix_view,
     rows_aligned,
@@ -245,7 +244,7 @@ class Product(HandWritten):
         """A stand-in for the result's layout (a new result is C-contiguous, device-aligned)."""
         if out is not None and out.kind == arrays.DEVICE:
             return out
-        return new_result(self.out_shape, self.dtype)
+        return arrays.placeholder(self.out_shape, self.dtype)
 
     def plan_launches(self, a: arrays.Arg, b: arrays.Arg, c: arrays.Arg):
         """(geometry, matrices, and per launch: (index, z0, count, KernelChoice)), made once
@@ -324,7 +323,7 @@ class Product(HandWritten):
         if self.config is None:
             self.tuner.choose(a, b)
         geo, mats, planned = self.plan_launches(a, b, result)
-        kind = kernel_dtype(self.dtype) if self.dtype == BFLOAT16 else None  # bfloat16: bits
+        kind = view_dtype(self.dtype)
         bias = View(2, dtype=kind) if self.bias is not None else Unused(np.dtype(np.float32))
         arrays_of = (0, 1, len(records))  # A, B and C among the call's arrays
         out = []

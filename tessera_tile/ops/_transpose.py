@@ -18,7 +18,6 @@ from ._contract import (
     Report,
     View,
     array_arg,
-    new_result,
     numba_type,
 )
 
@@ -71,7 +70,7 @@ class _Transpose(HandWritten):
         nbytes = 2 * self.x.size * self.x.dtype.itemsize
         launch = KernelLaunch(
             self.kernel, self._blocks(), _transpose.THREADS, (),
-            tuple(self._type(r) for r in (self.x, new_result(self.out_shape, self.dtype))),
+            tuple(self._type(r) for r in (self.x, arrays.placeholder(self.out_shape, self.dtype))),
         )  # fmt: skip
         stage = (
             f"{name}: hand-written, {_transpose.TILE}x{_transpose.TILE} tiles through padded "

@@ -137,46 +137,36 @@ def reference(a, b, c):
     return a64 @ b64 + c, np.abs(a64) @ np.abs(b64) + np.abs(c)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_mma_fragment_layout(seed):
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((16, 16)).astype(np.float16)
-    b = rng.standard_normal((16, 8)).astype(np.float16)
-    c = rng.standard_normal((16, 8)).astype(np.float32)
-    fa = pack(gather(a, a_fragment_coords()))
-    fb = pack(gather(b, b_fragment_coords()))
-    fc = gather(c, c_fragment_coords()).astype(np.float32)
-    out = np.zeros((32, 4), np.float32)
-    mma_from_registers[1, 32](fa, fb, fc, out)
-    want, scale = reference(a, b, c)
-    coords = c_fragment_coords()
-    np.testing.assert_array_less(
-        np.abs(out - gather(want, coords)), MMA_RTOL * gather(scale, coords) + 1e-30
-    )
-
-
 def pack_bf16(values):
     """(32, 2n) values -> (32, n) uint32 registers of bfloat16 (rounded), low half first."""
     return np.ascontiguousarray(values.astype(ml_dtypes.bfloat16)).view(np.uint32)
 
 
+# (kernel, packing, operands' dtype, their scale): bfloat16 far past float16's range, its
+# products exact in float32 as float16's are, the sums within the same float32 bound
+FRAGMENT_CASES = {
+    "float16": (mma_from_registers, pack, np.float16, 1.0),
+    "bfloat16": (mma_bf16_from_registers, pack_bf16, ml_dtypes.bfloat16, 1e20),
+}
+
+
 @pytest.mark.parametrize("seed", [0, 1])
-def test_mma_bf16_fragment_layout(seed):
-    """float16's fragment tables, bfloat16 values: the products are exact in float32, the
-    sums within the float32 bound of float16's test."""
+@pytest.mark.parametrize("dtype", sorted(FRAGMENT_CASES))
+def test_mma_fragment_layout(dtype, seed):
+    kernel, packed, dt, scale = FRAGMENT_CASES[dtype]
     rng = np.random.default_rng(seed)
-    a = (rng.standard_normal((16, 16)) * 1e20).astype(ml_dtypes.bfloat16)
-    b = (rng.standard_normal((16, 8)) * 1e-20).astype(ml_dtypes.bfloat16)
+    a = (rng.standard_normal((16, 16)) * scale).astype(dt)
+    b = (rng.standard_normal((16, 8)) / scale).astype(dt)
     c = rng.standard_normal((16, 8)).astype(np.float32)
-    fa = pack_bf16(gather(a, a_fragment_coords()))
-    fb = pack_bf16(gather(b, b_fragment_coords()))
+    fa = packed(gather(a, a_fragment_coords()))
+    fb = packed(gather(b, b_fragment_coords()))
     fc = gather(c, c_fragment_coords()).astype(np.float32)
     out = np.zeros((32, 4), np.float32)
-    mma_bf16_from_registers[1, 32](fa, fb, fc, out)
-    want, scale = reference(a, b, c)
+    kernel[1, 32](fa, fb, fc, out)
+    want, bound = reference(a, b, c)
     coords = c_fragment_coords()
     np.testing.assert_array_less(
-        np.abs(out - gather(want, coords)), MMA_RTOL * gather(scale, coords) + 1e-30
+        np.abs(out - gather(want, coords)), MMA_RTOL * gather(bound, coords) + 1e-30
     )
 
 
