@@ -29,6 +29,7 @@ says how each is computed and what it does and does not predict.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.metadata
 import io
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _config, sass
+from .dynamic_shared import limit as dynamic_shared_limit
 from .sass import Loop
 from .sim import compat
 
@@ -116,12 +118,13 @@ class CompileReport:
     spill_stores: int
     spill_loads: int
     stack_bytes: int
-    shared_bytes: int
+    shared_bytes: int  # static, from ptxas
     histogram: dict[str, int]
     block: int
     occupancy: float
     tools: dict[str, str]
     options: dict[str, Any] = field(default_factory=dict)  # jit options that differ from default
+    dynamic_shared_bytes: int = 0  # given at launch (``compile(dynamic_shared=...)``)
     loops: tuple[Loop, ...] = ()
     """Every loop of the SASS (:class:`tessera_tile.sass.Loop`), by start offset."""
     functions: tuple[sass.Function, ...] = field(default=(), repr=False)
@@ -225,6 +228,15 @@ class CompileReport:
             )
         return hot
 
+    def _shared_line(self) -> str:
+        static = f"{self.shared_bytes} B static (ptxas; excludes the 1 KiB system reserve)"
+        if not self.dynamic_shared_bytes:
+            return static
+        return (
+            f"{static} + {self.dynamic_shared_bytes} B dynamic "
+            f"(of {dynamic_shared_limit(self.arch)} B a block may use on {self.arch})"
+        )
+
     def __str__(self) -> str:
         # Rendered with rich like the simulator's profile: plain text, no colour codes, and
         # Text cells so that "[sm_90]" or "float32[::1]" are never read as markup.
@@ -236,7 +248,7 @@ class CompileReport:
             ("registers", str(self.registers)),
             ("spills", f"{self.spill_stores} B stored, {self.spill_loads} B loaded"),
             ("stack", f"{self.stack_bytes} B"),
-            ("shared", f"{self.shared_bytes} B static (ptxas; excludes the 1 KiB system reserve)"),
+            ("shared", self._shared_line()),
             ("occupancy", f"{self.occupancy:.0%} at {self.block} threads/block"),
             ("instructions", f"{self.instructions} SASS"),
             ("key opcodes", self.key_opcodes() or "-"),
@@ -276,7 +288,12 @@ class CompileReport:
 
 
 def compile(  # noqa: A001 - the public name asked for by users of this module
-    fn: Any, signature: Any, arch: str = "sm_90", *, block: int | None = None
+    fn: Any,
+    signature: Any,
+    arch: str = "sm_90",
+    *,
+    block: int | None = None,
+    dynamic_shared: int = 0,
 ) -> CompileReport:
     """Compile a kernel for ``arch`` without a GPU and report its resources and SASS.
 
@@ -293,6 +310,10 @@ def compile(  # noqa: A001 - the public name asked for by users of this module
     block:
         Threads per block for the occupancy figure (default: the kernel's ``launch_bounds``
         maximum if it has one, else 256).
+    dynamic_shared:
+        Bytes of dynamic shared memory the kernel is launched with: counted in the occupancy
+        and reported beside the static bytes; ``ValueError`` where static and dynamic together
+        pass what a block may use on ``arch`` (:func:`tessera_tile.dynamic_shared.limit`).
 
     Raises ``RuntimeError`` when a tool is missing or fails, or when its output cannot be read:
     a report is never built from figures that were not found.
@@ -307,7 +328,20 @@ def compile(  # noqa: A001 - the public name asked for by users of this module
     options = _codegen_options(fn, pyfunc.__name__)
     block = _block(block, options.get("launch_bounds"))
     sig = tuple(signature) if isinstance(signature, list) else signature
-    return _compile_cached(pyfunc, sig, arch, lim.cc, block, tuple(options.items()))
+    report = _compile_cached(pyfunc, sig, arch, lim.cc, block, tuple(options.items()))
+    if not dynamic_shared:
+        return report
+    total, allowed = report.shared_bytes + dynamic_shared, dynamic_shared_limit(arch)
+    if total > allowed:
+        raise ValueError(
+            f"{report.name}: {report.shared_bytes} B static and {dynamic_shared} B dynamic shared "
+            f"memory pass the {allowed} B a block may use on {arch}"
+        )
+    return dataclasses.replace(
+        report,
+        dynamic_shared_bytes=dynamic_shared,
+        occupancy=occupancy(arch, report.registers, total, report.block),
+    )
 
 
 @functools.lru_cache(maxsize=512)

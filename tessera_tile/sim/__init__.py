@@ -19,7 +19,9 @@ it, and every simulated kernel gets it, whether or not it uses tessera_tile:
   collectives of ``.sync.aligned`` instructions (``ldmatrix``, ``mma.sync``) define their
   semantics with :func:`register_aligned` and arrive with :func:`aligned_collective`;
 * ``with profile() as prof:``: global traffic, bank conflicts, races, out-of-bounds accesses
-  and undefined shuffle reads.
+  and undefined shuffle reads;
+* shared memory held to the GPU's limits (:mod:`.shared_limits`): static arrays over 48 KiB,
+  dynamic memory over 48 KiB without an opt-in, either over the architecture's limit.
 
 Kernels must refer to the module as ``cuda`` (``from numba import cuda``), as numba-cuda's
 simulator requires.
@@ -35,6 +37,7 @@ from . import engine
 from ._base import SimulationError, twin, twins
 from .profiler import Profile, Race
 from .scheduler import aligned_collective, in_shared_memory, register_aligned, strict_masks
+from .shared_limits import SharedMemoryError, simulated_arch
 from .tracked_arrays import (
     OutOfBounds,
     TrackedArray,
@@ -50,6 +53,7 @@ __all__ = [
     "OutOfBounds",
     "Profile",
     "Race",
+    "SharedMemoryError",
     "SimulationError",
     "TrackedArray",
     "address",
@@ -65,6 +69,7 @@ __all__ = [
     "load",
     "profile",
     "register_aligned",
+    "simulated_arch",
     "stock",
     "store",
     "strict_masks",

@@ -265,3 +265,19 @@ def driver_names():
     from numba.cuda.cudadrv.driver import Stream, device_memset
 
     return DeviceNDArray, Stream, device_memset
+
+
+def set_max_dynamic_shared(kernel, argtypes: tuple, nbytes: int) -> None:
+    """On a GPU: let ``kernel``, compiled for ``argtypes`` on the current device, launch with
+    up to ``nbytes`` of dynamic shared memory (numba-cuda has no API for the opt-in, its issue
+    94). numba-cuda loads kernels through the library API: the handle is a ``CUkernel``, whose
+    attribute is set per device, as numba-cuda's own ``set_shared_memory_carveout`` does."""
+    from cuda.bindings import driver as binding
+
+    cufunc = kernel.compile(argtypes).library.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    (err,) = binding.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)
+    if err != binding.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(
+            f"cannot opt {cufunc.name} into {nbytes} B of dynamic shared memory: {err.name}"
+        )

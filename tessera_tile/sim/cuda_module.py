@@ -16,7 +16,7 @@ from greenlet import getcurrent
 from numba import cuda as numba_cuda
 from numba.cuda import types
 
-from . import compat, ints
+from . import compat, ints, shared_limits
 from ._base import SimulationError
 from .allocations import own_allocation
 from .scheduler import SimThread, block_on, current_thread
@@ -27,8 +27,9 @@ from .warp_ops import FULL_MASK, WARP_SIZE, lanes_bits
 class _Shared:
     """``cuda.shared``: one array per call site and block, filled with 0xFF bytes.
 
-    Unlike numba-cuda's, two arrays declared on one source line do not alias, and every block
-    gets fresh memory whose bytes read as NaN / -1 until written.
+    Unlike numba-cuda's, two arrays declared on one source line do not alias, every block
+    gets fresh memory whose bytes read as NaN / -1 until written, and a block's static arrays
+    are held to the GPU's limits (:mod:`.shared_limits`).
     """
 
     def array(self, shape, dtype, alignment=None):
@@ -50,6 +51,8 @@ class _Shared:
                 arr = _aligned_empty(shape, dtype, alignment or 16)
                 arr.view(np.uint8).fill(0xFF)
                 arr = block.shared[key] = ints.typed_view(arr)
+                static = sum(a.nbytes for a in block.shared.values())
+                shared_limits.check_block(block.launch.kernel, static, block.dynshared.size)
         if block.recorder:
             return block.recorder.shared_array(key, arr)
         return arr

@@ -16,7 +16,7 @@ from contextlib import ExitStack
 import numpy as np
 from greenlet import getcurrent
 
-from . import compat, cuda_math, device_arrays, ints
+from . import compat, cuda_math, device_arrays, ints, shared_limits
 from .allocations import own_allocation
 from .cuda_module import WarpAwareModule
 from .profiler import Profile, active
@@ -32,6 +32,7 @@ class Launch:
             kernel.grid_dim, kernel.block_dim
         )
         self.dynshared_size = kernel.dynshared_size
+        shared_limits.check_launch(kernel, self.dynshared_size)
         self.kernel = kernel
         self.profile: Profile | None = active()
         self.module = WarpAwareModule(self)

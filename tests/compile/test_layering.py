@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "tessera_tile"
 # Lower numbers are lower layers. A module may import its own layer or lower ones.
 LAYERS = {
     "_version": 0, "_config": 0, "_cupy": 0, "banks": 0, "_cache": 0,
-    "sim": 1, "_arrays": 1, "autotune": 1,
+    "sim": 1, "_arrays": 1, "autotune": 1, "dynamic_shared": 1,
     "inspect": 2, "sass": 2, "intrinsics": 2,
     "tile_ir": 3, "tile_config": 3,
     "memory": 4, "pipeline": 4, "warp": 4, "mma": 4, "profiling": 4,

@@ -1,0 +1,87 @@
+"""Shared memory beyond 48 KiB per block: the limits, the opt-in and the launch.
+
+``cuda.shared.array`` of a constant shape is *static* shared memory, capped at 48 KiB per block
+on every architecture. A block may use more, up to its architecture's limit, only as *dynamic*
+shared memory (``cuda.shared.array(0, dtype)``, sized at launch) and only once the kernel has
+opted in. numba-cuda has no API for the opt-in; :func:`launch` makes it and launches::
+
+    from tessera_tile import dynamic_shared
+
+    @cuda.jit
+    def kernel(x, out):
+        smem = cuda.shared.array(0, float32)   # the launch's dynamic bytes, 16-byte aligned
+        a = smem[:A_SIZE]                      # carve it into the arrays the kernel needs
+        b = smem[A_SIZE:]
+        ...
+
+    dynamic_shared.launch(kernel, grid, block, 96 * 1024, (x, out))
+
+Limits per block (CUDA C++ Programming Guide, "Technical Specifications per Compute
+Capability", maximum amount of shared memory per thread block): sm_80 and sm_87 163 KiB,
+sm_86 and sm_89 99 KiB, sm_90 227 KiB. On a GPU :func:`limit` reads the device's own figure; in
+the simulator (an sm_90, unless ``sim.simulated_arch`` says otherwise) and offline it comes from
+this table. The simulator refuses what the GPU refuses: static arrays over 48 KiB, dynamic
+memory over 48 KiB without the opt-in, and either over the architecture's limit.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from . import _config
+from .sim import compat, shared_limits
+from .sim.shared_limits import BLOCK_LIMIT, STATIC_LIMIT
+
+__all__ = ["BLOCK_LIMIT", "STATIC_LIMIT", "arch", "launch", "limit", "opt_in"]
+
+OFFLINE_ARCH = "sm_90"  # what plans target with no GPU: the machine the default models describe
+
+
+def arch() -> str:
+    """The architecture kernels run on: the GPU's, the simulated one, else :data:`OFFLINE_ARCH`."""
+    if _config.SIMULATED:
+        return shared_limits.ARCH[0]
+    if _config.gpu_present():
+        from numba import cuda
+
+        major, minor = cuda.get_current_device().compute_capability
+        return f"sm_{major}{minor}"
+    return OFFLINE_ARCH
+
+
+def limit(target: str | None = None) -> int:
+    """Bytes of shared memory a block may use once opted in: on ``target`` (from the table), or
+    on the device kernels run on (a GPU's own figure)."""
+    if target is None and _config.gpu_present():
+        from numba import cuda
+
+        return int(cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    return shared_limits.block_limit(target or arch())
+
+
+_opted: dict = {}  # (kernel, argument types, device) -> bytes opted into
+_lock = threading.Lock()
+
+
+def opt_in(kernel, args, nbytes: int) -> None:
+    """Let ``kernel`` launch on ``args`` with up to ``nbytes`` of dynamic shared memory (once
+    per kernel, argument types and device; the GPU compiles one kernel per argument types)."""
+    if _config.SIMULATED:
+        shared_limits.opt_in(kernel, nbytes)
+        return
+    from numba import cuda
+
+    argtypes = tuple(kernel.typeof_pyval(a) for a in args)
+    key = (kernel, argtypes, cuda.get_current_device().id)
+    with _lock:
+        if _opted.get(key, -1) < nbytes:
+            compat.set_max_dynamic_shared(kernel, argtypes, nbytes)
+            _opted[key] = nbytes
+
+
+def launch(kernel, grid, block, nbytes: int, args, stream=0) -> None:
+    """``kernel[grid, block, stream, nbytes](*args)``, opted in first: without the opt-in a
+    block's static and dynamic memory together may not pass 48 KiB."""
+    if nbytes:
+        opt_in(kernel, args, nbytes)
+    kernel[grid, block, stream, nbytes](*args)

@@ -1,0 +1,109 @@
+"""The simulator refuses shared memory a GPU refuses.
+
+* Static shared memory (``cuda.shared.array`` of a constant shape) over 48 KiB per block: ptxas
+  refuses to build such a kernel ("uses too much shared data").
+* Dynamic shared memory (``kernel[grid, block, stream, nbytes]``) that, with the block's static
+  arrays, passes 48 KiB without the kernel's opt-in (:func:`opt_in`), or passes what it opted in
+  to: the launch fails (``CUDA_ERROR_INVALID_VALUE``).
+* An opt-in over the simulated architecture's limit (:data:`ARCH`): the driver refuses the
+  attribute.
+
+The simulator models an sm_90 device unless :func:`simulated_arch` says otherwise. Limits per
+architecture: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability",
+maximum amount of shared memory per thread block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from ._base import SimulationError
+
+STATIC_LIMIT = 48 * 1024  # bytes of static shared memory per block, every architecture
+BLOCK_LIMIT = {  # bytes a block may opt into, per architecture
+    "sm_80": 163 * 1024,
+    "sm_86": 99 * 1024,
+    "sm_87": 163 * 1024,
+    "sm_89": 99 * 1024,
+    "sm_90": 227 * 1024,
+}
+ARCH = ["sm_90"]  # the simulated device's architecture (a list: simulated_arch() changes it)
+
+# The bytes of dynamic shared memory a kernel opted into: an attribute of the kernel, as on a
+# GPU (two kernels of one function opt in apart), that its configured copies carry.
+_OPTED_IN = "_tessera_max_dynamic_shared"
+
+
+class SharedMemoryError(SimulationError):
+    """Shared memory a GPU would refuse (at compile time or at launch)."""
+
+
+def block_limit(arch: str) -> int:
+    """Bytes of shared memory (static and dynamic) a block may use on ``arch`` once opted in."""
+    try:
+        return BLOCK_LIMIT[arch]
+    except KeyError:
+        known = sorted(BLOCK_LIMIT)
+        raise ValueError(f"no shared-memory limit known for {arch!r}; known: {known}") from None
+
+
+@contextlib.contextmanager
+def simulated_arch(arch: str):
+    """Inside, the simulator applies ``arch``'s shared-memory limit."""
+    block_limit(arch)
+    saved = ARCH[0]
+    ARCH[0] = arch
+    try:
+        yield
+    finally:
+        ARCH[0] = saved
+
+
+def opt_in(kernel, nbytes: int) -> None:
+    """Let ``kernel`` launch with up to ``nbytes`` of dynamic shared memory, as
+    ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` does; refused over the architecture's
+    limit."""
+    limit = block_limit(ARCH[0])
+    if not 0 <= nbytes <= limit:
+        raise SharedMemoryError(
+            f"cannot opt {kernel.fn.__name__} into {nbytes} B of dynamic shared memory: "
+            f"{ARCH[0]} allows a block at most {limit} B (CUDA_ERROR_INVALID_VALUE)"
+        )
+    setattr(kernel, _OPTED_IN, nbytes)
+
+
+def check_launch(kernel, dynamic: int) -> None:
+    """At launch: the dynamic size within the kernel's attribute (what it opted into, else
+    48 KiB less its static arrays, checked as they are declared: :func:`check_block`)."""
+    opted = getattr(kernel, _OPTED_IN, None)
+    limit = STATIC_LIMIT if opted is None else opted
+    if dynamic > limit:
+        raise SharedMemoryError(
+            f"launch of {kernel.fn.__name__} with {dynamic} B of dynamic shared memory: the "
+            f"kernel may use {limit} B"
+            + ("" if opted else " without an opt-in")
+            + " (CUDA_ERROR_INVALID_VALUE)"
+        )
+
+
+def check_block(kernel, static: int, dynamic: int) -> None:
+    """When a block declares a static array: ``static`` bytes within 48 KiB (ptxas); without
+    an opt-in ``static + dynamic`` within 48 KiB (the launch), with one ``static`` plus the
+    opted-in size within the architecture's limit (the attribute)."""
+    fn = kernel.fn
+    if static > STATIC_LIMIT:
+        raise SharedMemoryError(
+            f"{fn.__name__} uses too much shared data ({static} B of static shared memory, "
+            f"{STATIC_LIMIT} B max): ptxas refuses it; use dynamic shared memory"
+        )
+    opted = getattr(kernel, _OPTED_IN, None)
+    if opted is None and static + dynamic > STATIC_LIMIT:
+        raise SharedMemoryError(
+            f"launch of {fn.__name__}: {static} B of static and {dynamic} B of dynamic shared "
+            f"memory need an opt-in over {STATIC_LIMIT} B (CUDA_ERROR_INVALID_VALUE)"
+        )
+    if opted is not None and static + opted > block_limit(ARCH[0]):
+        raise SharedMemoryError(
+            f"{fn.__name__}: {static} B of static shared memory and an opt-in of {opted} B "
+            f"pass {ARCH[0]}'s {block_limit(ARCH[0])} B per block (CUDA_ERROR_INVALID_VALUE)"
+        )

@@ -1,0 +1,115 @@
+"""Dynamic shared memory beyond 48 KiB: the opt-in launch works, and the simulator refuses what
+a GPU refuses (static arrays over 48 KiB, dynamic memory over 48 KiB without the opt-in,
+either over the architecture's limit)."""
+
+import numpy as np
+import pytest
+from numba import cuda, float32
+
+from tessera_tile import dynamic_shared, sim
+
+KIB = 1024
+REFUSAL = "the simulator's own error type; a GPU refuses the same launch with CudaAPIError"
+
+
+@cuda.jit
+def reverse_through_shared(x, out):
+    """Stages all of ``x`` in the launch's dynamic shared memory, then writes it reversed: the
+    whole dynamic region is used, so a short allocation would read garbage."""
+    smem = cuda.shared.array(0, float32)
+    n = x.size
+    for i in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+        smem[i] = x[i]
+    cuda.syncthreads()
+    for i in range(cuda.threadIdx.x, n, cuda.blockDim.x):
+        out[i] = smem[n - 1 - i]
+
+
+@cuda.jit
+def static_too_large(out):
+    big = cuda.shared.array(12 * KIB + 1, float32)  # 48 KiB + 4 B
+    big[0] = 1.0
+    out[0] = big[0]
+
+
+@cuda.jit
+def static_and_dynamic(out):
+    fixed = cuda.shared.array(10 * KIB, float32)  # 40 KiB static
+    dyn = cuda.shared.array(0, float32)
+    fixed[0] = 2.0
+    dyn[0] = fixed[0]
+    out[0] = dyn[0]
+
+
+def _reverse(nbytes: int, side: str):
+    x = np.arange(nbytes // 4, dtype=np.float32)
+    out = np.zeros_like(x)
+    args = (x, out) if side == "host" else (cuda.to_device(x), cuda.to_device(out))
+    dynamic_shared.launch(reverse_through_shared, 1, 64, nbytes, args)
+    got = out if side == "host" else args[1].copy_to_host()
+    return x, got
+
+
+@pytest.mark.parametrize("nbytes", [16 * KIB, 96 * KIB, 160 * KIB])
+def test_dynamic_shared_over_48_kib_launches(nbytes, side):
+    x, got = _reverse(nbytes, side)
+    np.testing.assert_array_equal(got, x[::-1])
+
+
+@pytest.mark.sim_only(reason=REFUSAL)
+def test_dynamic_over_48_kib_without_opt_in_is_refused():
+    kernel = cuda.jit(reverse_through_shared.py_func)  # a kernel nothing opted in
+    x = np.zeros(16 * KIB, np.float32)
+    with pytest.raises(sim.SharedMemoryError, match="without an opt-in"):
+        kernel[1, 32, 0, 64 * KIB](x, np.zeros_like(x))
+    kernel[1, 32, 0, 48 * KIB](x[: 12 * KIB], np.zeros(12 * KIB, np.float32))  # 48 KiB: fine
+
+
+@pytest.mark.sim_only(reason=REFUSAL)
+def test_static_shared_over_48_kib_is_refused():
+    with pytest.raises(sim.SharedMemoryError, match="too much shared data"):
+        static_too_large[1, 1](np.zeros(1, np.float32))
+
+
+@pytest.mark.sim_only(reason=REFUSAL)
+def test_static_and_dynamic_together_need_the_opt_in():
+    kernel = cuda.jit(static_and_dynamic.py_func)
+    out = np.zeros(1, np.float32)
+    kernel[1, 1, 0, 8 * KIB](out)  # 40 + 8 KiB: within 48 KiB
+    assert out[0] == 2.0
+    with pytest.raises(sim.SharedMemoryError, match="need an opt-in"):
+        kernel[1, 1, 0, 8 * KIB + 4](out)
+    dynamic_shared.launch(kernel, 1, 1, 16 * KIB, (out,))
+    assert out[0] == 2.0
+
+
+@pytest.mark.sim_only(reason=REFUSAL)
+@pytest.mark.parametrize(("arch", "limit_kib"), [("sm_80", 163), ("sm_86", 99), ("sm_90", 227)])
+def test_opt_in_over_the_architecture_limit_is_refused(arch, limit_kib):
+    kernel = cuda.jit(reverse_through_shared.py_func)
+    with sim.simulated_arch(arch):
+        assert dynamic_shared.limit() == limit_kib * KIB
+        x = np.arange(limit_kib * KIB // 4, dtype=np.float32)
+        out = np.zeros_like(x)
+        dynamic_shared.launch(kernel, 1, 64, limit_kib * KIB, (x, out))
+        np.testing.assert_array_equal(out, x[::-1])
+        with pytest.raises(sim.SharedMemoryError, match=f"{arch} allows a block at most"):
+            dynamic_shared.launch(kernel, 1, 64, limit_kib * KIB + 16, (x, out))
+
+
+@pytest.mark.sim_only(reason=REFUSAL)
+def test_static_plus_opt_in_over_the_architecture_limit_is_refused():
+    kernel = cuda.jit(static_and_dynamic.py_func)
+    with sim.simulated_arch("sm_86"):
+        dynamic_shared.launch(kernel, 1, 1, 99 * KIB - 40 * KIB, (np.zeros(1, np.float32),))
+        kernel = cuda.jit(static_and_dynamic.py_func)
+        with pytest.raises(sim.SharedMemoryError, match="pass sm_86's"):
+            dynamic_shared.launch(kernel, 1, 1, 60 * KIB, (np.zeros(1, np.float32),))
+
+
+def test_limits_table():
+    assert dynamic_shared.limit("sm_80") == 163 * KIB
+    assert dynamic_shared.limit("sm_89") == 99 * KIB
+    assert dynamic_shared.limit("sm_90") == 227 * KIB
+    with pytest.raises(ValueError, match="no shared-memory limit known for 'sm_75'"):
+        dynamic_shared.limit("sm_75")
