@@ -27,14 +27,14 @@ def reverse_through_shared(x, out):
 
 @cuda.jit
 def static_too_large(out):
-    big = cuda.shared.array(12 * KIB + 1, float32)  # 48 KiB + 4 B
+    big = cuda.shared.array(12289, float32)  # 48 KiB + 4 B
     big[0] = 1.0
     out[0] = big[0]
 
 
 @cuda.jit
 def static_and_dynamic(out):
-    fixed = cuda.shared.array(10 * KIB, float32)  # 40 KiB static
+    fixed = cuda.shared.array(10240, float32)  # 40 KiB static
     dyn = cuda.shared.array(0, float32)
     fixed[0] = 2.0
     dyn[0] = fixed[0]

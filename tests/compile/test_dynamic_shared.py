@@ -1,0 +1,42 @@
+"""The compiler's side of the simulator's shared-memory refusals: ptxas refuses a kernel whose
+static arrays pass 48 KiB, and a kernel on dynamic shared memory declares none statically."""
+
+import pytest
+from numba import cuda, float32
+
+from tessera_tile import inspect
+
+KIB = 1024
+
+
+def static_49_kib(out):
+    big = cuda.shared.array(12289, float32)  # 48 KiB + 4 B
+    big[cuda.threadIdx.x] = out[0]
+    cuda.syncthreads()
+    out[1] = big[cuda.threadIdx.x + 1]
+
+
+def on_dynamic(x, out):
+    smem = cuda.shared.array(0, float32)
+    smem[cuda.threadIdx.x] = x[cuda.threadIdx.x]
+    cuda.syncthreads()
+    out[cuda.threadIdx.x] = smem[x.size - 1 - cuda.threadIdx.x]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_ptxas_refuses_static_shared_over_48_kib(arch):
+    with pytest.raises(RuntimeError, match="too much shared data"):
+        inspect.compile(static_49_kib, "void(float32[::1])", arch)
+
+
+@pytest.mark.parametrize(("arch", "limit_kib"), [("sm_80", 163), ("sm_90", 227)])
+def test_dynamic_shared_is_reported_and_checked(arch, limit_kib):
+    sig = "void(float32[::1], float32[::1])"
+    report = inspect.compile(on_dynamic, sig, arch, block=256, dynamic_shared=96 * KIB)
+    assert report.shared_bytes == 0
+    assert report.dynamic_shared_bytes == 96 * KIB
+    assert f"+ {96 * KIB} B dynamic (of {limit_kib * KIB} B" in " ".join(str(report).split())
+    # 96 KiB + 1 KiB reserve per block: 2 blocks fit in sm_90's 228 KiB, 1 in sm_80's 164 KiB
+    assert report.occupancy == (2 if arch == "sm_90" else 1) * 8 / 64
+    with pytest.raises(ValueError, match=f"pass the {limit_kib * KIB} B a block may use"):
+        inspect.compile(on_dynamic, sig, arch, dynamic_shared=limit_kib * KIB + 4)
