@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _arrays as arrays
+from .. import dynamic_shared
 from .._fusion import runtime
 from ..tile_ir import BFLOAT16, storage_dtype
 
@@ -203,13 +204,14 @@ SPECS = (View, Unused)  # parameters given per launch; any other is passed as it
 @dataclass(frozen=True)
 class KernelLaunch:
     """One launch: the kernel, its grid and block, its parameters (:data:`SPECS` or values),
-    and its numba signature (for ``inspect``)."""
+    its numba signature (for ``inspect``) and its bytes of dynamic shared memory."""
 
     kernel: object
     grid: object
     threads: object
     params: tuple
     signature: object
+    shared: int = 0
 
 
 def launch_all(launches, handles: list, stream) -> None:
@@ -217,7 +219,12 @@ def launch_all(launches, handles: list, stream) -> None:
     call's device arrays: inputs in order, then the result)."""
     for launch in launches:
         params = [p.of(handles) if type(p) in SPECS else p for p in launch.params]
-        launch.kernel[launch.grid, launch.threads, stream](*params)
+        if launch.shared:
+            dynamic_shared.launch(
+                launch.kernel, launch.grid, launch.threads, launch.shared, params, stream
+            )
+        else:
+            launch.kernel[launch.grid, launch.threads, stream](*params)
 
 
 @dataclass
@@ -322,7 +329,9 @@ class HandWritten:
 
         r = self.report()
         reports = [
-            offline.compile(k.kernel, k.signature, arch=arch, block=_threads(k.threads))
+            offline.compile(
+                k.kernel, k.signature, arch, block=_threads(k.threads), dynamic_shared=k.shared
+            )
             for k in r.launches
         ]
         for fn, args in r.then:
