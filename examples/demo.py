@@ -25,6 +25,7 @@ EXAMPLES = [
     "elementwise_chain",
     "row_reductions",
     "transpose",
+    "large_shared_tile",
     "matmul",
     "fused_softmax",
     "ops_demo",

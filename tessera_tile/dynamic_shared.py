@@ -51,12 +51,14 @@ def arch() -> str:
 
 def limit(target: str | None = None) -> int:
     """Bytes of shared memory a block may use once opted in: on ``target`` (from the table), or
-    on the device kernels run on (a GPU's own figure)."""
-    if target is None and _config.gpu_present():
-        from numba import cuda
+    on the device kernels run on (a GPU's own figure; the simulated or offline one's)."""
+    if target is None:
+        if not _config.SIMULATED and _config.gpu_present():
+            from numba import cuda
 
-        return int(cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-    return shared_limits.block_limit(target or arch())
+            return int(cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        target = arch()
+    return shared_limits.block_limit(target)
 
 
 _opted: dict = {}  # (kernel, argument types, device) -> bytes opted into

@@ -38,3 +38,24 @@ def test_bf16_mlp_block_example_matches_numpy():
     assert example.BOUND == 4 * 2**-8
     assert example.run(tokens=16, width=32, hidden=64) < example.BOUND
     assert example.run(tokens=33, width=36, hidden=24, seed=1) < example.BOUND  # 72-byte rows
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(0, 5), (1, 1), (64, 256), (70, 300), (129, 257)])
+def test_large_shared_tile_example_matches_numpy(rows, cols):
+    """64 KiB of dynamic shared memory per block, opted in; panels straddling 64 x 256."""
+    example = load_example("large_shared_tile")
+    assert example.PANEL_BYTES > 48 * 1024
+    assert example.run(rows=rows, cols=cols) == 0.0  # bit for bit, host and device
+
+
+@pytest.mark.sim_only(reason="the simulator's own error type; a GPU refuses with CudaAPIError")
+def test_large_shared_tile_needs_the_opt_in():
+    from numba import cuda
+
+    from tessera_tile import sim
+
+    example = load_example("large_shared_tile")
+    kernel = cuda.jit(example.panel_cumsum.py_func)  # never opted in
+    x = np.ones((64, 256), np.float32)
+    with pytest.raises(sim.SharedMemoryError, match="without an opt-in"):
+        kernel[(1, 1), example.THREADS, 0, example.PANEL_BYTES](x, np.empty_like(x))
