@@ -42,9 +42,10 @@ def test_transpose_matches_numpy(dtype, m, n, view, side):
 @pytest.mark.sim_only(
     reason="the profiler measures traffic and bank conflicts in the simulator only"
 )
+@pytest.mark.parametrize("shape", [(45, 70), (64, 96)])  # edge tiles; whole 16-byte tiles
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_traffic_is_the_minimum_and_no_bank_conflicts(dtype):
-    x = np.random.default_rng(0).standard_normal((45, 70)).astype(dtype)
+def test_traffic_is_the_minimum_and_no_bank_conflicts(dtype, shape):
+    x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
     with sim.profile() as prof:
         got = ops.transpose(x)
     np.testing.assert_array_equal(got, x.T)
@@ -98,13 +99,42 @@ def test_the_launch_counter_sees_a_valid_call():
     assert counted.launches == ops.transpose.explain(x32).kernels == 1
 
 
+@pytest.mark.parametrize("shape", [(70, 100), (96, 128)])
 @pytest.mark.parametrize("blocks", [1, 3, 5, 13])
-def test_blocks_step_through_every_tile(blocks):
+def test_blocks_step_through_every_tile(blocks, shape):
     """Fewer blocks than tiles (3 x 4 here): each block steps through tiles t, t + blocks, ...
-    across tile rows, and a grid wider than a tile row (5, 13) wraps more than once."""
+    across tile rows, and a grid wider than a tile row (5, 13) wraps more than once; at
+    70 x 100 through the whole tiles and then the edge tiles, at 96 x 128 all whole."""
     from tessera_tile.kernels import transpose as kernels
 
-    x = np.arange(70 * 100, dtype=np.float32).reshape(70, 100)
-    out = np.full((100, 70), np.nan, np.float32)
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    out = np.full(shape[::-1], np.nan, np.float32)
     kernels.transpose_f32[blocks, kernels.THREADS](x, out)
     np.testing.assert_array_equal(out, x.T)
+
+
+# Sizes around the tile: whole tiles only (32, 64), whole and edge tiles (33, 65), edge only
+# (31). float32 rows of dst are 16-byte aligned when m % 4 == 0 (16-byte whole tiles), not
+# otherwise (one element per lane); float16 when m % 8 == 0; float64 one element per lane.
+SHAPES = [(32, 32), (64, 64), (64, 65), (65, 64), (33, 31), (31, 33), (33, 96), (96, 33)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_whole_and_edge_tiles_match_numpy(dtype, shape, side):
+    x = np.random.default_rng(1).standard_normal(shape).astype(dtype)
+    got = back(ops.transpose(*on(side, x)), side)
+    assert got.dtype == dtype and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, x.T)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_misaligned_rows_take_the_element_path(dtype, side):
+    """A view one element into each row: its rows are contiguous with a 16-byte pitch, but no
+    chunk is 16-byte aligned, so float32's whole tiles load one element per lane (a 16-byte
+    load there faults on the GPU and raises in the simulator; a host view reaches the kernel
+    as a contiguous copy)."""
+    base = np.arange(64 * 72, dtype=np.float64).astype(dtype).reshape(64, 72)
+    (placed,) = on(side, base)
+    got = back(ops.transpose(placed[:, 1:65]), side)
+    np.testing.assert_array_equal(got, base[:, 1:65].T)
