@@ -263,6 +263,28 @@ def _pair_twin(name: str, dtype, space: str, convert=None):
     return twin
 
 
+def _load_f32x2_shared_twin(smem, index):
+    """``ld.shared.v2.f32``: the 8 bytes at ``&smem[index]`` (a shared float32 array, 8-byte
+    aligned; they may cross a row end of the array, not its allocation)."""
+    key = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
+    if smem.dtype != np.float32:
+        raise sim.SimulationError(f"load_f32x2_shared: needs a float32 array, got {smem.dtype}")
+    if not sim.in_shared_memory(smem):
+        raise sim.SimulationError("load_f32x2_shared: reads shared memory; got another array")
+    if smem.strides[-1] != smem.itemsize:
+        raise sim.SimulationError(
+            f"load_f32x2_shared: the last axis of {smem.shape} is not contiguous"
+        )
+    if len(key) != smem.ndim or any(not 0 <= i < n for i, n in zip(key, smem.shape, strict=True)):
+        raise sim.SimulationError(f"load_f32x2_shared: index {key} out of bounds for {smem.shape}")
+    if sim.element_address(smem, key) % 8:
+        raise sim.SimulationError(f"load_f32x2_shared: index {key} is not 8-byte aligned")
+    if not sim.in_allocation(smem, key, 8):
+        raise sim.SimulationError(f"load_f32x2_shared: index {key} runs past the array's end")
+    values = np.asarray(sim.load(smem, (*key[:-1], slice(key[-1], key[-1] + 2))), np.float32)
+    return np.float32(values[0]), np.float32(values[1])
+
+
 def _pack_twin(lo, hi):
     with np.errstate(over="ignore"):  # beyond float16's range: inf, as cvt.rn does
         halves = np.array([lo, hi], np.float32).astype(np.float16).view(np.uint16)

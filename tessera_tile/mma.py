@@ -54,7 +54,10 @@ An A fragment of a row-major float32 tile is one ``ldmatrix_x4`` on the float32 
 float32 a pair of b16: lane ``4g + t`` receives row ``g``, float32 column ``t`` of each 8 x 4
 matrix): ``ldmatrix_x4(s, (r0 + lane % 16, c0 + 4 * (lane // 16)))``. ``.trans`` moves 16-bit
 halves, so it cannot transpose 32-bit elements: B fragments of a row-major [k, n] tile are two
-scalar loads, ``s[k0 + t, n0 + g]`` and ``s[k0 + t + 4, n0 + g]``.
+scalar loads, ``s[k0 + t, n0 + g]`` and ``s[k0 + t + 4, n0 + g]``; or, with the operands swapped
+(``C^T = B^T A^T``, the TF32 matmul), 16 columns of B are an A fragment whose row ``g`` is
+column ``2g`` and row ``g + 8`` column ``2g + 1``: two ``load_f32x2_shared`` of ``(k0 + t, n0 +
+2g)`` and ``(k0 + t + 4, n0 + 2g)`` fill ``(a0, a1)`` and ``(a2, a3)``.
 
 This representation compiles to registers (HMMA.16816.F32 takes them directly): no local
 memory, no packing instructions. Keep many fragments (a warp's accumulator tile) in
@@ -72,6 +75,8 @@ Intrinsics
                                             .f32``: ``d = a @ b + c``
 ``mma_m16n8k8_tf32(a, b, c) -> d``         ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32
                                             .f32``: ``d = a @ b + c`` on TF32 inputs
+``load_f32x2_shared(smem, index)``          ``ld.shared.v2.f32``: ``smem[index]`` and the next
+                                            float32 (8-byte aligned) -> 2-tuple (``LDS.64``)
 ``to_tf32(x)``                              ``cvt.rna.tf32.f32``: ``x`` rounded to TF32
                                             (nearest, ties away from zero), as float32
 ``pack_f16x2(lo, hi) -> uint32``            ``cvt.rn.f16x2.f32``: two float32 rounded to float16
@@ -139,6 +144,7 @@ from ._mma_twins import (
     ROW_BYTES,  # noqa: F401 - public constants of this module, re-exported
     TF32_MASK,  # noqa: F401
     _ldmatrix_twin,
+    _load_f32x2_shared_twin,
     _mma_bf16_twin,
     _mma_tf32_twin,
     _mma_twin,
@@ -156,6 +162,7 @@ __all__ = [
     "ldmatrix_x2_trans",
     "ldmatrix_x4",
     "ldmatrix_x4_trans",
+    "load_f32x2_shared",
     "mma_m16n8k16",
     "mma_m16n8k16_bf16",
     "mma_m16n8k8_tf32",
@@ -347,6 +354,31 @@ def mma_m16n8k8_tf32(typingctx, a, b, c):
             raise NumbaTypeError(f"{name}: a and b take float32 or 32-bit integers, got {t}")
 
     return types.UniTuple(types.float32, 4)(a, b, c), _mma_codegen(_MMA_TF32_ASM, _tf32_operand)
+
+
+@sim.twin(_load_f32x2_shared_twin)
+@intrinsic
+def load_f32x2_shared(typingctx, smem, index):
+    """``load_f32x2_shared(smem, index) -> (x0, x1)``: ``smem[index]`` and the next float32 in
+    one 8-byte shared load (``ld.shared.v2.f32``, ``LDS.64``); ``&smem[index]`` must be 8-byte
+    aligned (the twin checks; the GPU faults). Two of them fill a TF32 fragment of 4
+    consecutive registers without moves (the TF32 matmul's B tiles)."""
+    name = "load_f32x2_shared"
+    check_index(name, smem, index)
+    if smem.dtype != types.float32:
+        raise NumbaTypeError(f"{name} reads a float32 array, got {smem.dtype}")
+
+    def codegen(context, builder, sig, args):
+        ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        f32 = ir.FloatType()
+        fnty = ir.FunctionType(ir.LiteralStructType([f32, f32]), [_I32])
+        asm = ir.InlineAsm(fnty, "ld.shared.v2.f32 {$0, $1}, [$2];", "=f,=f,r,~{memory}",
+                           side_effect=True)  # fmt: skip
+        res = builder.call(asm, [_shared_address(builder, ptr)])
+        values = [builder.extract_value(res, i) for i in range(2)]
+        return context.make_tuple(builder, sig.return_type, values)
+
+    return types.UniTuple(types.float32, 2)(smem, types.unliteral(index)), codegen
 
 
 @sim.twin(_to_tf32_twin)

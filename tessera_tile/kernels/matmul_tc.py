@@ -52,8 +52,9 @@ warps its 128 accumulators per thread and the guarded loads in flight spill (~90
 
 The same builder makes the float32 TF32 kernel of :mod:`tessera_tile.kernels.matmul_tf32`
 (``TensorCoreConfig(..., tf32=True)``): float32 tiles (4 per 16-byte chunk), ``mma.m16n8k8``
-k steps of 8, A still by ``ldmatrix``, B by scalar shared loads from a tile swizzled for them,
-float32 pair stores (``store_f32x2``); that module's doc says why.
+k steps of 8 run with the operands swapped (``C^T = B^T A^T``: B by two ``LDS.64`` per 16
+columns as the mma's A, A by ``ldmatrix`` as its B) from a B tile swizzled for them, float32
+pair stores (``store_f32x2``); that module's doc says why.
 
 Shared with that kernel: :class:`TensorCoreConfig`, the copy split (:mod:`.tc_tiles`, also
 used by :mod:`.attention`) and, re-exported here, :mod:`.matmul_tc_plan`'s plan and checks.
@@ -71,6 +72,7 @@ from ..memory import store16_shared
 from ..mma import (
     ldmatrix_x4,
     ldmatrix_x4_trans,
+    load_f32x2_shared,
     mma_m16n8k8_tf32,
     mma_m16n8k16,
     mma_m16n8k16_bf16,
@@ -149,9 +151,9 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     tf32 = cfg.tf32
     CHUNK = cfg.chunk  # noqa: N806 - tc_tiles.CHUNK's name, this element size's value
     elem = float32 if tf32 else (uint16 if cfg.bf16 else float16)
-    # B offsets: float16, one per ldmatrix.x4.trans; TF32, one per n8 tile modulo 4 (its
-    # swizzle repeats every 4 n8 tiles, 32 columns, and is the same in rows t and t + 4)
-    nb = min(nt, 4)
+    # B offsets: float16, one per ldmatrix.x4.trans; TF32, one per 16-column block modulo 2
+    # (its swizzle repeats every 32 columns and is the same in rows t and t + 4)
+    nb = min(nt2, 2)
     b_off_shape = nb if tf32 else nt2
     frag_b = float32 if tf32 else uint32
     ahead = stages - 1
@@ -173,8 +175,9 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
         epilogue = _epilogue(mt, nt, has_bias, async_copy, act, store_bf16x2, bf16=True)
     else:
         epilogue = _epilogue(
-            mt, nt, has_bias, async_copy, act, store_f32x2 if tf32 else store_f16x2
-        )
+            mt, nt, has_bias, async_copy, act, store_f32x2 if tf32 else store_f16x2,
+            swapped=tf32,
+        )  # fmt: skip
 
     @cuda.jit(device=True)
     def reverse3(v):
@@ -191,9 +194,9 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
 
     @cuda.jit(device=True)
     def chunk_b_tf32(r, c):
-        """TF32 B rows (8 or more chunks): chunk ``c ^ 2 (r % 4)``. A scalar load of rows
-        t (+ 4) reads chunks 2 j + (g >= 4) of rows t = 0..3: 8 distinct 16-byte bank groups;
-        rows t and t + 4 share the pattern, so one offset serves both."""
+        """TF32 B rows (8 or more chunks): chunk ``c ^ 2 (r % 4)``. A half-warp's LDS.64 of
+        rows t (+ 4), columns 2g, 2g + 1 reads chunks 2 j, 2 j + 1 of rows t = 0..3: all 32
+        banks once; rows t and t + 4 share the pattern, so one offset serves both."""
         return c ^ ((r & 3) << 1)
 
     chunk_b = chunk_b_tf32 if tf32 else chunk_b_f16
@@ -292,20 +295,38 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
                     acc[i, j, q] = d[q]
 
     @cuda.jit(device=True, **INLINE)
+    def multiply_tf32(fa, fb, acc):
+        """The k8 step's mma with the operands swapped (C^T = B^T A^T, matmul_tf32's doc): the
+        B fragment of 16 columns (fb rows 2I, 2I + 1) as the mma's A, the A fragment of 8
+        rows (fa[i] half jb) as its B; tile (I, 2i + jb) accumulates in acc[i, 2I + jb]."""
+        for i in range(mt):
+            for jb in range(2):
+                for blk in range(nt2):
+                    j = 2 * blk + jb
+                    d = mma(
+                        (fb[2 * blk, 0], fb[2 * blk, 1], fb[2 * blk + 1, 0], fb[2 * blk + 1, 1]),
+                        (fa[i, 2 * jb], fa[i, 2 * jb + 1]),
+                        (acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3]),
+                    )
+                    for q in range(4):
+                        acc[i, j, q] = d[q]
+
+    @cuda.jit(device=True, **INLINE)
     def k_step_tf32(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
-        """One k8 step of the warp tile: A fragments by ldmatrix on the float32 tile, B by
-        scalar loads (ldmatrix.trans moves 16-bit halves and cannot transpose 32-bit
-        elements; cp.async cannot transpose either, so staging B transposed would cost a
-        register round trip per element and the asynchronous ring), then mt x nt mma."""
+        """One k8 step of the warp tile: A by ldmatrix (per 16 rows, two 8 x 8 B fragments of
+        the swapped mma), B by two LDS.64 per 16 columns (rows t and t + 4, columns 2g, 2g + 1:
+        one A fragment of the swapped mma, no register moves), then the swapped mma."""
         for i in range(mt):
             f = ldmatrix_x4(sa, a_base + a_off[ks] + 16 * tile_k * i)
             for q in range(4):
                 fa[i, q] = f[q]
-        for j in range(nt):
+        for blk in range(nt2):
             for h in range(2):
-                row = 8 * ks + 4 * h
-                fb[j, h] = sb[b_base + b_off[j % 4] + 32 * (j // 4) + tile_n * row]
-        multiply(fa, fb, acc)
+                row = tile_n * (8 * ks + 4 * h)
+                v = load_f32x2_shared(sb, b_base + b_off[blk % 2] + 32 * (blk // 2) + row)
+                fb[2 * blk + h, 0] = v[0]
+                fb[2 * blk + h, 1] = v[1]
+        multiply_tf32(fa, fb, acc)
 
     @cuda.jit(device=True, **INLINE)
     def k_step_f16(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
@@ -328,11 +349,13 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     # are constants added to these).
     @cuda.jit(device=True)
     def b_offsets_tf32(lane, wn0, b_off):
-        # lane (g, t) reads k-rows t and t + 4 (+ 8 ks), column wn0 + 8 j + g
+        # lane (g, t) reads k-rows t and t + 4 (+ 8 ks), columns wn0 + 16 blk + 2g, + 1
+        # (+ 32 per two blocks: 8 chunks, above the bits the swizzle's XOR changes)
         g = lane >> 2
         r = lane & 3
-        for j in range(nb):
-            b_off[j] = r * tile_n + chunk_b(r, (wn0 + 8 * j + g) // CHUNK) * CHUNK + g % CHUNK
+        for blk in range(nb):
+            col = wn0 + 16 * blk + 2 * g
+            b_off[blk] = r * tile_n + chunk_b(r, col // CHUNK) * CHUNK + col % CHUNK
 
     @cuda.jit(device=True)
     def b_offsets_f16(lane, wn0, b_off):
@@ -414,9 +437,12 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
         # 2 ks + lane // 16 (16 bytes: 8 float16 or 4 float32; one k step is two chunks).
         # The swizzle repeats every 8 rows, so the i and ks terms are constants added to
         # these offsets.
-        r = wm0 + lane % 16
+        # TF32 (swapped mma): rows lane % 8 + 8 (lane // 16), chunk 2 ks + lane // 8 % 2, so
+        # that the 4 matrices are k 0-3 and 4-7 of rows 0-7, then of rows 8-15.
+        r = wm0 + (lane % 8 + 8 * (lane // 16) if tf32 else lane % 16)
+        half = lane // 8 % 2 if tf32 else lane // 16
         for ks in range(ksteps):
-            a_off[ks] = r * tile_k + chunk_a(r, 2 * ks + lane // 16) * CHUNK
+            a_off[ks] = r * tile_k + chunk_a(r, 2 * ks + half) * CHUNK
         b_offsets(lane, wn0, b_off)
 
         for kt in range(ahead):  # prologue: tiles 0 .. stages-2 in flight, a group each
@@ -446,9 +472,10 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
                                   b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
                         kt = int32(kt + 1)
 
-        # Epilogue: lane (g, t) holds rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile.
-        col_base = n0 + wn0 + 2 * (lane & 3)
-        row_base = m0 + wm0 + (lane >> 2)
+        # Epilogue: lane (g, t) holds rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile
+        # (TF32, swapped: rows 2t, 2t + 1 and columns 2g, 2g + 1).
+        col_base = n0 + wn0 + 2 * ((lane >> 2) if tf32 else (lane & 3))
+        row_base = m0 + wm0 + (2 * (lane & 3) if tf32 else (lane >> 2))
         epilogue(acc, c, bias, bz, row_base, col_base, m, c.shape[2])
 
     kernel.__module__ = module
@@ -462,7 +489,7 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
 
 def _epilogue(
     mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pair=store_f16x2,
-    bf16: bool = False,
+    bf16: bool = False, swapped: bool = False,
 ):  # fmt: skip
     """``epilogue(acc, c, bias, bz, row_base, col_base, m, n)``: ``act(acc + bias)`` stored,
     masked, for every accumulator of the warp tile (``store_pair``: two columns in one store,
@@ -472,37 +499,61 @@ def _epilogue(
     statement
     by statement (generated source, inlined): as loops, LLVM leaves the outer one rolled once
     the activation is large (gelu's erf), and the accumulators then go through local memory.
+
+    ``swapped`` (the TF32 kernel's C^T tiles): ``acc[i, 2 I + jb, q]`` is row
+    ``row_base + 16 i + 8 jb + q % 2``, column ``col_base + 16 I + q // 2`` (``row_base`` at
+    ``2t``, ``col_base`` at ``2g``), so the pairs are ``q, q + 2`` and the lanes of a group
+    share columns; else row ``row_base + 16 i + 8 (q // 2)``, column ``col_base + 8 j + q % 2``.
     """
     widen, narrow = ("bf16_to_f32", "f32_to_bf16") if bf16 else ("float32", "")
     lines = ["def epilogue(acc, c, bias, bz, row_base, col_base, m, n):", "    lane = cuda.laneid"]
-    for j in range(nt):
-        lines.append(f"    col = col_base + {8 * j}")
-        if has_bias:  # the 4 lanes of group 0 read the pair; shuffles give it to the 7 others
+    # per column offset: its (row offset, (i, j, q) of each of the pair's two values)
+    if swapped:
+        # lanes 4g read the bias pair of group g, the others take it from them
+        reader, source = "(lane & 3) == 0", "lane & 28"
+        columns = [
+            (16 * blk, [
+                (16 * i + 8 * jb + h, (i, 2 * blk + jb, h), (i, 2 * blk + jb, h + 2))
+                for i in range(mt) for jb in range(2) for h in range(2)
+            ])
+            for blk in range(nt // 2)
+        ]  # fmt: skip
+    else:
+        reader, source = "lane < 4", "lane & 3"
+        columns = [
+            (8 * j, [
+                (16 * i + 8 * h, (i, j, 2 * h), (i, j, 2 * h + 1))
+                for i in range(mt) for h in range(2)
+            ])
+            for j in range(nt)
+        ]  # fmt: skip
+    for offset, stores in columns:
+        lines.append(f"    col = col_base + {offset}")
+        if has_bias:  # 4 lanes read the pair; shuffles give it to the others
             lines += [
                 "    b0 = ZERO",
                 "    b1 = ZERO",
-                "    if lane < 4 and col < n:",
+                f"    if {reader} and col < n:",
                 f"        b0 = {widen}(bias[col])",
-                "    if lane < 4 and col + 1 < n:",
+                f"    if {reader} and col + 1 < n:",
                 f"        b1 = {widen}(bias[col + 1])",
-                "    b0 = cuda.shfl_sync(FULL_MASK, b0, lane & 3)",
-                "    b1 = cuda.shfl_sync(FULL_MASK, b1, lane & 3)",
+                f"    b0 = cuda.shfl_sync(FULL_MASK, b0, {source})",
+                f"    b1 = cuda.shfl_sync(FULL_MASK, b1, {source})",
             ]
-        for i in range(mt):
-            for h in range(2):
-                lines.append(f"    row = row_base + {16 * i + 8 * h}")
-                for v, q in (("v0", 2 * h), ("v1", 2 * h + 1)):
-                    bias_term = f" + b{q % 2}" if has_bias else ""
-                    lines.append(f"    {v} = act(acc[{i}, {j}, {q}]{bias_term})")
-                lines.append("    if row < m and col < n:")
-                if async_copy:  # N a multiple of the chunk: the pair is inside and aligned
-                    lines.append("        store_pair(c, (bz, row, col), v0, v1)")
-                else:
-                    lines += [
-                        f"        c[bz, row, col] = {narrow}(v0)",
-                        "        if col + 1 < n:",
-                        f"            c[bz, row, col + 1] = {narrow}(v1)",
-                    ]
+        for row_offset, *values in stores:
+            lines.append(f"    row = row_base + {row_offset}")
+            for v, b, (i, j, q) in zip(("v0", "v1"), ("b0", "b1"), values, strict=True):
+                bias_term = f" + {b}" if has_bias else ""
+                lines.append(f"    {v} = act(acc[{i}, {j}, {q}]{bias_term})")
+            lines.append("    if row < m and col < n:")
+            if async_copy:  # N a multiple of the chunk: the pair is inside and aligned
+                lines.append("        store_pair(c, (bz, row, col), v0, v1)")
+            else:
+                lines += [
+                    f"        c[bz, row, col] = {narrow}(v0)",
+                    "        if col + 1 < n:",
+                    f"            c[bz, row, col + 1] = {narrow}(v1)",
+                ]
     namespace = {
         "ZERO": ZERO, "act": act, "store_pair": store_pair, "cuda": cuda, "float32": float32,
         "FULL_MASK": 0xFFFFFFFF, "bf16_to_f32": bf16_to_f32, "f32_to_bf16": f32_to_bf16,

@@ -27,25 +27,32 @@ The main loop, per k-tile (``tile_k = 16``: two k8 steps; 8 warps of 64 x 32)::
 
     cp.async.wait_group(stages - 2); __syncthreads()     1 barrier per k-tile
     cp.async tile k + stages - 1 into the freed stage
-    for each k8 step (2):
-      A: 4 ldmatrix.x4 on the float32 tile   (lane 4g+t gets row g, float32 column t of each
-                                              8 x 4 matrix: a0..a3 of a 16 x 8 A fragment)
-      B: 8 scalar shared loads               (lane (g, t): k-rows t and t + 4 of column g of
-                                              each of the 4 n8 tiles)
+    for each k8 step (2), the mma with its operands swapped (C^T = B^T A^T):
+      A: 4 ldmatrix.x4 on the float32 tile   (matrices: k 0-3 and 4-7 of rows 0-7, then of rows
+                                              8-15: the mma's B fragments of 2 x 8 rows)
+      B: 4 LDS.64                            (per 16 columns, k-rows t and t + 4, columns 2g and
+                                              2g + 1: the mma's A fragment, 4 registers in order)
       16 mma.sync.m16n8k8 TF32
 
-B needs scalar loads: the fragment wants lane ``(g, t)`` to hold ``B[t, g]`` and ``B[t + 4, g]``
-of a row-major ``[k, n]`` tile, a transpose that ``ldmatrix.trans`` (which moves 16-bit halves)
-cannot do on 32-bit elements, and ``cp.async`` cannot transpose into shared memory (staging B
-transposed would take every element through registers, giving up the asynchronous ring). The
-A tile uses the float16 kernel's swizzle (16-byte chunks XOR-ed within each 128-byte line; an
+Why swapped: both TF32 fragments give lane ``(g, t)`` k index ``t`` (and ``t + 4``), and
+``ldmatrix`` (non-trans) gives lane ``(g, t)`` the float32 ``t`` of a 16-byte row, so it reads
+operands stored k-contiguous: A, not the row-major ``[k, n]`` B tile, which ``ldmatrix.trans``
+(16-bit halves) cannot transpose on 32-bit elements and ``cp.async`` cannot stage transposed.
+B's fragment wants ``B[t, n]`` and ``B[t + 4, n]`` for one column ``n``, two scalar loads; as the
+mma's A operand (16 "rows" of B^T) a lane holds two columns of each k-row instead, so with row
+``g`` mapped to column ``2g`` and row ``g + 8`` to ``2g + 1`` one ``LDS.64`` per k-row fills
+``(a0, a1)`` and another ``(a2, a3)``, 4 consecutive registers as the HMMA reads them (an
+``LDS.128`` of 4 columns would need register moves before every HMMA). The accumulators are C^T
+tiles: lane ``(g, t)`` holds rows ``2t, 2t + 1`` and columns ``2g, 2g + 1`` of each 8 x 16 block
+of C, stored as float32 pairs.
+
+The A tile uses the float16 kernel's swizzle (16-byte chunks XOR-ed within each 128-byte line; an
 ldmatrix reads 16-byte rows, whatever their elements). The B tile (at least 8 chunks per row,
-``tile_n >= 32``) puts chunk ``c`` of row ``r`` at ``c ^ 2 (r % 4)``: a warp's scalar load reads
-rows ``t = 0..3`` (or ``t + 4``), chunks ``2j`` and ``2j + 1`` of each, which land in 8 distinct
-16-byte bank groups; rows ``t`` and ``t + 4`` share the pattern, so a lane needs one offset per
-n8 tile (mod 4) for both. Both reads are conflict free (the simulator's profiler counts 0), and
-so are the cp.async writes (each quarter-warp writes 8 chunks of one row, a permutation of a
-line).
+``tile_n >= 32``) puts chunk ``c`` of row ``r`` at ``c ^ 2 (r % 4)``: a half-warp's ``LDS.64``
+reads rows ``t = 0..3`` (or ``t + 4``), chunks ``2j`` and ``2j + 1`` of each, all 32 banks once;
+rows ``t`` and ``t + 4`` share the pattern, so a lane needs one offset per 16 columns (mod 2) for
+both. Both reads are conflict free (the simulator's profiler counts 0), and so are the cp.async
+writes (each quarter-warp writes 8 chunks of one row, a permutation of a line).
 
 Three stages of 128 x 16 + 16 x 128 float32 tiles fill the 48 KiB of static shared memory.
 """
@@ -63,7 +70,8 @@ from .tc_tiles import TensorCoreConfig
 __all__ = ["ANCHOR", "Plan", "aligned_rows", "check_operands", "plan", "tf32_matmul"]
 
 # 128 x 128 x 16, 8 warps of 64 x 32, 3 stages: 48 KiB of shared memory. (4 warps of 64 x 64,
-# the float16 kernel's arrangement, needs 255 registers and spills 72-80 B here.)
+# the float16 kernel's arrangement, now fits in 222 registers, no spills, at 2.45 instructions
+# per HMMA against 3.55: docs/matmul.md.)
 ANCHOR = TensorCoreConfig(128, 128, 16, 8, 3, tf32=True)
 
 

@@ -150,7 +150,7 @@ class TensorCoreConfig(NamedTuple):
                 f"tile_n must be {self.chunk} times a power of two (swizzle), got {self.tile_n}"
             )
         if self.tf32 and chunks_n < 8:
-            # B fragments are scalar loads of 4 k-rows x 8 columns: conflict free when the
+            # B fragments are LDS.64 of 4 k-rows x 16 columns: conflict free when the
             # swizzle spreads each row's 8 chunks over a whole 128-byte line (matmul_tf32's doc)
             raise ValueError(f"tile_n must be at least 32 for TF32 tiles, got {self.tile_n}")
         if self.shared_bytes > MAX_STATIC_SHARED:

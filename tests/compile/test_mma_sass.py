@@ -173,37 +173,50 @@ def test_fallback_loads_synchronously(arch):
     assert sync.spill_stores == sync.spill_loads == 0 and not sync.uses_local_memory
 
 
-# (kernel, threads, HMMA per k-tile and warp): 2 k8 steps of a 64 x 32 warp tile = 32 HMMA,
-# from 8 ldmatrix (A) and 16 scalar shared loads (B, two per n8 tile and k8 step)
+# Instructions per HMMA in the main loop: Triton 3.9 compiled offline (TF32 128 x 128 x 32,
+# sm_80) 2.66. Warp tiles of 64 x 64 (64 HMMA per k-tile) measure 2.45 / 2.53 (sm_80 / sm_90);
+# of 64 x 32, 3.50-3.64 (3.80-3.89 with 32-bit B loads): their k-tile holds 32 HMMA, and the
+# cp.async copies' address and guard arithmetic costs the same per k-tile.
+TF32_TRITON = 2.66
+
+# (kernel, threads, HMMA per k-tile and warp, instructions-per-HMMA ceiling): a k-tile of 16 is
+# 2 k8 steps; per k8 step and 16 x 16 of the warp tile, 1 ldmatrix.x4 (A) and per 16 columns 2
+# LDS.64 (B, the swapped mma's A fragment)
 TF32_LOOPS = [
-    (tf.matmul_tf32_anchor, 256, 32),  # 128 x 128 x 16, 8 warps
-    (tf.matmul_tf32_4warps, 128, 32),  # 128 x 64 x 16, 4 warps
-    (tf.linear_tf32_gelu_bias, 256, 32),  # the default tile with bias + exact gelu
+    (tf.matmul_tf32_anchor, 256, 32, 3.7),  # 128 x 128 x 16, 8 warps of 64 x 32
+    (tf.matmul_tf32_4warps, 128, 32, 3.7),  # 128 x 64 x 16, 4 warps of 64 x 32
+    (tf.linear_tf32_gelu_bias, 256, 32, 3.7),  # the default tile with bias + exact gelu
+    (tf.tf32_matmul(128, 128, 16, 4, 3), 128, 64, 2.7),  # 4 warps of 64 x 64: the issue's bar
 ]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize(("kernel", "threads", "per_tile"), TF32_LOOPS,
-                         ids=["8-warps", "4-warps", "gelu"])  # fmt: skip
-def test_tf32_main_loop(kernel, threads, per_tile, arch, record_property):
+@pytest.mark.parametrize(("kernel", "threads", "per_tile", "ceiling"), TF32_LOOPS,
+                         ids=["8-warps", "4-warps", "gelu", "4-warps-64x64"])  # fmt: skip
+def test_tf32_main_loop(kernel, threads, per_tile, ceiling, arch, record_property):
     report = inspect.compile(kernel, TF32_SIG, arch=arch, block=threads)
     assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
     loop, hmma, ldsm, scalar_lds = loop_facts(report)
     tiles = hmma // per_tile  # the loop is unrolled over the stages
     assert hmma == per_tile * tiles and tiles >= 1, loop.key_opcodes()
     assert loop.count("HMMA.1688.F32.TF32") == hmma
-    assert ldsm == 8 * tiles, loop.key_opcodes()  # A only: 4 ldmatrix.x4 per k8 step
-    assert len(scalar_lds) == 16 * tiles, loop.key_opcodes()  # B: 2 per n8 tile and k8 step
-    assert all(i.opcode == "LDS" for i in scalar_lds), scalar_lds  # 32-bit, no wider
+    assert ldsm == 8 * tiles, loop.key_opcodes()  # A only: 64 rows, 4 ldmatrix.x4 per k8 step
+    # B: 8-byte loads only (no 32-bit scalar ones), two per 16 columns and k8 step
+    assert all(i.opcode == "LDS.64" for i in scalar_lds), scalar_lds
+    assert len(scalar_lds) == 8 * (per_tile // 32) * tiles, loop.key_opcodes()
     assert loop.count("BAR.SYNC") == tiles, loop.key_opcodes()  # one barrier per k-tile
     assert loop.count("LDGSTS.E.BYPASS.128") >= tiles, loop.key_opcodes()
     per_hmma = loop.instructions / hmma
+    f16_loop, f16_hmma, _, _ = loop_facts(
+        inspect.compile(tc.matmul_tc_anchor, MATMUL_SIG, arch=arch, block=128)
+    )
     record_property(
         "resources",
         f"{report.name:45} {arch}  regs {report.registers}  HMMA/LDSM {hmma / ldsm:.2f}  "
-        f"LDS/HMMA {len(scalar_lds) / hmma:.2f}  instr/HMMA {per_hmma:.2f}",
+        f"LDS.64/HMMA {len(scalar_lds) / hmma:.2f}  instr/HMMA {per_hmma:.2f} (Triton "
+        f"{TF32_TRITON}, float16 {f16_loop.instructions / f16_hmma:.2f})",
     )
-    assert per_hmma <= 4.0, f"{per_hmma:.2f} instructions per HMMA: {loop.key_opcodes()}"
+    assert per_hmma <= ceiling, f"{per_hmma:.2f} instructions per HMMA: {loop.key_opcodes()}"
     # the epilogue stores C two float32 at a time (8 bytes), never one
     assert report.count("STG.E.64") >= hmma // tiles and report.histogram.get("STG.E", 0) == 0, (
         report

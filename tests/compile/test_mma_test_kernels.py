@@ -45,6 +45,8 @@ SIGNATURES = {
         "tile_mma_tf32": [f"void({F32_2D}, {F32_2D}, {F32_2D}, {U32_2D})"],
         "trans_on_float32": ["void(uint32[::1])"],
         "pair_store": [f"void({F32_2D}, int64)"],
+        "swapped_tile_mma_tf32": [f"void({F32_2D}, {F32_2D}, {F32_2D})"],
+        "pair_load": [f"void(int64, {F32_2D})"],
     },
 }
 # kernels whose test checks that the compiler refuses them (the simulator's twin must too)

@@ -166,6 +166,22 @@ def test_default_config_single_tile():
     assert_within_bound(c, a, b, bias)
 
 
+@pytest.mark.sim_only(reason="the profiler counts bank conflicts in the simulator")
+def test_four_warps_of_64x64_single_tile():
+    """128 x 128 x 16 with 4 warps of 64 x 64 (the tile that meets the instructions-per-HMMA
+    bar in tests/compile/test_mma_sass.py): 4 B blocks of 16 columns per warp, conflict free."""
+    from tessera_tile import sim
+
+    cfg = dict(tile_m=128, tile_n=128, tile_k=16, num_warps=4, num_stages=3)
+    a, b, bias = operands(1, 128, 128, 48, seed=9, bias=True)
+    c = np.zeros((1, 128, 128), np.float32)
+    p = tf.plan(1, 128, 128, 48, tf.ANCHOR._replace(**cfg, has_bias=True))
+    with sim.profile() as prof:
+        tf.tf32_matmul(**cfg, has_bias=True)[p.grid, p.block](a, b, bias, c)
+    assert prof.bank_conflicts == 0, str(prof)
+    assert_within_bound(c, a, b, bias)
+
+
 def test_plan_figures():
     p = tf.plan(2, 300, 200, 64)
     assert p.grid == (2, 3, 2) and p.block == (256, 1, 1)
