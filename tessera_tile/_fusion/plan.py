@@ -4,8 +4,9 @@ Every stage iterates one index space F (a broadcast shape) and reduces over one 
 
 * ``elementwise``: R is empty; one flat grid-stride loop over F;
 * ``row``: R holds F's fastest axis; a warp or a block per kept index ("row"), a loop over R;
-* ``column``: R lies before F's fastest axis; a thread per kept index, coalesced, the loop over R
-  split across the block's y dimension;
+* ``column``: R lies before F's fastest axis; threads along the kept (contiguous) axis, the
+  loop over R split across the block's y dimension and, for one pass of reductions, across
+  blocks too (per-block partials folded in order: :mod:`.columns`);
 * ``full``: R holds every axis; two-stage, one launch: blocks reduce chunks, the last block to
   finish combines the partials in block order (deterministic).
 

@@ -13,6 +13,7 @@ import numpy as np
 from .. import tile_ir as ir
 from .. import warp
 from ..tile_ir import Node, Op
+from .columns import SplitColumns
 from .lower import (
     REDUCTIONS,
     TYPE_NAMES,
@@ -33,7 +34,7 @@ from .schedule import BLOCK, COLUMN_BLOCK, WARP, Online, pass_leaves
 from .templates import KernelWriter
 
 
-class ReductionWriter(KernelWriter):
+class ReductionWriter(SplitColumns, KernelWriter):
     """Writes the kernel of a row, column or full stage."""
 
     def write_reduce_body(self, group_reduce, group_lead, red_index_setup):
@@ -345,6 +346,9 @@ class ReductionWriter(KernelWriter):
 
     # column template ------------------------------------------------------------------------
     def write_column(self) -> None:
+        if self.v.mode == "split":
+            self.write_column_split()
+            return
         s = self.src
         kept = [f"dk{i}" for i in range(self.v.kept_rank)]
         s(f"nred = {' * '.join(f'dr{i}' for i in range(self.v.red_rank))}")

@@ -244,6 +244,20 @@ class Layout:
             shape, strides, *rest = self.views[i]
             self.views[i] = (shape[-1:], strides[-1:], *rest)
 
+    def columns_last(self) -> None:
+        """Views over (reduced axes, kept axes): a split column kernel loads 16 bytes along
+        the innermost kept axis, which a vector access needs last."""
+        k = self.kept_rank
+        for i, (shape, strides, dtype, address, is_row) in enumerate(self.views):
+            if not is_row:
+                self.views[i] = (
+                    shape[k:] + shape[:k],
+                    strides[k:] + strides[:k],
+                    dtype,
+                    address,
+                    is_row,
+                )
+
 
 # --------------------------------------------------------------------------------------------
 # binding stages to one call's arrays
@@ -290,6 +304,8 @@ def bind(
     layout = Layout(stage, stage_index_shape(stage, shapes), leaves, outs)
     variant = schedule.choose_variant(stage, layout, math)
     layout.as_rows(variant.invariant)
+    if variant.mode == "split":
+        layout.columns_last()
     generated = cache.kernel(stage, variant)
     blocks, threads = schedule.launch_config(variant, layout.n_kept, layout.n_red)
     return Bound(stage, layout, variant, generated, blocks, threads)
@@ -523,11 +539,13 @@ def _launch(launch: StageLaunch, handles: dict, place: arrays.Placement) -> None
         handles[key] if view is None else arrays.view(handles[key], *view)
         for key, view in launch.arrays
     ]
+    lay = bound.layout
+    partials, tickets = schedule.scratch_lengths(bound.variant, lay.n_kept, lay.n_red, bound.blocks)
     for role, dtype in launch.scratch:
         params.append(
-            arrays.zeros(1, dtype, place.stream)
+            arrays.zeros(tickets, dtype, place.stream)
             if role == "ticket"
-            else place.new(bound.blocks, dtype, "numba")
+            else place.new(partials, dtype, "numba")
         )
     params += [handles[value] if is_arg else value for is_arg, value in launch.scalars]
     if _config.DUMP:

@@ -31,7 +31,16 @@ from .plan import Stage, StageKind
 
 WARP = 32
 BLOCK = 256  # threads per block in every template but column
-COLUMN_BLOCK = (32, 8)
+COLUMN_BLOCK = (32, 8)  # a column stage of several passes: a block spans every row
+# A one-pass column stage splits its rows across blocks ("split" mode): each thread loads
+# COLUMN_UNROLL rows of 16 bytes (`vector` adjacent columns) before folding any (64 B in
+# flight), blocks of 256 threads write per-block partials, and the last block of each column
+# tile folds them in split order (deterministic). Enough splits for COLUMN_TARGET_BLOCKS
+# blocks (4 per SM of a 132-SM H100), while every thread keeps COLUMN_SPLIT_ITERATIONS
+# unrolled iterations to amortise the partials.
+COLUMN_UNROLL = 4
+COLUMN_TARGET_BLOCKS = 4 if _config.SIMULATED else 528
+COLUMN_SPLIT_ITERATIONS = 1 if _config.SIMULATED else 2
 WARP_ROW_MAX = 1024  # rows up to this long get a warp each, longer rows a block
 ROW_REGISTERS = 32  # 4-byte registers per lane that may hold a row's leaves (as Triton's BLOCK)
 CACHE_BYTES = 32768  # shared memory that keeps a row on chip between passes
@@ -54,7 +63,7 @@ class Variant:
     kind: StageKind
     kept_rank: int  # index dimensions left after collapsing (elementwise: all in kept)
     red_rank: int
-    mode: str = ""  # row: "warp" or "block"
+    mode: str = ""  # row: "warp" or "block"; column: "split" (rows split across blocks) or ""
     cache: bool = False  # row: keep multi-pass leaves in shared memory
     vector: int = 1  # elements per 16-byte load/store (contiguous and aligned)
     index_bits: int = 64  # width of the loop indices (elementwise and row kernels): 32 or 64
@@ -262,7 +271,7 @@ def parameters(stage: Stage, variant: Variant) -> tuple[Param, ...]:
     partials per block and its ticket, the scalars, the collapsed kept and reduced sizes."""
     params = [Param(f"in{i}", "leaf", i) for i in range(len(stage.leaves))]
     params += [Param(f"out{i}", "out", i) for i in range(len(stage.outputs))]
-    if variant.kind.scratch:
+    if has_partials(variant):
         for i, r in enumerate(stage.reductions):
             params.append(Param(f"part{i}", "partial", i, lower.acc_dtype(r)))
             if r.op in ir.INDEX_REDUCE:
@@ -274,12 +283,74 @@ def parameters(stage: Stage, variant: Variant) -> tuple[Param, ...]:
     return tuple(params)
 
 
+def has_partials(variant: Variant) -> bool:
+    """Whether the kernel takes partials and a ticket (full stages, split column stages)."""
+    return variant.kind.scratch or variant.mode == "split"
+
+
+def splits_rows(stage: Stage) -> bool:
+    """A column stage whose rows can be split across blocks: one pass of plain reductions
+    (no online normaliser, no per-element output), so partials combine after the loop."""
+    passes = plan_passes(stage, True)
+    return (
+        len(passes) == 1
+        and not passes[0].outputs
+        and bool(passes[0].reductions)
+        and not any(isinstance(r, Online) for r in passes[0].reductions)
+    )
+
+
+def _column_vector(layout) -> int:
+    """Elements per 16-byte load along the innermost kept (contiguous) axis of a column
+    stage: every array of one item size (2 or 4 bytes), unit stride and 16-byte aligned there,
+    every other stride a multiple of 16 bytes, the innermost kept extent a multiple of the
+    vector; else 1. Per-column outputs are stored one element at a time."""
+    last = layout.kept_rank - 1
+    sizes = set()
+    for _, strides, dtype, address, is_row in layout.views:
+        if is_row:
+            continue
+        size = dtype.itemsize
+        sizes.add(size)
+        if size not in (2, 4) or strides[last] != size or address % VECTOR_BYTES:
+            return 1
+        if any(st % VECTOR_BYTES for k, st in enumerate(strides) if k != last):
+            return 1
+    vector = VECTOR_BYTES // sizes.pop() if len(sizes) == 1 else 1
+    return vector if layout.kept_sizes[-1] % vector == 0 else 1
+
+
+def column_block(vector: int) -> tuple[int, int]:
+    """(x, y) threads of a split column block: 16 column groups of 16 bytes (a warp reads two
+    rows of 256 contiguous bytes), or 32 columns of one element (one 128-byte row)."""
+    return (32, 8) if vector == 1 else (16, 16)
+
+
+def column_grid(vector: int, n_kept: int, n_red: int) -> tuple[int, int]:
+    """(column tiles, row splits) of a split column launch; blocks = tiles * splits."""
+    tx, ty = column_block(vector)
+    tiles = max(1, -(-(n_kept // vector) // tx))
+    rows = COLUMN_SPLIT_ITERATIONS * COLUMN_UNROLL * ty  # the fewest rows worth a split
+    return tiles, max(1, min(-(-COLUMN_TARGET_BLOCKS // tiles), n_red // rows))
+
+
+def scratch_lengths(variant: Variant, n_kept: int, n_red: int, blocks: int) -> tuple[int, int]:
+    """Elements of each partials array and of the ticket a launch allocates."""
+    if variant.kind.scratch:
+        return blocks, 1
+    tiles, splits = column_grid(variant.vector, n_kept, n_red)
+    return (splits * n_kept, tiles) if splits > 1 else (1, 1)  # one split writes no partial
+
+
 def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     kind, kept_rank, red_rank = stage.kind, layout.kept_rank, layout.red_rank
     bits = index_bits(layout.n_kept, layout.n_red)
     if kind is StageKind.ELEMENTWISE:
         vector = _vector_width(layout.views, kept_rank, False) if kept_rank == 1 else 1
         return Variant(kind, kept_rank, red_rank, vector=vector, index_bits=bits, math=math)
+    if kind is StageKind.COLUMN and splits_rows(stage):
+        vector = _column_vector(layout)
+        return Variant(kind, kept_rank, red_rank, "split", vector=vector, math=math)
     if kind is not StageKind.ROW:
         return Variant(kind, kept_rank, red_rank, math=math)
     mode = "warp" if layout.n_red <= WARP_ROW_MAX else "block"
@@ -359,6 +430,9 @@ def launch_config(variant: Variant, n_kept: int, n_red: int):
         if variant.chunks:  # a warp per row, no loop over rows
             return max(1, blocks), BLOCK
         return max(1, min(blocks, MAX_BLOCKS)), BLOCK
+    if kind is StageKind.COLUMN and variant.mode == "split":
+        tiles, splits = column_grid(variant.vector, n_kept, n_red)
+        return tiles * splits, column_block(variant.vector)
     if kind is StageKind.COLUMN:
         return max(1, min(-(-n_kept // COLUMN_BLOCK[0]), MAX_BLOCKS)), COLUMN_BLOCK
     return max(1, min(-(-n_red // BLOCK), MAX_FULL_BLOCKS)), BLOCK
@@ -451,11 +525,15 @@ def predicted_bytes(sched: Schedule, n_kept: int, n_red: int, blocks: int) -> in
     for node, _ in stage.outputs:
         per_row = stage.space[id(node)] == "row"
         total += node.dtype.itemsize * (n_kept if per_row else elements)
+    widths = [lower.acc_dtype(r).itemsize + 8 * (r.op in ir.INDEX_REDUCE) for r in stage.reductions]
     if stage.kind.scratch:
-        for r in stage.reductions:
-            width = lower.acc_dtype(r).itemsize + (8 if r.op in ir.INDEX_REDUCE else 0)
-            total += 2 * width * blocks  # each block writes its partial, the last reads all
+        total += 2 * sum(widths) * blocks  # each block writes its partial, the last reads all
         total += 2 * 4 * blocks + 4  # the ticket: one atomic per block, then a reset
+    elif sched.variant.mode == "split":
+        splits = blocks // column_grid(sched.variant.vector, n_kept, n_red)[0]
+        if splits > 1:  # each block writes its columns' partials, the last of a tile reads
+            # every split's; one atomic on the tile's (fresh, zeroed) ticket per block
+            total += 2 * sum(widths) * splits * n_kept + 2 * 4 * blocks
     return total
 
 

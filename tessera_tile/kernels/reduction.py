@@ -1,11 +1,13 @@
 """Reductions (sum, mean, max, min, var, std, argmax, argmin): fused definitions.
 
-The composer picks the kernel from the axes: a warp or a block per row for trailing axes, a
-coalesced thread-per-column kernel for leading axes, a deterministic two-stage reduction in one
-launch for all axes. Results follow NumPy's dtypes (NumPy itself infers them). float16 sums,
-means, variances and standard deviations are computed in float32 and rounded once (NumPy
-squares float16 deviations in float16, so its ``var`` and ``std`` overflow from deviations of
-256 on; ``std`` here is inf only where the result is).
+The composer picks the kernel from the axes: a warp or a block per row for trailing axes; for
+leading axes, rows split across blocks (16-byte loads of adjacent columns, several rows in
+flight per thread, per-block partials folded in order by the last block of each column tile);
+a deterministic two-stage reduction in one launch for all axes. Results follow NumPy's
+dtypes (NumPy itself infers them). float16 sums, means, variances and standard deviations are
+computed in float32 and rounded once (NumPy squares float16 deviations in float16, so its
+``var`` and ``std`` overflow from deviations of 256 on; ``std`` here is inf only where the
+result is).
 """
 
 from __future__ import annotations
