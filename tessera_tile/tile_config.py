@@ -26,22 +26,25 @@ tiles read as TF32 by the tensor cores, ``precision="tf32"``) ``tile_m`` a multi
 ``tile_k`` of 8 and ``tile_n`` of 32 (mma.sync m16n8k8; 8 chunks per B row for its conflict-free
 swizzle); the exact warp arrangement being the tensor-core kernels' to check.
 
-**Shared memory.** The architectures allow more than our kernels can use: a block may have up to
-163 KiB of *dynamic* shared memory on sm_80 and 227 KiB on sm_90 (CUDA C++ Programming Guide,
-"Technical Specifications per Compute Capability", maximum shared memory per thread block; both
-need an opt-in attribute at launch). Numba's ``cuda.shared.array`` is *static* shared memory,
-limited to 48 KiB per block on every architecture, and our kernels use static arrays; so the
-limit a config is validated against is :data:`STATIC_SHARED_LIMIT` = 48 KiB, the one the
-kernels can actually use (``ARCH_SHARED_LIMIT`` records the dynamic limits for reference).
+**Shared memory.** The SIMT kernel's tiles are static shared arrays, limited to 48 KiB per
+block on every architecture (:data:`STATIC_SHARED_LIMIT`). The tensor-core kernels (float16,
+bfloat16, TF32) stage their tiles in dynamic shared memory, which a block may use up to its
+architecture's limit once the kernel opts in (:mod:`tessera_tile.dynamic_shared`: sm_80 163 KiB,
+sm_86 and sm_89 99 KiB, sm_90 227 KiB, from the CUDA C++ Programming Guide). A ``TileConfig``
+is checked on construction against the largest of these (no GPU runs more); an op refuses a
+config over its device's limit when it plans the call, and the default model only picks configs
+that fit the target.
 
 **The default** for a problem (:func:`default_config`) is chosen by an analytic model (see
-``docs/matmul.md``): for each candidate, blocks resident per SM from registers (an estimate of
-the kernel's use), shared memory and warps; the blocks the busiest of the 132 SMs of an H100
-runs; the time of its compute (its tiles' FLOP at 1/132 of 67 TFLOP/s of float32 FFMA, slowed
-when fewer than 4 warps, one per scheduler, are resident) and of the traffic (A read once per
-column of C tiles, B once per row of them, C written once, at 3.35 TB/s); the larger of the
-two is the candidate's time, and the fastest wins (equal times: the fewer bytes, then the larger
-tile, listed first).
+``docs/matmul.md``): for each candidate that fits the target architecture, blocks resident per
+SM from registers (an estimate of the kernel's use), shared memory (the architecture's per-SM
+capacity) and warps; the blocks the busiest of the 132 SMs of an H100 runs; the time of its
+compute (its tiles' FLOP at 1/132 of the peak of its unit: 67 TFLOP/s of float32 FFMA, 989 of
+float16 and 494 of TF32 tensor cores, slowed when fewer than 4 warps, one per scheduler, are
+resident) and of the traffic (A read once per column of C tiles, B once per row of them, C
+written once, at 3.35 TB/s); the larger of the two is the candidate's time, and the fastest
+wins (equal times: the fewer bytes, then the larger tile, listed first). The throughputs are
+the H100's on every architecture: only which tiles fit, and how many per SM, follow the target.
 """
 
 from __future__ import annotations
@@ -50,18 +53,23 @@ import hashlib
 import math
 from dataclasses import astuple, dataclass, fields
 
+from . import dynamic_shared
+from .dynamic_shared import BLOCK_LIMIT as ARCH_SHARED_LIMIT
+from .dynamic_shared import STATIC_LIMIT as STATIC_SHARED_LIMIT
+from .inspect import ARCHS
+
 __all__ = [
     "ARCH_SHARED_LIMIT",
     "CANDIDATES",
     "STATIC_SHARED_LIMIT",
+    "TENSOR_CORE_CANDIDATES",
     "TF32_CANDIDATES",
     "TileConfig",
     "default_config",
     "estimate",
 ]
 
-STATIC_SHARED_LIMIT = 48 * 1024  # bytes of static shared memory per block, any architecture
-ARCH_SHARED_LIMIT = {"sm_80": 163 * 1024, "sm_90": 227 * 1024}  # dynamic, with opt-in
+MAX_SHARED = max(ARCH_SHARED_LIMIT.values())  # no architecture gives a block more
 WARP = 32
 REGISTER_TILES = ((4, 4), (4, 8), (8, 4), (8, 8))  # (thread_m, thread_n) the SIMT kernel supports
 STAGED_BYTES = {"float32": 4, "float16": 2, "tf32": 4}
@@ -77,7 +85,6 @@ FP16_TENSOR_FLOPS = 989e12  # dense float16 on tensor cores, float32 accumulatio
 TF32_TENSOR_FLOPS = 494e12  # dense TF32 on tensor cores (half the float16 rate)
 DRAM_BYTES_PER_S = 3.35e12
 SM_REGISTERS = 65536
-SM_SHARED = 228 * 1024  # per SM usable by blocks (sm_90), each block also reserves 1 KiB
 SM_WARPS = 64
 SM_BLOCKS = 32
 
@@ -140,12 +147,25 @@ class TileConfig:
                         f"TileConfig {name} must be a multiple of {step} for {self.dtype} "
                         f"tensor-core tiles (mma {shape}), got {getattr(self, name)}"
                     )
-        if self.shared_bytes > STATIC_SHARED_LIMIT:
+        if self.shared_bytes > (STATIC_SHARED_LIMIT if self.dtype == "float32" else MAX_SHARED):
             raise ValueError(
                 f"TileConfig {self.tile_m}x{self.tile_n}x{self.tile_k} with {self.num_stages} "
-                f"stages needs {self.shared_bytes} B of shared memory; the kernels use static "
-                f"shared memory, limited to {STATIC_SHARED_LIMIT} B per block"
+                f"stages needs {self.shared_bytes} B of shared memory; "
+                + (
+                    f"the SIMT kernel's tiles are static shared memory, limited to "
+                    f"{STATIC_SHARED_LIMIT} B per block"
+                    if self.dtype == "float32"
+                    else f"no architecture gives a block more than {MAX_SHARED} B"
+                )
             )
+
+    def fits(self, arch: str | None = None) -> bool:
+        """Whether ``arch`` (None: the device kernels run on) can run this config's kernel: 48
+        KiB of static arrays for the SIMT kernel, the architecture's limit of dynamic shared
+        memory for the tensor-core kernels."""
+        if self.dtype == "float32":
+            return self.shared_bytes <= STATIC_SHARED_LIMIT
+        return self.shared_bytes <= dynamic_shared.limit(arch)
 
     def _check_simt_layout(self) -> None:
         threads = self.threads
@@ -189,8 +209,8 @@ class TileConfig:
 
     @property
     def shared_bytes(self) -> int:
-        """Static shared memory of the kernel: the A and B rings, plus the SIMT kernel's float32
-        bias row (the tensor-core kernel's own extras are its to count)."""
+        """Shared memory of the kernel: the A and B rings (the tensor-core kernels' dynamic
+        shared memory), plus the SIMT kernel's float32 bias row (static arrays)."""
         ring = self.num_stages * (self.tile_m + self.tile_n) * self.tile_k
         bias_row = self.tile_n * 4 if self.dtype == "float32" else 0
         return ring * self.staged_itemsize + bias_row
@@ -238,10 +258,11 @@ def estimated_registers(config: TileConfig) -> int:
     return tm * tn + tm * 4 + tn + 24
 
 
-def blocks_per_sm(config: TileConfig) -> int:
+def blocks_per_sm(config: TileConfig, arch: str = "sm_90") -> int:
     regs = -(-estimated_registers(config) * WARP // 256) * 256  # per warp, in units of 256
     by_regs = SM_REGISTERS // (regs * config.num_warps)
-    by_smem = SM_SHARED // (config.shared_bytes + 1024)
+    sm = ARCHS.get(arch, ARCHS["sm_90"])  # shared memory per SM, and the per-block reserve
+    by_smem = sm.max_shared // (config.shared_bytes + sm.reserved_shared)
     return max(0, min(by_regs, by_smem, SM_WARPS // config.num_warps, SM_BLOCKS))
 
 
@@ -269,9 +290,12 @@ def traffic_bytes(m: int, n: int, k: int, batch: int, config: TileConfig, itemsi
     return batch * itemsize * (m * k * cols + k * n * rows + m * n)
 
 
-def estimate(m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: int = 4):
-    """The analytic model's estimate for ``config`` on a ``batch`` of ``(m, k) @ (k, n)``."""
-    resident = blocks_per_sm(config)
+def estimate(
+    m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: int = 4, arch: str = "sm_90"
+):
+    """The analytic model's estimate for ``config`` on a ``batch`` of ``(m, k) @ (k, n)``
+    (blocks per SM from ``arch``'s shared memory per SM)."""
+    resident = blocks_per_sm(config, arch)
     tiles = batch * -(-m // config.tile_m) * -(-n // config.tile_n)
     per_sm = -(-tiles // SMS)  # blocks the busiest SM runs, `resident` at a time
     waves = max(1, -(-per_sm // max(resident, 1)))
@@ -286,22 +310,35 @@ def estimate(m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: i
     return Estimate(config, tiles, waves, resident, nbytes, compute, nbytes / DRAM_BYTES_PER_S)
 
 
-# float16: the tensor-core kernel's tile, the shape of the expert kernels (128 x 128 x 32, 4
-# warps of 64 x 64, 3 stages: 4.0 HMMA per ldmatrix, 48 KiB of shared memory)
+# float16 (and bfloat16): the tensor-core kernel's tiles, in dynamic shared memory. The anchor's
+# 128 x 128 x 32 (4 warps of 64 x 64, 3 stages: 4.0 HMMA per ldmatrix, 48 KiB) is the default
+# where nothing larger pays; 128 x 256 and 256 x 128 (8 warps of 64 x 64, 72 KiB) read A or B
+# half as often; CUTLASS's Ampere tile, 256 x 128 x 64 in 3 stages (144 KiB), also halves the
+# barriers per k, where the architecture holds it (sm_80, sm_90; not sm_86 or sm_89); a 4th
+# stage keeps one more tile in flight.
 TENSOR_CORE_DEFAULT = TileConfig(128, 128, 32, 4, 3, dtype="float16")
+TENSOR_CORE_CANDIDATES = (
+    TileConfig(256, 128, 64, 8, 3, dtype="float16"),
+    TileConfig(128, 256, 32, 8, 3, dtype="float16"),
+    TileConfig(256, 128, 32, 8, 3, dtype="float16"),
+    TileConfig(128, 256, 32, 8, 4, dtype="float16"),
+    TileConfig(128, 128, 32, 4, 4, dtype="float16"),
+    TENSOR_CORE_DEFAULT,
+)
 
-
-# float32 with precision="tf32": the TF32 tensor-core kernel's tiles, 128 x 128 x 16 (8 warps of
-# 64 x 32, 3 stages, 48 KiB: 164 registers; 4 warps of 64 x 64 spill) and 128 x 64 x 16 (4 warps)
+# float32 with precision="tf32": the TF32 tensor-core kernel's tiles, 4 warps of 64 x 64 (the
+# float16 arrangement: twice the mma per fragment loaded of 8 warps of 64 x 32), 128 x 128 x 32
+# (96 KiB) and x 16 (48 KiB), and 128 x 64 x 16
 TF32_CANDIDATES = (
-    TileConfig(128, 128, 16, 8, 3, dtype="tf32"),
+    TileConfig(128, 128, 32, 4, 3, dtype="tf32"),
+    TileConfig(128, 128, 16, 4, 3, dtype="tf32"),
     TileConfig(128, 64, 16, 4, 3, dtype="tf32"),
 )
 
 # Every config the matmul ops choose among: the SIMT candidates (float32 tiles), then the
 # tensor-core tiles (float16 inputs; float32 inputs with precision="tf32"). The first is the
 # shipped default.
-CHOICES = (*CANDIDATES, TENSOR_CORE_DEFAULT, *TF32_CANDIDATES)
+CHOICES = (*CANDIDATES, *TENSOR_CORE_CANDIDATES, *TF32_CANDIDATES)
 PRECISIONS = (None, "tf32")
 
 
@@ -317,26 +354,32 @@ def tile_dtype(dtype="float32", precision: str | None = None) -> str:
 
 def score(
     config: TileConfig, m: int, n: int, k: int, batch: int = 1, dtype="float32",
-    precision: str | None = None,
+    precision: str | None = None, arch: str | None = None,
 ) -> float:  # fmt: skip
     """The model's seconds for ``config`` on this problem, inf where the inputs cannot use its
     tiles (:func:`tile_dtype`: float16 inputs take the tensor-core tile, float32 the SIMT ones,
-    or the TF32 ones with ``precision="tf32"``); equal times are told apart by the bytes moved
-    (a picosecond per gigabyte)."""
-    if config.dtype != tile_dtype(dtype, precision):
+    or the TF32 ones with ``precision="tf32"``) or ``arch`` (None: the device kernels run on,
+    :func:`tessera_tile.dynamic_shared.arch`) cannot hold them; equal times are told apart by
+    the bytes moved (a picosecond per gigabyte)."""
+    if config.dtype != tile_dtype(dtype, precision) or not config.fits(arch):
         return math.inf
     item = 2 if config.dtype == "float16" else 4
-    e = estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), config, item)
+    e = estimate(
+        max(m, 1), max(n, 1), max(k, 1), max(batch, 1), config, item,
+        arch or dynamic_shared.arch(),
+    )  # fmt: skip
     return e.seconds + e.bytes * 1e-21
 
 
 def default_config(
-    m: int, n: int, k: int, batch: int = 1, dtype: str = "float32", precision: str | None = None
-) -> TileConfig:
-    """The config the model says is fastest for this problem (see the module docstring):
-    among :data:`CANDIDATES` for float32, :data:`TENSOR_CORE_DEFAULT` for float16,
-    :data:`TF32_CANDIDATES` for float32 with ``precision="tf32"``."""
-    return min(CHOICES, key=lambda c: score(c, m, n, k, batch, dtype, precision))
+    m: int, n: int, k: int, batch: int = 1, dtype: str = "float32",
+    precision: str | None = None, arch: str | None = None,
+) -> TileConfig:  # fmt: skip
+    """The config the model says is fastest for this problem on ``arch`` (None: the device
+    kernels run on; see the module docstring): among :data:`CANDIDATES` for float32,
+    :data:`TENSOR_CORE_CANDIDATES` for float16 and bfloat16, :data:`TF32_CANDIDATES` for
+    float32 with ``precision="tf32"``."""
+    return min(CHOICES, key=lambda c: score(c, m, n, k, batch, dtype, precision, arch))
 
 
 def waves_text(e: Estimate) -> str:

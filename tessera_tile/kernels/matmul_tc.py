@@ -162,7 +162,7 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     act = _identity if activation is None else activation
     # Flat shared rings: stage s of A is sa[s * a_stage:], row-major tile_m x tile_k (swizzled).
     a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
-    a_ring, b_ring = stages * a_stage, stages * b_stage  # shared shapes must be constants
+    a_ring = stages * a_stage
     ck_a, ck_b = tile_k // CHUNK, tile_n // CHUNK  # chunks per shared row
     cp_a, cp_b = tile_copies(tile_m, ck_a, threads), tile_copies(tile_k, ck_b, threads)
     lines_a, period_a, shift_a = cp_a.lines, cp_a.period, 3 - cp_a.bits
@@ -390,8 +390,11 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
             k_step(sa, sb, a_base, b_base, 3, fa, fb, acc, a_off, b_off)
 
     def kernel(a, b, bias, c):
-        sa = cuda.shared.array(a_ring, elem, alignment=SHARED_ALIGN)
-        sb = cuda.shared.array(b_ring, elem, alignment=SHARED_ALIGN)
+        # Dynamic shared memory (the launch gives both rings: Plan.shared), so
+        # that tiles may pass the 48 KiB static arrays are held to.
+        smem = cuda.shared.array(0, elem, alignment=SHARED_ALIGN)
+        sa = smem[:a_ring]
+        sb = smem[a_ring:]
         # Local arrays indexed only by constants (loops over constants, unrolled): registers.
         acc = cuda.local.array((mt, nt, 4), float32)
         fa = cuda.local.array((mt, 4), uint32)
@@ -569,3 +572,8 @@ matmul_tc_8warps = tensor_core_matmul(128, 128, 32, 8, 3)
 matmul_tc_sync = tensor_core_matmul(128, 128, 32, 8, 2, async_copy=False)
 matmul_tc_small_bias = tensor_core_matmul(32, 32, 16, 1, 2, has_bias=True)
 matmul_bf16_anchor = tensor_core_matmul(bf16=True)  # the anchor's tile on bfloat16
+# The larger tiles of tile_config.TENSOR_CORE_CANDIDATES (dynamic shared memory past 48 KiB):
+# CUTLASS's Ampere tile, the model's choice at 4096^3 on sm_80 and sm_90 (144 KiB), and the
+# 72 KiB one where that does not fit (sm_86, sm_89); both 8 warps of 64 x 64.
+matmul_tc_256x128x64 = tensor_core_matmul(256, 128, 64, 8, 3)
+matmul_tc_128x256 = tensor_core_matmul(128, 256, 32, 8, 3)

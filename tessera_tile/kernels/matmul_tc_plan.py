@@ -1,6 +1,7 @@
 """Launches of the tensor-core matmul kernels (:mod:`.matmul_tc`, float16; :mod:`.matmul_tf32`,
-float32 as TF32), on the host: grid, block and global bytes (:func:`plan`), and the checks of
-their operands (:func:`check_operands`; :func:`aligned_rows`, what the ``cp.async`` path needs).
+float32 as TF32), on the host: grid, block, dynamic shared memory and global bytes
+(:func:`plan`; :meth:`Plan.launch` launches with them), and the checks of their operands
+(:func:`check_operands`; :func:`aligned_rows`, what the ``cp.async`` path needs).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _arrays
+from .. import _arrays, dynamic_shared
 from .tc_tiles import TensorCoreConfig
 
 __all__ = ["Plan", "aligned_rows", "check_operands", "plan"]
@@ -26,14 +27,20 @@ class Plan(NamedTuple):
     bytes_b: int  # B once per row of output tiles
     bytes_bias: int  # each warp reads its columns' bias once (warps_m times per block column)
     bytes_c: int  # C written once
+    shared: int  # bytes of dynamic shared memory: the A and B rings
 
     @property
     def bytes_total(self) -> int:
         return self.bytes_a + self.bytes_b + self.bytes_bias + self.bytes_c
 
+    def launch(self, kernel, *args, stream=0) -> None:
+        """``kernel[grid, block, stream, shared](*args)``, opted in to its shared memory."""
+        dynamic_shared.launch(kernel, self.grid, self.block, self.shared, args, stream)
+
 
 def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = _DEFAULT) -> Plan:
-    """Grid, block and the global bytes a launch reads and writes for ``(batch, m, n, k)``
+    """Grid, block, dynamic shared memory and the global bytes a launch reads and writes for
+    ``(batch, m, n, k)``
     (``config``: by default the float16 anchor, :data:`.matmul_tc.ANCHOR`).
 
     A grid with a zero extent means nothing to launch (batch, M or N is 0).
@@ -52,6 +59,7 @@ def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = _DEFAULT
         bytes_b=item * batch * k * n * tiles_m,
         bytes_bias=bias,
         bytes_c=item * batch * m * n,
+        shared=config.shared_bytes,
     )
 
 

@@ -11,11 +11,13 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _config
+from ..dynamic_shared import BLOCK_LIMIT
 from ..sim import compat
 
 __all__ = [
     "CHUNK",
     "INLINE",
+    "MAX_SHARED",
     "MAX_STATIC_SHARED",
     "WARP_SIZE",
     "TensorCoreConfig",
@@ -25,7 +27,8 @@ __all__ = [
 
 WARP_SIZE = 32
 CHUNK = 8  # float16 per 16-byte chunk (one cp.async, one ldmatrix row)
-MAX_STATIC_SHARED = 48 * 1024
+MAX_STATIC_SHARED = 48 * 1024  # static arrays, every architecture
+MAX_SHARED = max(BLOCK_LIMIT.values())  # dynamic, opted in: the most any architecture allows
 
 # The main loop's pieces are inlined so that fragments and accumulators stay constant-indexed
 # registers and stage offsets constants: by NVVM (alwaysinline: each piece is typed once) when
@@ -99,7 +102,17 @@ class TensorCoreConfig(NamedTuple):
 
     @property
     def warps_m(self) -> int:
-        return 2 if self.num_warps >= 2 and self.tile_m // 2 >= 16 else 1
+        """Warp rows: the arrangement whose warp tiles are the squarest (each fragment loaded
+        feeds the most mma: 256 x 128 with 8 warps is 4 x 2 warps of 64 x 64), ties to 2 rows
+        where they split (128 x 128 with 8 warps: 2 x 4 of 64 x 32)."""
+        usual = 2 if self.num_warps >= 2 and self.tile_m // 2 >= 16 else 1
+        fits = [
+            w for w in (1, 2, 4, 8)
+            if self.num_warps % w == 0 and self.tile_m % (16 * w) == 0
+            and self.tile_n % (16 * (self.num_warps // w)) == 0
+        ]  # fmt: skip
+        shortest = {w: min(self.tile_m // w, self.tile_n * w // self.num_warps) for w in fits}
+        return max(fits, key=lambda w: (shortest[w], w == usual), default=usual)
 
     @property
     def warps_n(self) -> int:
@@ -153,12 +166,12 @@ class TensorCoreConfig(NamedTuple):
             # B fragments are LDS.64 of 4 k-rows x 16 columns: conflict free when the
             # swizzle spreads each row's 8 chunks over a whole 128-byte line (matmul_tf32's doc)
             raise ValueError(f"tile_n must be at least 32 for TF32 tiles, got {self.tile_n}")
-        if self.shared_bytes > MAX_STATIC_SHARED:
+        if self.shared_bytes > MAX_SHARED:
             what = "float32" if self.tf32 else "float16"
             raise ValueError(
                 f"{self.num_stages} stages of {self.tile_m}x{self.tile_k} + "
                 f"{self.tile_k}x{self.tile_n} {what} tiles need {self.shared_bytes} B of shared "
-                f"memory, over the {MAX_STATIC_SHARED} B static limit"
+                f"memory; no architecture gives a block more than {MAX_SHARED} B"
             )
         if activation is not None and not compat.is_device_function(activation):
             raise TypeError(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _arrays as arrays
+from .. import dynamic_shared
 from ..autotune import autotune
 from ..kernels import matmul_tc as tc
 from ..kernels import matmul_tf32 as tf32
@@ -73,6 +74,11 @@ def _check_config(config) -> TileConfig | None:
     if not isinstance(config, TileConfig):
         raise TypeError(f"config must be a TileConfig or None, got {type(config).__name__}")
     c = config
+    if not config.fits():
+        raise ValueError(
+            f"config {config} needs {config.shared_bytes} B of shared memory; a block may use "
+            f"{dynamic_shared.limit()} B on this device ({dynamic_shared.arch()})"
+        )
     if config.dtype == "float16":  # the tensor-core kernels' own limits
         tc.tensor_core_matmul(c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages)
     elif config.dtype == "tf32":

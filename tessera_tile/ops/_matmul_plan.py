@@ -67,6 +67,7 @@ class KernelChoice:
     threads: int
     signature: str
     reasons: tuple[str, ...]
+    shared: int = 0  # bytes of dynamic shared memory (the tensor-core kernels' rings)
 
     def grid(self, m: int, n: int, z: int) -> tuple[int, int, int]:
         c = self.config
@@ -110,7 +111,9 @@ def choose_kernel(
                 "with 10 mantissa bits, the low 13 ignored; float32 accumulation)"
             )
             signature = f"void({', '.join(types)})"
-            return KernelChoice(kernel, config, config.threads, signature, tuple(reasons))
+            return KernelChoice(
+                kernel, config, config.threads, signature, tuple(reasons), config.shared_bytes
+            )
         reasons.append(
             "precision='tf32' asked for, but "
             + ("an operand's inner axis is strided" if tensor_rows is None else
@@ -137,7 +140,9 @@ def choose_kernel(
             async_copy=tensor_rows == "aligned", bf16=dtype == BFLOAT16,
         )  # fmt: skip
         signature = f"void({', '.join(types)})"
-        return KernelChoice(kernel, config, config.threads, signature, tuple(reasons))
+        return KernelChoice(
+            kernel, config, config.threads, signature, tuple(reasons), config.shared_bytes
+        )
     if dtype == np.float16:
         reasons.append(
             "float16 on the float32 SIMT kernel (staged and accumulated in float32, rounded "
@@ -334,7 +339,11 @@ class Product(HandWritten):
             )
             grid = choice.grid(self.m, self.n, count)
             params = (va, vb, bias, vc)
-            out.append(KernelLaunch(choice.kernel, grid, choice.threads, params, choice.signature))
+            out.append(
+                KernelLaunch(
+                    choice.kernel, grid, choice.threads, params, choice.signature, choice.shared
+                )
+            )
         return out
 
     # reports --------------------------------------------------------------------------------
@@ -396,7 +405,8 @@ class Product(HandWritten):
     def report(self) -> Report:
         launches, reasons = self.explain_parts()
         chosen = [] if self.empty else distinct(
-            KernelLaunch(c.kernel, None, c.threads, (), c.signature) for *_, c in launches
+            KernelLaunch(c.kernel, None, c.threads, (), c.signature, c.shared)
+            for *_, c in launches
         )  # fmt: skip
         # the config the kernel runs with (float16 on unaligned rows: TC_UNALIGNED)
         fused = self.predicted_bytes(launches[0][3].config if launches else self.tile_config())

@@ -17,6 +17,7 @@ class Case:
     budget: dict[str, int]  # arch -> maximum registers
     block: int = 256
     opcodes: dict[str, int] = field(default_factory=dict)  # opcode prefix -> minimum count
+    dynamic_shared: int = 0  # bytes the launch gives (the tensor-core kernels' rings)
 
     @property
     def id(self) -> str:
@@ -73,6 +74,14 @@ CASES = [
         "void(float32[:, ::1], float32[:, ::1])",
         budget={"sm_80": 33, "sm_90": 35},
         opcodes={"LDG.E.128": 1, "STG.E.128": 1, "STS.128": 1},
+    ),
+    Case(
+        "examples/large_shared_tile",
+        "panel_cumsum",
+        "void(float32[:, ::1], float32[:, ::1])",
+        budget={"sm_80": 40, "sm_90": 40},
+        opcodes={"LDS": 1, "STS": 1, "BAR": 1},
+        dynamic_shared=64 * 1024,
     ),
     Case(
         "examples/row_reductions",
@@ -220,6 +229,7 @@ CASES = [
         {"sm_80": 232, "sm_90": 232},
         128,
         {"HMMA.16816.F32": 64, "LDSM": 16, "LDGSTS.E.BYPASS.128": 8},
+        dynamic_shared=49152,
     ),  # fmt: skip
     Case(
         "tessera_tile.kernels.matmul_tc",
@@ -228,6 +238,7 @@ CASES = [
         {"sm_80": 136, "sm_90": 136},
         256,
         {"HMMA.16816.F32": 32, "LDSM": 12, "LDGSTS.E.BYPASS.128": 4},
+        dynamic_shared=49152,
     ),  # fmt: skip
     Case(
         "tessera_tile.kernels.matmul_tc",
@@ -236,6 +247,7 @@ CASES = [
         {"sm_80": 176, "sm_90": 176},
         256,
         {"HMMA.16816.F32": 32, "LDSM": 12, "STS.128": 2},
+        dynamic_shared=32768,
     ),  # fmt: skip
     Case(
         "tessera_tile.kernels.matmul_tc",
@@ -244,6 +256,7 @@ CASES = [
         {"sm_80": 232, "sm_90": 232},
         128,
         {"HMMA.16816.F32.BF16": 64, "LDSM": 16, "LDGSTS.E.BYPASS.128": 8},
+        dynamic_shared=49152,
     ),  # fmt: skip
     Case(
         "tessera_tile.kernels.matmul_tc",
@@ -252,6 +265,34 @@ CASES = [
         {"sm_80": 80, "sm_90": 80},
         32,
         {"HMMA.16816.F32": 8, "LDSM": 4, "LDGSTS.E.BYPASS.128": 2},
+        dynamic_shared=4096,
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tc",
+        "matmul_tc_256x128x64",
+        F16_MM,
+        {"sm_80": 244, "sm_90": 244},
+        256,
+        {"HMMA.16816.F32": 128, "LDSM": 32, "LDGSTS.E.BYPASS.128": 8},
+        dynamic_shared=147456,
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tc",
+        "matmul_tc_128x256",
+        F16_MM,
+        {"sm_80": 236, "sm_90": 236},
+        256,
+        {"HMMA.16816.F32": 64, "LDSM": 16, "LDGSTS.E.BYPASS.128": 4},
+        dynamic_shared=73728,
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul_tf32",
+        "matmul_tf32_wide",
+        BATCHED,
+        {"sm_80": 248, "sm_90": 248},
+        128,
+        {"HMMA.1688.F32.TF32": 128, "LDSM": 16, "LDGSTS.E.BYPASS.128": 8},
+        dynamic_shared=98304,
     ),  # fmt: skip
     Case(
         "tessera_tile.kernels.matmul_tf32",
@@ -260,6 +301,7 @@ CASES = [
         {"sm_80": 176, "sm_90": 176},
         256,
         {"HMMA.1688.F32.TF32": 32, "LDSM": 8, "LDGSTS.E.BYPASS.128": 4, "STG.E.64": 32},
+        dynamic_shared=49152,
     ),  # fmt: skip
     Case(
         "tessera_tile.kernels.matmul_tf32",
@@ -268,6 +310,7 @@ CASES = [
         {"sm_80": 176, "sm_90": 176},
         128,
         {"HMMA.1688.F32.TF32": 32, "LDSM": 8, "LDGSTS.E.BYPASS.128": 6},
+        dynamic_shared=36864,
     ),  # fmt: skip
     Case(
         "tessera_tile.kernels.matmul_tf32",
@@ -276,6 +319,7 @@ CASES = [
         {"sm_80": 136, "sm_90": 136},
         32,
         {"HMMA.1688.F32.TF32": 16, "LDSM": 4, "LDGSTS.E.BYPASS.128": 8},
+        dynamic_shared=8192,
     ),  # fmt: skip
     Case(
         "tessera_tile.kernels.matmul_tf32",
@@ -284,6 +328,7 @@ CASES = [
         {"sm_80": 176, "sm_90": 176},
         256,
         {"HMMA.1688.F32.TF32": 32, "LDSM": 8, "LDGSTS.E.BYPASS.128": 4},
+        dynamic_shared=49152,
     ),  # fmt: skip
     # The float32 SIMT flash attention, default configs: every head dim, causal or not, 16-byte
     # cp.async (aligned rows) or 4-byte copies (any strides); 0 spills in every case.

@@ -35,12 +35,15 @@ def kernels_in(module) -> set[str]:
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_kernel_compiles_within_budget(case, arch, record_property):
     kernel = getattr(resolve(case.source), case.kernel)
-    report = inspect.compile(kernel, case.signature, arch=arch, block=case.block)
+    report = inspect.compile(
+        kernel, case.signature, arch=arch, block=case.block, dynamic_shared=case.dynamic_shared
+    )
     record_property(
         "resources",
         f"{case.id:45} {arch}  regs {report.registers:3} (budget {case.budget[arch]:3})  "
         f"spills {report.spill_stores + report.spill_loads}  stack {report.stack_bytes}  "
-        f"smem {report.shared_bytes:5} B  instr {report.instructions:5}  "
+        f"smem {report.shared_bytes:5} B + {report.dynamic_shared_bytes:6} B dynamic  "
+        f"instr {report.instructions:5}  "
         f"occupancy {report.occupancy:4.0%}",
     )
     assert report.spill_stores == 0 and report.spill_loads == 0, report

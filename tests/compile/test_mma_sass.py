@@ -11,6 +11,7 @@ from numba.types import float16
 from tessera_tile import inspect, mma
 from tessera_tile.kernels import matmul_tc as tc
 from tessera_tile.kernels import matmul_tf32 as tf
+from tessera_tile.tile_config import default_config
 
 ARCHS = ("sm_80", "sm_90")
 MATMUL_SIG = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
@@ -111,20 +112,25 @@ def test_every_fragment_compiles_to_tensor_core_instructions(arch):
     assert report.histogram.get("STS", 0) >= 1, report  # the 4-byte shared pair store
 
 
-# (kernel, HMMA per k-tile and warp, HMMA-per-LDSM floor, instructions-per-HMMA ceiling or None);
-# 128 x 128 x 32 block tiles: 4 warps issue 64 HMMA each per k-tile, 8 warps 32, so the block
-# has 128 * 64 / per_tile threads.
+# (kernel, threads, HMMA per k-tile and warp, k16 steps per k-tile, HMMA-per-LDSM floor,
+# instructions-per-HMMA ceiling or None): warp tiles of 64 x 64 issue 32 HMMA per k16 step,
+# of 64 x 32 16
 MAIN_LOOPS = [
-    (tc.matmul_tc_anchor, 64, 4.0, 2.5),  # CUDA C++ 4.0 and 2.0; Triton 4.0 and 2.9
-    (tc.matmul_tc_8warps, 32, 32 / 12, None),  # CUDA C++ 2.67 and 2.4; Triton 2.67 and 3.8
+    (tc.matmul_tc_anchor, 128, 64, 2, 4.0, 2.5),  # CUDA C++ 4.0 and 2.0; Triton 4.0 and 2.9
+    (tc.matmul_tc_8warps, 256, 32, 2, 32 / 12, None),  # CUDA C++ 2.67, 2.4; Triton 2.67, 3.8
+    (tc.matmul_tc_256x128x64, 256, 128, 4, 4.0, 2.2),  # the default at 4096^3 (sm_80, sm_90)
+    (tc.matmul_tc_128x256, 256, 64, 2, 4.0, None),
 ]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize(("kernel", "per_tile", "floor", "ceiling"), MAIN_LOOPS,
-                         ids=["4-warps", "8-warps"])  # fmt: skip
-def test_main_loop(kernel, per_tile, floor, ceiling, arch, record_property):
-    report = inspect.compile(kernel, MATMUL_SIG, arch=arch, block=128 * 64 // per_tile)
+@pytest.mark.parametrize(
+    ("kernel", "threads", "per_tile", "k_steps", "floor", "ceiling"),
+    MAIN_LOOPS,
+    ids=["4-warps", "8-warps", "256x128x64", "128x256"],
+)
+def test_main_loop(kernel, threads, per_tile, k_steps, floor, ceiling, arch, record_property):
+    report = inspect.compile(kernel, MATMUL_SIG, arch=arch, block=threads)
     assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
     loop, hmma, ldsm, scalar_lds = loop_facts(report)
     tiles = hmma // per_tile  # the loop is unrolled over the stages
@@ -142,8 +148,34 @@ def test_main_loop(kernel, per_tile, floor, ceiling, arch, record_property):
     )
     if ceiling is not None:
         assert per_hmma <= ceiling, f"{per_hmma:.2f} instructions per HMMA: {loop.key_opcodes()}"
-    # the epilogue stores C two float16 at a time (f16x2), never one
-    assert report.count("STG.E.U16") == 0 and report.count("STG.E") >= hmma // tiles, report
+    # the epilogue stores C two float16 at a time (f16x2), never one: 2 per 16 x 8 C tile
+    stores = 2 * per_tile // k_steps
+    assert report.count("STG.E.U16") == 0 and report.count("STG.E") >= stores, report
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_default_float16_tile_at_4096_cubed(arch, record_property):
+    """The model's tile for a 4096^3 float16 product is larger than 128 x 128 where the
+    architecture's shared memory allows it, and its main loop runs at most 2.2 instructions per
+    HMMA (CUDA C++ 2.0, Triton 2.9, the 128 x 128 anchor 2.3), 0 spills, in dynamic shared
+    memory within the architecture's limit."""
+    cfg = default_config(4096, 4096, 4096, dtype="float16", arch=arch)
+    assert cfg.tile_m * cfg.tile_n > 128 * 128 and cfg.shared_bytes > 48 * 1024
+    kernel = tc.tensor_core_matmul(cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.num_warps,
+                                   cfg.num_stages)  # fmt: skip
+    report = inspect.compile(
+        kernel, MATMUL_SIG, arch, block=cfg.threads, dynamic_shared=cfg.shared_bytes
+    )
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    loop, hmma, ldsm, _ = loop_facts(report)
+    per_hmma = loop.instructions / hmma
+    record_property(
+        "resources",
+        f"default 4096^3 float16 on {arch}: {cfg}, {cfg.shared_bytes} B dynamic shared, regs "
+        f"{report.registers}, HMMA/LDSM {hmma / ldsm:.2f}, instr/HMMA {per_hmma:.2f} (CUDA C++ "
+        "2.0, Triton 2.9)",
+    )
+    assert hmma / ldsm >= 4.0 and per_hmma <= 2.2, loop.key_opcodes()
 
 
 BF16_SIG = "void(uint16[:, :, ::1], uint16[:, :, ::1], float32[::1], uint16[:, :, ::1])"
@@ -179,31 +211,34 @@ def test_fallback_loads_synchronously(arch):
 # cp.async copies' address and guard arithmetic costs the same per k-tile.
 TF32_TRITON = 2.66
 
-# (kernel, threads, HMMA per k-tile and warp, instructions-per-HMMA ceiling): a k-tile of 16 is
-# 2 k8 steps; per k8 step and 16 x 16 of the warp tile, 1 ldmatrix.x4 (A) and per 16 columns 2
+# (kernel, threads, HMMA per k-tile and warp, k8 steps per k-tile, instructions-per-HMMA
+# ceiling): per k8 step and 16 x 16 of the warp tile, 1 ldmatrix.x4 (A) and per 16 columns 2
 # LDS.64 (B, the swapped mma's A fragment)
 TF32_LOOPS = [
-    (tf.matmul_tf32_anchor, 256, 32, 3.7),  # 128 x 128 x 16, 8 warps of 64 x 32
-    (tf.matmul_tf32_4warps, 128, 32, 3.7),  # 128 x 64 x 16, 4 warps of 64 x 32
-    (tf.linear_tf32_gelu_bias, 256, 32, 3.7),  # the default tile with bias + exact gelu
-    (tf.tf32_matmul(128, 128, 16, 4, 3), 128, 64, 2.7),  # 4 warps of 64 x 64: the issue's bar
+    (tf.matmul_tf32_anchor, 256, 32, 2, 3.7),  # 128 x 128 x 16, 8 warps of 64 x 32
+    (tf.matmul_tf32_4warps, 128, 32, 2, 3.7),  # 128 x 64 x 16, 4 warps of 64 x 32
+    (tf.linear_tf32_gelu_bias, 256, 32, 2, 3.7),  # 128 x 128 x 16 with bias + exact gelu
+    (tf.tf32_matmul(128, 128, 16, 4, 3), 128, 64, 2, 2.7),  # 4 warps of 64 x 64
+    (tf.matmul_tf32_wide, 128, 128, 4, 2.7),  # the model's first choice: the issue's bar
 ]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize(("kernel", "threads", "per_tile", "ceiling"), TF32_LOOPS,
-                         ids=["8-warps", "4-warps", "gelu", "4-warps-64x64"])  # fmt: skip
-def test_tf32_main_loop(kernel, threads, per_tile, ceiling, arch, record_property):
+@pytest.mark.parametrize(("kernel", "threads", "per_tile", "k_steps", "ceiling"), TF32_LOOPS,
+                         ids=["8-warps", "4-warps", "gelu", "4-warps-64x64", "wide"])  # fmt: skip
+def test_tf32_main_loop(kernel, threads, per_tile, k_steps, ceiling, arch, record_property):
     report = inspect.compile(kernel, TF32_SIG, arch=arch, block=threads)
     assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
     loop, hmma, ldsm, scalar_lds = loop_facts(report)
     tiles = hmma // per_tile  # the loop is unrolled over the stages
     assert hmma == per_tile * tiles and tiles >= 1, loop.key_opcodes()
     assert loop.count("HMMA.1688.F32.TF32") == hmma
-    assert ldsm == 8 * tiles, loop.key_opcodes()  # A only: 64 rows, 4 ldmatrix.x4 per k8 step
+    # A only: 64 rows, 4 ldmatrix.x4 per k8 step
+    assert ldsm == 4 * k_steps * tiles, loop.key_opcodes()
     # B: 8-byte loads only (no 32-bit scalar ones), two per 16 columns and k8 step
     assert all(i.opcode == "LDS.64" for i in scalar_lds), scalar_lds
-    assert len(scalar_lds) == 8 * (per_tile // 32) * tiles, loop.key_opcodes()
+    columns = 8 * per_tile // k_steps // 4  # the warp tile's: 4 mma rows of 16, n8 tiles
+    assert len(scalar_lds) == 2 * (columns // 16) * k_steps * tiles, loop.key_opcodes()
     assert loop.count("BAR.SYNC") == tiles, loop.key_opcodes()  # one barrier per k-tile
     assert loop.count("LDGSTS.E.BYPASS.128") >= tiles, loop.key_opcodes()
     per_hmma = loop.instructions / hmma
@@ -218,9 +253,8 @@ def test_tf32_main_loop(kernel, threads, per_tile, ceiling, arch, record_propert
     )
     assert per_hmma <= ceiling, f"{per_hmma:.2f} instructions per HMMA: {loop.key_opcodes()}"
     # the epilogue stores C two float32 at a time (8 bytes), never one
-    assert report.count("STG.E.64") >= hmma // tiles and report.histogram.get("STG.E", 0) == 0, (
-        report
-    )
+    stores = 2 * per_tile // k_steps  # 2 per 16 x 8 C tile
+    assert report.count("STG.E.64") >= stores and report.histogram.get("STG.E", 0) == 0, report
 
 
 @cuda.jit

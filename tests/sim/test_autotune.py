@@ -210,7 +210,9 @@ def test_tuned_ops_choose_tile_configs_with_the_analytic_model():
 
     x, w = a.astype(np.float16), b.astype(np.float16)
     bias = np.linspace(-1, 1, 33).astype(np.float16)
-    assert tuned.linear.choose(x, w, bias, "relu") == tile_config.TENSOR_CORE_DEFAULT
+    chosen = tuned.linear.choose(x, w, bias, "relu")
+    assert chosen == tile_config.default_config(70, 33, 40, dtype="float16")
+    assert chosen in tile_config.TENSOR_CORE_CANDIDATES
     expected = np.maximum(x.astype(np.float32) @ w.astype(np.float32) + bias, 0)
     got = tuned.linear(x, w, bias, "relu").astype(np.float32)
     np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)  # float16 result rounding

@@ -41,7 +41,7 @@ def run(a, b, bias, *, side, async_copy, has_bias=False, activation=None, **cfg)
     config = tc.TensorCoreConfig(**cfg, has_bias=has_bias, async_copy=async_copy, bf16=True)
     p = tc.plan(batch, m, n, k, config)
     args = on(side, a.view(np.uint16), b.view(np.uint16), bias.view(np.uint16), c)
-    kernel[p.grid, p.block](*args)
+    p.launch(kernel, *args)
     got = args[3] if side == "host" else args[3].copy_to_host()
     return got.view(BF16)
 

@@ -8,6 +8,7 @@ import pytest
 
 import tessera_tile as tt
 from tessera_tile import TileConfig
+from tessera_tile.inspect import ARCHS
 from tessera_tile.tile_config import (
     CANDIDATES,
     STATIC_SHARED_LIMIT,
@@ -84,13 +85,30 @@ def test_bad_configs_raise_naming_the_field(kwargs, error, words):
         TileConfig(**kwargs)
 
 
-def test_shared_memory_limit_is_the_static_one():
-    # 128 x 128 x 16 in 3 float32 stages is 48 KiB of rings alone: within the architectures'
-    # dynamic limits, beyond what static cuda.shared.array can hold with the bias row.
-    with pytest.raises(ValueError, match=str(STATIC_SHARED_LIMIT)):
+def test_shared_memory_limits():
+    # The SIMT kernel's tiles are static arrays: 128 x 128 x 16 in 3 float32 stages is 48 KiB
+    # of rings alone, beyond the static limit with the bias row.
+    with pytest.raises(ValueError, match=f"static shared memory, limited to {STATIC_SHARED_LIMIT}"):
         TileConfig(128, 128, 16, 8, 3)
     assert TileConfig(128, 128, 16, 8, 2).shared_bytes <= STATIC_SHARED_LIMIT
-    assert TileConfig(128, 128, 32, 4, 3, dtype="float16").shared_bytes <= STATIC_SHARED_LIMIT
+    # The tensor-core kernels' dynamic shared memory: up to the largest architecture's limit
+    # (sm_90, 227 KiB); which architectures can run a config is fits()'s to say.
+    tf32 = TileConfig(128, 64, 32, 4, 3, dtype="tf32")  # 72 KiB
+    assert tf32.shared_bytes == 72 * 1024 and tf32.fits("sm_80") and tf32.fits("sm_86")
+    cutlass = TileConfig(256, 128, 64, 8, 3, dtype="float16")  # 144 KiB, CUTLASS's Ampere tile
+    assert [cutlass.fits(a) for a in ("sm_80", "sm_86", "sm_89", "sm_90")] == [1, 0, 0, 1]
+    with pytest.raises(ValueError, match=f"no architecture gives a block more than {227 * 1024}"):
+        TileConfig(256, 256, 64, 8, 4, dtype="float16")  # 256 KiB
+
+
+def test_default_tensor_core_tiles_follow_shape_and_architecture():
+    big = {a: default_config(4096, 4096, 4096, dtype="float16", arch=a) for a in ARCHS}
+    assert all(c.tile_m * c.tile_n > 128 * 128 and c.fits(a) for a, c in big.items())
+    # CUTLASS's 144 KiB tile where a block may hold it, a 72 KiB one where it may not
+    assert big["sm_80"] == big["sm_90"] == TileConfig(256, 128, 64, 8, 3, dtype="float16")
+    assert big["sm_86"] == big["sm_89"] == TileConfig(128, 256, 32, 8, 3, dtype="float16")
+    small = default_config(256, 256, 256, dtype="float16", arch="sm_90")
+    assert small.tile_m * small.tile_n == 128 * 128  # 4 tiles: larger ones would idle SMs
 
 
 def test_default_model_choices():
@@ -132,3 +150,17 @@ def test_batches_merge_onto_grid_z(a_shape, b_shape, launches):
     a, b = np.zeros(a_shape, np.float32), np.zeros(b_shape, np.float32)
     (stage,) = ops.matmul.explain(a, b).stages
     assert f"in {launches} launch(es)" in stage, stage
+
+
+def test_ops_refuse_a_config_over_the_devices_shared_memory():
+    """A config the device cannot hold is refused when the call is planned, naming the limit;
+    the same config runs where the architecture holds it."""
+    from tessera_tile import ops, sim
+
+    big = TileConfig(256, 128, 64, 8, 3, dtype="float16")  # 144 KiB
+    a = np.ones((3, 5), np.float16)
+    with sim.simulated_arch("sm_86"):
+        with pytest.raises(ValueError, match=f"a block may use {99 * 1024} B on this device"):
+            ops.matmul(a, a.T, config=big)
+    got = ops.matmul(a, a.T, config=big)
+    np.testing.assert_array_equal(got, np.full((3, 3), 5, np.float16))  # exact: small integers

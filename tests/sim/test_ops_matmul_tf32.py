@@ -261,7 +261,7 @@ BAD = [
     (lambda: ops.matmul(F32, W32, "tf32"), TypeError, "positional"),
     (lambda: TileConfig(32, 16, 16, 1, 2, dtype="tf32"), ValueError, "tile_n"),
     (lambda: TileConfig(32, 32, 12, 1, 2, dtype="tf32"), ValueError, "tile_k"),
-    (lambda: TileConfig(128, 128, 32, 8, 3, dtype="tf32"), ValueError, "shared memory"),
+    (lambda: TileConfig(256, 256, 32, 8, 4, dtype="tf32"), ValueError, "shared memory"),
     (
         lambda: ops.matmul(
             F32, W32, config=TileConfig(32, 32, 64, 1, 2, dtype="tf32"), precision="tf32"
