@@ -5,7 +5,8 @@ counts from real compilation, no GPU; printed, never asserted).
     python benchmarks/tensor_cores.py           # sm_80 and sm_90
     python benchmarks/tensor_cores.py sm_80
 
-Columns: registers, spills, static shared memory, and per k-tile of the main loop (the SASS loop
+Columns: registers, spills, shared memory (the kernels' rings are dynamic shared memory, given at
+launch), and per k-tile of the main loop (the SASS loop
 holding the HMMAs, unrolled over the pipeline's stages): HMMA, LDSM, HMMA per LDSM,
 instructions per HMMA and barriers (TF32: also the scalar shared loads of B, LDS).
 """
@@ -37,7 +38,11 @@ OURS = [
     ("tessera_tile (cp.async)", tc.matmul_tc_anchor, tc.ANCHOR),
     ("tessera_tile (cp.async)", tc.matmul_tc_8warps, tc.ANCHOR._replace(num_warps=8)),
     ("tessera_tile (sync fallback)", tc.matmul_tc_sync,
-     tc.ANCHOR._replace(num_warps=8, async_copy=False)),
+     tc.ANCHOR._replace(num_warps=8, num_stages=2, async_copy=False)),
+    ("tessera_tile 256x128x64 (cp.async)", tc.matmul_tc_256x128x64,
+     tc.TensorCoreConfig(256, 128, 64, 8, 3)),
+    ("tessera_tile 128x256x32 (cp.async)", tc.matmul_tc_128x256,
+     tc.TensorCoreConfig(128, 256, 32, 8, 3)),
 ]  # fmt: skip
 
 
@@ -50,6 +55,8 @@ OURS_TF32 = [
     ("tessera_tile (cp.async)", tf.matmul_tf32_4warps,
      tf.ANCHOR._replace(tile_n=64, num_warps=4)),
     ("tessera_tile (+ bias, exact gelu)", tf.linear_tf32_gelu_bias, tf.ANCHOR),
+    ("tessera_tile (cp.async)", tf.matmul_tf32_wide,
+     tf.ANCHOR._replace(tile_k=32, num_warps=4)),
 ]  # fmt: skip
 
 
@@ -59,7 +66,9 @@ def tf32_table(arch: str) -> Table:
                 "HMMA/LDSM", "instr", "instr/HMMA", "BAR"):  # fmt: skip
         table.add_column(col, justify="left" if col == "kernel" else "right")
     for name, kernel, cfg in OURS_TF32:
-        r = inspect.compile(kernel, TF32_SIGNATURE, arch=arch, block=cfg.threads)
+        r = inspect.compile(
+            kernel, TF32_SIGNATURE, arch, block=cfg.threads, dynamic_shared=cfg.shared_bytes
+        )
         loop = r.loop_with("HMMA")
         hmma, ldsm = loop.count("HMMA"), loop.count("LDSM")
         lds = sum(
@@ -69,7 +78,8 @@ def tf32_table(arch: str) -> Table:
         tiles = hmma / cfg.mma_per_k_tile
         table.add_row(
             name, f"{cfg.tile_m}x{cfg.tile_n}x{cfg.tile_k}", str(cfg.num_warps), str(r.registers),
-            str(r.spill_stores + r.spill_loads), str(r.shared_bytes), f"{hmma / tiles:.0f}",
+            str(r.spill_stores + r.spill_loads), str(r.shared_bytes + r.dynamic_shared_bytes),
+            f"{hmma / tiles:.0f}",
             f"{ldsm / tiles:.0f}", f"{lds / tiles:.0f}", f"{hmma / ldsm:.2f}",
             f"{loop.instructions / tiles:.0f}", f"{loop.instructions / hmma:.2f}",
             f"{loop.count('BAR.SYNC') / tiles:.0f}",
@@ -85,18 +95,21 @@ def tf32_table(arch: str) -> Table:
 
 def main(archs) -> None:
     for arch in archs:
-        table = Table(title=f"fp16 GEMM 128x128x32, main loop per k-tile ({arch})")
+        table = Table(title=f"fp16 GEMM, main loop per k-tile ({arch})")
         for col in ("kernel", "warps", "regs", "spills", "smem B", "HMMA", "LDSM",
                     "HMMA/LDSM", "instr", "instr/HMMA", "BAR"):  # fmt: skip
             table.add_column(col, justify="left" if col == "kernel" else "right")
         for name, kernel, cfg in OURS:
-            r = inspect.compile(kernel, SIGNATURE, arch=arch, block=cfg.threads)
+            r = inspect.compile(
+                kernel, SIGNATURE, arch, block=cfg.threads, dynamic_shared=cfg.shared_bytes
+            )
             loop = r.loop_with("HMMA")
             hmma, ldsm = loop.count("HMMA"), loop.count("LDSM")
             tiles = hmma / cfg.mma_per_k_tile  # k-tiles in one pass of the loop body
             table.add_row(
                 name, str(cfg.num_warps), str(r.registers), str(r.spill_stores + r.spill_loads),
-                str(r.shared_bytes), f"{hmma / tiles:.0f}", f"{ldsm / tiles:.0f}",
+                str(r.shared_bytes + r.dynamic_shared_bytes), f"{hmma / tiles:.0f}",
+                f"{ldsm / tiles:.0f}",
                 f"{hmma / ldsm:.2f}", f"{loop.instructions / tiles:.0f}",
                 f"{loop.instructions / hmma:.2f}", f"{loop.count('BAR.SYNC') / tiles:.0f}",
             )  # fmt: skip

@@ -10,7 +10,8 @@ multi-stage ``cp.async`` pipeline.
 * ``bias``: float32 ``(N,)``, added to every row (ignored unless ``has_bias``: pass any
   1-element float32 array);
 * launch ``grid = (ceil(N / tile_n), ceil(M / tile_m), batch)`` blocks of ``32 * num_warps``
-  threads (:func:`plan` gives both and the global bytes the launch moves;
+  threads with ``Plan.shared`` bytes of dynamic shared memory (:func:`plan` gives them and the
+  global bytes the launch moves, ``plan(...).launch(kernel, a, b, bias, c)`` launches;
   :func:`check_operands` validates the arguments and says whether the cp.async kernel fits).
 
 Each block computes a ``tile_m x tile_n`` tile of one batch's ``C``; its warps split it in a
@@ -26,9 +27,10 @@ Each block computes a ``tile_m x tile_n`` tile of one batch's ``C``; its warps s
 
     -> 64 HMMA per 16 LDSM (4.0 per shared load), no scalar shared loads.
 
-Shared tiles are flat rings (stage, then a row-major tile) with 16-byte chunks XOR-swizzled
-within each 128-byte line (no padding: three stages of the 128 x 128 x 32 tiles fill exactly
-48 KiB, the static shared-memory limit). With ``C`` chunks per row, chunk ``c`` of row ``r``
+Shared tiles are flat rings (stage, then a row-major tile) in dynamic shared memory, the A
+ring then the B ring (``Plan.shared`` bytes, opted in past 48 KiB: :meth:`Plan.launch`), with
+16-byte chunks XOR-swizzled within each 128-byte line (no padding: it would cost a sixteenth
+more shared memory per stage). With ``C`` chunks per row, chunk ``c`` of row ``r``
 lives at chunk ``c ^ (reverse3((r // L) % P) >> (3 - log2 P))`` (``L = max(1, 8 // C)`` rows
 per line, ``P = min(C, 8)``, ``reverse3`` the 3-bit bit reversal): the 8 rows an ldmatrix
 phase reads (8 consecutive rows, one logical chunk) and the chunks a quarter-warp of cp.async

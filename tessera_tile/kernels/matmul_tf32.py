@@ -54,7 +54,8 @@ rows ``t`` and ``t + 4`` share the pattern, so a lane needs one offset per 16 co
 both. Both reads are conflict free (the simulator's profiler counts 0), and so are the cp.async
 writes (each quarter-warp writes 8 chunks of one row, a permutation of a line).
 
-Three stages of 128 x 16 + 16 x 128 float32 tiles fill the 48 KiB of static shared memory.
+Shared memory is dynamic, as the float16 kernel's (``plan(...).shared`` bytes, opted in past 48
+KiB): three stages of 128 x 16 + 16 x 128 float32 tiles are 48 KiB, of 128 x 32 + 32 x 128 96 KiB.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ from .tc_tiles import TensorCoreConfig
 __all__ = ["ANCHOR", "Plan", "aligned_rows", "check_operands", "plan", "tf32_matmul"]
 
 # 128 x 128 x 16, 8 warps of 64 x 32, 3 stages: 48 KiB of shared memory. (4 warps of 64 x 64,
-# the float16 kernel's arrangement, now fits in 222 registers, no spills, at 2.45 instructions
-# per HMMA against 3.55: docs/matmul.md.)
+# the float16 kernel's arrangement, fit in 221 registers, no spills, at 2.39 instructions per
+# HMMA against 3.49; the ops' first choice is that arrangement with k-tiles of 32, 2.11:
+# docs/matmul.md.)
 ANCHOR = TensorCoreConfig(128, 128, 16, 8, 3, tf32=True)
 
 

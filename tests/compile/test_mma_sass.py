@@ -206,9 +206,10 @@ def test_fallback_loads_synchronously(arch):
 
 
 # Instructions per HMMA in the main loop: Triton 3.9 compiled offline (TF32 128 x 128 x 32,
-# sm_80) 2.66. Warp tiles of 64 x 64 (64 HMMA per k-tile) measure 2.45 / 2.53 (sm_80 / sm_90);
-# of 64 x 32, 3.50-3.64 (3.80-3.89 with 32-bit B loads): their k-tile holds 32 HMMA, and the
-# cp.async copies' address and guard arithmetic costs the same per k-tile.
+# sm_80) 2.66. Warp tiles of 64 x 64 measure 2.39 / 2.46 (sm_80 / sm_90) with k-tiles of 16,
+# 2.11 / 2.15 with k-tiles of 32; of 64 x 32, 3.43-3.56 (3.80-3.89 with 32-bit B loads): their
+# k-tile holds 32 HMMA, and the cp.async copies' address and guard arithmetic costs the same
+# per k-tile.
 TF32_TRITON = 2.66
 
 # (kernel, threads, HMMA per k-tile and warp, k8 steps per k-tile, instructions-per-HMMA
