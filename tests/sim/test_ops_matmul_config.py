@@ -159,8 +159,8 @@ def test_ops_refuse_a_config_over_the_devices_shared_memory():
 
     big = TileConfig(256, 128, 64, 8, 3, dtype="float16")  # 144 KiB
     a = np.ones((3, 5), np.float16)
-    with sim.simulated_arch("sm_86"):
-        with pytest.raises(ValueError, match=f"a block may use {99 * 1024} B on this device"):
-            ops.matmul(a, a.T, config=big)
+    limit = f"a block may use {99 * 1024} B on this device"
+    with sim.simulated_arch("sm_86"), pytest.raises(ValueError, match=limit):
+        ops.matmul(a, a.T, config=big)
     got = ops.matmul(a, a.T, config=big)
     np.testing.assert_array_equal(got, np.full((3, 3), 5, np.float16))  # exact: small integers
