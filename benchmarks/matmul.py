@@ -137,17 +137,22 @@ def sass() -> None:
                 str(r.instructions), f"{loop.instructions} instr, {loop.count('FFMA')} FFMA",
                 f"{ratio:.1f}", "",
             )  # fmt: skip
-        for name, kernel, dtype in (
-            ("tensor cores float16 128x128x32 w4", tc.matmul_tc_anchor, "float16"),
-            ("tensor cores bfloat16 128x128x32 w4", tc.matmul_bf16_anchor, "uint16"),
-        ):
+        for name, kernel, dtype, cfg in (
+            ("tensor cores float16 128x128x32 w4", tc.matmul_tc_anchor, "float16", tc.ANCHOR),
+            ("tensor cores bfloat16 128x128x32 w4", tc.matmul_bf16_anchor, "uint16", tc.ANCHOR),
+            ("tensor cores float16 256x128x64 w8", tc.matmul_tc_256x128x64, "float16",
+             tc.TensorCoreConfig(256, 128, 64, 8, 3)),
+        ):  # fmt: skip
             t = f"{dtype}[:, :, ::1]"
-            r = inspect.compile(kernel, f"void({t}, {t}, float32[::1], {t})", arch=arch, block=128)
+            r = inspect.compile(
+                kernel, f"void({t}, {t}, float32[::1], {t})", arch,
+                block=cfg.threads, dynamic_shared=cfg.shared_bytes,
+            )  # fmt: skip
             loop = r.loop_with("HMMA")
             hmma = loop.count("HMMA")
             table.add_row(
                 name, arch, str(r.registers), str(r.spill_stores + r.spill_loads),
-                str(r.shared_bytes), str(r.instructions),
+                str(r.shared_bytes + r.dynamic_shared_bytes), str(r.instructions),
                 f"{loop.instructions} instr, {hmma} HMMA ({loop.instructions / hmma:.2f}/HMMA)",
                 "", "",
             )  # fmt: skip
