@@ -189,13 +189,19 @@ def _check_k(product: Product, name: str) -> None:
     tiles = [c for c in tiles if c.dtype == kind and kind in ("float16", "tf32")]
     if tiles and kind == "float16":
         tiles.append(TC_UNALIGNED)
-    for c in tiles:
-        limit = (INT32_MAX - c.num_stages) * c.tile_k
-        if product.k > limit:
-            raise ValueError(
-                f"{name} has K = {product.k}: the tensor-core kernels count k-tiles of "
-                f"{c.tile_k} in int32, so K is at most {limit}"
-            )
+    if not tiles:
+        return
+
+    def k_limit(c: TileConfig) -> int:
+        return (INT32_MAX - c.num_stages) * c.tile_k
+
+    c = min(tiles, key=k_limit)  # the tightest
+    limit = k_limit(c)
+    if product.k > limit:
+        raise ValueError(
+            f"{name} has K = {product.k}: the tensor-core kernels count k-tiles of "
+            f"{c.tile_k} in int32, so K is at most {limit}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
