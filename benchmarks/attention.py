@@ -70,28 +70,31 @@ def sass() -> None:
 
     signature = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, ::1]")
     for arch in ("sm_80", "sm_90"):
-        table = Table(title=f"flash attention D = 64, K/V loop per 64-key tile per warp ({arch})")
-        for col in ("kernel", "warps", "regs", "spills", "smem B", "occupancy", "HMMA", "LDSM",
-                    "EX2/score", "instr", "instr/score"):  # fmt: skip
+        table = Table(title=f"flash attention, K/V loop per 64-key tile per warp ({arch})")
+        for col in ("kernel", "warps x rows", "regs", "spills", "smem B", "occupancy", "HMMA",
+                    "LDSM", "EX2/score", "instr", "instr/score"):  # fmt: skip
             table.add_column(col, justify="left" if col == "kernel" else "right")
-        for causal in (False, True):
-            cfg = fa.default_config(64)
-            r = inspect.compile(fa.flash_attention(64, causal, True), signature, arch=arch,
-                                block=cfg.threads)  # fmt: skip
+        for d, causal in ((64, False), (64, True), (128, False)):
+            cfg = fa.default_config(d)
+            r = inspect.compile(fa.flash_attention(d, causal, True), signature, arch=arch,
+                                block=cfg.threads, dynamic_shared=cfg.shared_bytes(d))  # fmt: skip
             loop = r.loop_with("HMMA")
-            tiles = loop.count("HMMA") / 64
+            m16 = cfg.warp_rows // 16  # 16-row mma tiles per warp
+            tiles = loop.count("HMMA") / (2 * m16 * (cfg.block_kv // 8) * (d // 16))
+            scores = cfg.warp_rows * cfg.block_kv // 32  # a warp's scores of a tile, per lane
             table.add_row(
-                f"tessera_tile{' causal' if causal else ''}", str(cfg.num_warps),
-                str(r.registers), str(r.spill_stores + r.spill_loads), str(r.shared_bytes),
-                f"{r.occupancy:.2f}", f"{loop.count('HMMA') / tiles:.0f}",
-                f"{loop.count('LDSM') / tiles:.0f}",
-                f"{loop.count('MUFU.EX2') / tiles / SCORES_PER_LANE:.3f}",
-                f"{loop.instructions / tiles:.0f}",
-                f"{loop.instructions / tiles / SCORES_PER_LANE:.2f}",
+                f"tessera_tile D = {d}{' causal' if causal else ''}",
+                f"{cfg.num_warps} x {cfg.warp_rows}", str(r.registers),
+                str(r.spill_stores + r.spill_loads),
+                str(r.shared_bytes + r.dynamic_shared_bytes), f"{r.occupancy:.2f}",
+                f"{loop.count('HMMA') / tiles:.0f}", f"{loop.count('LDSM') / tiles:.0f}",
+                f"{loop.count('MUFU.EX2') / tiles / scores:.3f}",
+                f"{loop.instructions / tiles:.0f}", f"{loop.instructions / tiles / scores:.2f}",
             )  # fmt: skip
         for name, warps, regs, spills, smem, hmma, ldsm, ex2, instr in PEERS:
             table.add_row(
-                f"{name} (sm_80 build)", str(warps), str(regs), str(spills), str(smem), "",
+                f"{name} D = 64 (sm_80 build)", f"{warps} x 16", str(regs), str(spills), str(smem),
+                "",
                 str(hmma), str(ldsm), "" if ex2 is None else f"{ex2 / SCORES_PER_LANE:.3f}",
                 str(instr), f"{instr / SCORES_PER_LANE:.2f}", style="dim",
             )  # fmt: skip
@@ -104,6 +107,7 @@ def sass() -> None:
 
 def traffic() -> None:
     from tessera_tile import ops, sim
+    from tessera_tile.kernels import attention as fa
 
     table = Table(title="simulator profile, float16, D = 64, one head (measured global bytes)")
     for col in ("S", "causal", "measured B", "predicted B", "K/V B", "naive 3-kernel B",
@@ -117,10 +121,12 @@ def traffic() -> None:
                 ops.attention(q, k, v, causal=causal)
             ex = ops.attention.explain(q, k, v, causal=causal)
             kv = prof.bytes_read - s * 64 * 2  # all but Q
+            cfg = fa.default_config(64, s)
+            tiles = -(-s // cfg.block_q) * -(-s // cfg.block_kv)  # K/V tiles without skipping
             table.add_row(
                 str(s), str(causal), str(prof.bytes_read + prof.bytes_written),
                 str(ex.bytes_fused), str(kv), str(ex.bytes_unfused),
-                f"{kv // (2 * 64 * 64 * 2)} of {(s // 64) ** 2}", str(prof.bank_conflicts),
+                f"{kv // (2 * 64 * 64 * 2)} of {tiles}", str(prof.bank_conflicts),
             )  # fmt: skip
     console.print(table)
 

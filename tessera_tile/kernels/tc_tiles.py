@@ -18,7 +18,6 @@ __all__ = [
     "CHUNK",
     "INLINE",
     "MAX_SHARED",
-    "MAX_STATIC_SHARED",
     "WARP_SIZE",
     "TensorCoreConfig",
     "TileCopies",
@@ -27,7 +26,6 @@ __all__ = [
 
 WARP_SIZE = 32
 CHUNK = 8  # float16 per 16-byte chunk (one cp.async, one ldmatrix row)
-MAX_STATIC_SHARED = 48 * 1024  # static arrays, every architecture
 MAX_SHARED = max(BLOCK_LIMIT.values())  # dynamic, opted in: the most any architecture allows
 
 # The main loop's pieces are inlined so that fragments and accumulators stay constant-indexed

@@ -59,6 +59,8 @@ class Family:
     compute: str  # what explain says of the arithmetic
     unaligned: str  # how rows that are not 16-byte aligned are loaded
     int32_positions: bool  # the kernel counts query and key positions in int32
+    choose: object  # (D, Sq) -> the default config
+    dynamic_shared: bool  # launched with config.shared_bytes(D) of dynamic shared memory
 
 
 FAMILIES = {
@@ -69,6 +71,8 @@ FAMILIES = {
         "float16: tensor cores (mma.sync m16n8k16), float32 scores and statistics",
         "synchronous guarded loads instead of cp.async",
         True,
+        tensor_cores.default_config,
+        True,
     ),
     BFLOAT16: Family(
         tensor_cores,
@@ -77,6 +81,8 @@ FAMILIES = {
         "bfloat16: tensor cores (mma.sync m16n8k16 .bf16), float32 scores and statistics",
         "synchronous guarded loads instead of cp.async",
         True,
+        tensor_cores.default_config,
+        True,
     ),
     np.dtype(np.float32): Family(
         simt,
@@ -84,6 +90,8 @@ FAMILIES = {
         simt.SimtAttentionConfig,
         "float32: computed in float32 (SIMT FFMA), no tensor cores",
         "4-byte cp.async copies of single elements instead of 16-byte ones",
+        False,
+        lambda d, _sq: simt.default_config(d),
         False,
     ),
 }
@@ -144,7 +152,7 @@ class Attention(HandWritten):
     def tile_config(self):
         if self.config is not None:
             return self.config
-        return self.family.module.default_config(self.d)
+        return self.family.choose(self.d, self.sq)
 
     def kernel(self, aligned: bool):
         return self.family.factory(self.d, self.causal, aligned, self.tile_config())
@@ -193,7 +201,8 @@ class Attention(HandWritten):
             grid = (-(-self.sq // cfg.block_q), launch.count)
             kernel = self.kernel(launch.aligned)
             params = (*views, scale_log2)
-            out.append(KernelLaunch(kernel, grid, cfg.threads, params, launch.signature))
+            shared = cfg.shared_bytes(self.d) if self.family.dynamic_shared else 0
+            out.append(KernelLaunch(kernel, grid, cfg.threads, params, launch.signature, shared))
         return out
 
     # reports ----------------------------------------------------------------------------
@@ -262,12 +271,19 @@ class Attention(HandWritten):
                 "skipped (no load, no math)"
             )
         names = dict.fromkeys(launch.kernel.py_func.__name__ for launch in launches)
+        rows = f"{cfg.block_q} query rows each"
+        if self.family.dynamic_shared:  # the tensor-core kernels
+            rows += (
+                f" ({cfg.warp_rows} per warp: each ldmatrix.x4 of K or V feeds "
+                f"{cfg.warp_rows // 8} mma), {cfg.shared_bytes(self.d)} B of dynamic shared "
+                "memory"
+            )
         stages = [
             f"{name}: softmax(q @ k^T * {self.scale:.4g}) @ v, Sq {self.sq} x "
             f"Sk {self.sk}, D {self.d}, batch {self.batch or '()'}; "
             f"{-(-self.sq // cfg.block_q) * math.prod(self.batch)} block(s) of {cfg.threads} "
-            f"threads, {cfg.block_q} query rows each; {done} K/V tiles of {cfg.block_kv} keys "
-            "in all; the scores stay on chip (online softmax)"
+            f"threads, {rows}; {done} K/V tiles of {cfg.block_kv} keys in all; the scores stay "
+            "on chip (online softmax)"
             for name in names
         ]
         return Report(
@@ -359,7 +375,8 @@ def attention(q, k, v, *, causal=False, scale=None, config=None):
     through ``P @ V``: IEEE arithmetic, as the unfused softmax computes. ``config``: an
     :class:`tessera_tile.kernels.attention.AttentionConfig` (float16) or
     :class:`tessera_tile.kernels.attention_simt.SimtAttentionConfig` (float32); default, the
-    family's :func:`default_config` for D. ``out=`` and ``stream=`` as for every op.
+    family's :func:`default_config` for D (float16 and bfloat16: and Sq). ``out=`` and
+    ``stream=`` as for every op.
     """
     q, k, v = _operands(q, k, v)
     batch = _batch(q, k, v)

@@ -129,6 +129,44 @@ def test_head_dim_128_and_default_configs(side, causal, dtype):
     check(got, q, k, v, causal)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("sq", "sk"), [(31, 65), (32, 63), (33, 64), (129, 129)])
+def test_32_row_warps_and_128_row_blocks(side, sq, sk, causal):
+    """The default D = 64 schedule (warps of 32 query rows, two m16 tiles sharing each K/V
+    fragment; blocks of 128 rows past Sq = 64): query lengths either side of a warp's 32 rows
+    and of a block's 128, key lengths either side of a 64-key tile; causal, the diagonal tiles
+    of 128-row blocks."""
+    cfg = tc.default_config(64, sq)
+    assert cfg.warp_rows == 32 and cfg.block_kv == 64
+    assert cfg.block_q == (128 if sq > 64 else 64)
+    q, k, v = operands(np.random.default_rng(sq * 1000 + sk), (sq, 64), (sk, 64))
+    got = back(ops.attention(*on(side, q, k, v), causal=causal), side)
+    check(got, q, k, v, causal)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+@pytest.mark.parametrize(
+    "config",
+    [None, tc.AttentionConfig(64, 2, 2, 32)],
+    ids=["default", "32-row warps"],
+)
+def test_head_dim_128_in_dynamic_shared_memory(side, config, dtype):
+    """D = 128 with 64-key tiles: 80 KiB of dynamic shared memory, past the 48 KiB a block
+    may use without the opt-in (the simulator refuses the launch without it). The default has
+    16-row warps with Q in registers; 32-row warps reload Q's fragments every tile. A negative
+    scale is folded into Q in shared memory."""
+    cfg = config or tc.default_config(128, 70)
+    assert cfg.shared_bytes(128) == 80 * 1024
+    assert cfg.q_in_registers(128) == (cfg.warp_rows == 16)
+    q, k, v = operands(np.random.default_rng(13), (70, 128), (130, 128), dtype)
+    for causal, scale in ((False, -0.1), (True, None)):
+        got = back(ops.attention(*on(side, q, k, v), causal=causal, scale=scale, config=config),
+                   side)  # fmt: skip
+        check(got, q, k, v, causal, scale)
+    stage = ops.attention.explain(q, k, v, config=config).stages[0]
+    assert f"{cfg.warp_rows} per warp" in stage and "81920 B of dynamic shared" in stage
+
+
 @BY_DTYPE
 def test_large_values_exercise_the_online_rescaling(side, dtype, small):
     """Large scores make each row's maximum jump between K/V tiles: the running output must be
@@ -289,10 +327,11 @@ def test_traffic_is_linear_in_s_and_as_predicted(s):
         assert prof.bytes_read + prof.bytes_written == ex.bytes_fused, str(prof)
         assert prof.bytes_written == s * 64 * 2
         measured[causal] = prof.bytes_read - s * 64 * 2  # K and V
-    blocks = s // 64
+    block_q = tc.default_config(64, s).block_q  # 64 rows for S = 64 (2 warps), else 128
+    blocks = s // block_q
     assert measured[False] == 2 * blocks * s * 64 * 2
-    # causal: block b reads (b + 1) of the `blocks` tiles
-    assert measured[True] == 2 * 64 * 64 * 2 * blocks * (blocks + 1) // 2
+    # causal: block b reads keys up to its last row, (b + 1) block_q of them
+    assert measured[True] == 2 * block_q * 64 * 2 * blocks * (blocks + 1) // 2
     print(f"S={s}: K/V bytes non-causal {measured[False]}, causal {measured[True]}")
 
 
@@ -335,6 +374,7 @@ BAD = [
     (dict(causal=1), TypeError, "causal must be a bool"),
     (dict(config=(64, 4, 2)), TypeError, "config must be None or"),
     (dict(config=tc.AttentionConfig(48, 4, 2)), ValueError, "config: block_kv must be"),
+    (dict(config=tc.AttentionConfig(64, 4, 2, 24)), ValueError, "config: warp_rows must be"),
     (
         dict(
             q=np.ones((6, 128), np.float16),

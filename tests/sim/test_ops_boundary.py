@@ -323,7 +323,7 @@ SIZES = {
     "attention Sq": (
         lambda s: ops.attention(huge(s, (2**31, 16), np.float16), *on(s, f16(8, 16), f16(8, 16))),
         "q",
-        f"at most {INT32_MAX - 128}",  # two 64-row tiles of D = 16's default config
+        f"at most {INT32_MAX - 256}",  # two blocks of 128 rows, D = 16's default config
     ),
     "attention Sk": (
         lambda s: ops.attention(
