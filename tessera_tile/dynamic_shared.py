@@ -32,7 +32,7 @@ from . import _config
 from .sim import compat, shared_limits
 from .sim.shared_limits import BLOCK_LIMIT, STATIC_LIMIT
 
-__all__ = ["BLOCK_LIMIT", "STATIC_LIMIT", "arch", "launch", "limit", "opt_in"]
+__all__ = ["BLOCK_LIMIT", "STATIC_LIMIT", "arch", "launch", "launch_kept", "limit", "opt_in"]
 
 OFFLINE_ARCH = "sm_90"  # what plans target with no GPU: the machine the default models describe
 
@@ -79,6 +79,18 @@ def opt_in(kernel, args, nbytes: int) -> None:
         if _opted.get(key, -1) < nbytes:
             compat.set_max_dynamic_shared(kernel, argtypes, nbytes)
             _opted[key] = nbytes
+
+
+def launch_kept(kernel, grid, block, nbytes: int, args, stream=0) -> None:
+    """:func:`launch` for arguments of the types ``kernel`` has launched with before (an op's
+    kept call): launched without typing them again, and so without the opt-in's cost; where
+    the device refuses it (another device, where the kernel has not opted in), opted in and
+    launched again."""
+    try:
+        kernel[grid, block, stream, nbytes](*args)
+    except compat.launch_refusals():
+        opt_in(kernel, args, nbytes)
+        kernel[grid, block, stream, nbytes](*args)
 
 
 def launch(kernel, grid, block, nbytes: int, args, stream=0) -> None:

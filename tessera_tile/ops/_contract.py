@@ -214,15 +214,15 @@ class KernelLaunch:
     shared: int = 0
 
 
-def launch_all(launches, handles: list, stream) -> None:
+def launch_all(launches, handles: list, stream, kept: bool = False) -> None:
     """Launch each :class:`KernelLaunch` on ``stream``, its views made of ``handles`` (the
-    call's device arrays: inputs in order, then the result)."""
+    call's device arrays: inputs in order, then the result); ``kept``: a kept call, whose
+    kernels have launched on arguments of these types (and opted in) before."""
     for launch in launches:
         params = [p.of(handles) if type(p) in SPECS else p for p in launch.params]
         if launch.shared:
-            dynamic_shared.launch(
-                launch.kernel, launch.grid, launch.threads, launch.shared, params, stream
-            )
+            go = dynamic_shared.launch_kept if kept else dynamic_shared.launch
+            go(launch.kernel, launch.grid, launch.threads, launch.shared, params, stream)
         else:
             launch.kernel[launch.grid, launch.threads, stream](*params)
 
@@ -296,7 +296,7 @@ class HandWritten:
         def run(args, stream):
             place = arrays.Placement.of_numba_arrays(stream)
             result = place.new(shape, dtype)
-            launch_all(launches, [*_values(args, positions), result], place.stream)
+            launch_all(launches, [*_values(args, positions), result], place.stream, kept=True)
             return result
 
         tuner = self.tuner

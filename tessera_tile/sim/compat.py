@@ -267,6 +267,19 @@ def driver_names():
     return DeviceNDArray, Stream, device_memset
 
 
+def launch_refusals() -> tuple[type, ...]:
+    """The errors a launch the device refuses raises: the simulator's shared-memory refusal,
+    on a GPU numba-cuda's ``CudaAPIError`` (``CUDA_ERROR_INVALID_VALUE``)."""
+    from .. import _config
+    from .shared_limits import SharedMemoryError
+
+    if _config.SIMULATED:
+        return (SharedMemoryError,)
+    from numba.cuda.cudadrv.driver import CudaAPIError
+
+    return (CudaAPIError,)
+
+
 def set_max_dynamic_shared(kernel, argtypes: tuple, nbytes: int) -> None:
     """On a GPU: let ``kernel``, compiled for ``argtypes`` on the current device, launch with
     up to ``nbytes`` of dynamic shared memory (numba-cuda has no API for the opt-in, its issue

@@ -113,3 +113,15 @@ def test_limits_table():
     assert dynamic_shared.limit("sm_90") == 227 * KIB
     with pytest.raises(ValueError, match="no shared-memory limit known for 'sm_75'"):
         dynamic_shared.limit("sm_75")
+
+
+def test_kept_launch_opts_in_where_the_device_refuses(side):
+    """A kept launch does not type its arguments; on a kernel that has not opted in (as on
+    another device) the refusal makes it opt in and launch again."""
+    kernel = cuda.jit(reverse_through_shared.py_func)  # never opted in
+    x = np.arange(16 * KIB, dtype=np.float32)
+    out = np.zeros_like(x)
+    args = (x, out) if side == "host" else (cuda.to_device(x), cuda.to_device(out))
+    dynamic_shared.launch_kept(kernel, 1, 64, 64 * KIB, args)
+    got = out if side == "host" else args[1].copy_to_host()
+    np.testing.assert_array_equal(got, x[::-1])

@@ -296,3 +296,29 @@ def test_hand_written_ops_refuse_an_out_that_repeats_memory(op):
     kwargs = {"reduction": "none"} if op == "cross_entropy" else {}
     with pytest.raises(ValueError, match="repeats memory"):
         fn(*args, out=out, **kwargs)
+
+
+def test_kept_calls_do_not_type_their_arguments_to_opt_in(monkeypatch):
+    """Dynamic shared memory: the first call of a layout opts its kernels in (typing their
+    arguments); its kept calls launch without that cost, float16 (tensor cores) and attention."""
+    from tessera_tile import dynamic_shared
+
+    opted = collections.Counter()
+    original = dynamic_shared.opt_in
+
+    def counted(kernel, args, nbytes):
+        opted[kernel.py_func.__name__] += 1
+        return original(kernel, args, nbytes)
+
+    monkeypatch.setattr(dynamic_shared, "opt_in", counted)
+    rng = np.random.default_rng(4)
+    x, w = (rng.standard_normal(s).astype(np.float16) for s in ((16, 32), (32, 24)))
+    q = rng.standard_normal((1, 16, 16)).astype(np.float16)
+    dx, dw, dq = _device(x, w, q)
+    want = (x.astype(np.float32) @ w.astype(np.float32)).astype(np.float16)
+    for call in range(3):
+        got = ops.matmul(dx, dw).copy_to_host()
+        # both rounded once to float16 from float32 sums (in other orders): within 2 ulp
+        np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
+        ops.attention(dq, dq, dq)
+        assert sum(opted.values()) == 2, (call, opted)  # the first call's two kernels, once
