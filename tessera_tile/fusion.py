@@ -481,7 +481,8 @@ def var(x, axis=None, keepdims: bool = False, ddof: int = 0):
     centred = x - mean(x, axis, keepdims=True)
     squares = sum(centred * centred, axis, keepdims)
     n = count(x, axis)
-    return squares / (n - ddof if ddof else n)
+    # NumPy divides by max(n - ddof, 0): inf (or NaN for 0 / 0) where ddof >= n
+    return squares / (maximum(n - ddof, 0) if ddof else n)
 
 
 def std(x, axis=None, keepdims: bool = False, ddof: int = 0):

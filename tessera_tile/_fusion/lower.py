@@ -34,6 +34,7 @@ TYPE_NAMES = {
 }
 HALVES = (np.dtype(np.float16), ir.BFLOAT16)  # computed in float32, rounded when stored
 ONLINE = "online"  # the op of the online (max, sum of exp) pseudo-reduction, see schedule.Online
+MOMENTS = "moments"  # var's (shift, mean, M2) in one pass, see schedule.Moments
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -267,7 +268,7 @@ def reciprocal(expr: str, dtype: np.dtype, approx: bool) -> str:
 
 def acc_dtype(r) -> np.dtype:
     """Accumulator dtype: shuffle-able (no bool), float16 widened to float32."""
-    if r.op == ONLINE:
+    if r.op in (ONLINE, MOMENTS):
         return compute_dtype(r.dtype)
     src = compute_dtype(r.srcs[0].dtype)
     if r.op in ir.INDEX_REDUCE:
@@ -423,3 +424,73 @@ def fold_partials(r, a: str, ai: str, guard: str, slot, count: str) -> list[str]
     out += ["    " + line for line in combine(r, a, f"{a}_w", ai, f"{a}_wi" if ai else "")]
     out += ["    w += 1", "cuda.syncthreads()"]
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# moments: var over split rows in one pass
+
+
+def moment_sums(nodes) -> dict[str, Node]:
+    """``var``'s ``SUM(d * d)`` with ``d = f - SUM(f, keepdims) / COUNT`` over the same axes
+    (:func:`tessera_tile.fusion.var`): its key -> the ``SUM(f)``. Only where every value is
+    float32, float64 or bfloat16 (held in float32, unrounded, as the two passes hold it): a
+    float16 chain rounds each square to float16, which one pass would not reproduce."""
+    out: dict[str, Node] = {}
+    for q in nodes:
+        if q.op is not Op.SUM or not is_float(q.dtype):
+            continue
+        sq = q.srcs[0]
+        if not (sq.op is Op.MUL and sq.srcs[0].key == sq.srcs[1].key or sq.op is Op.SQUARE):
+            continue
+        d = sq.srcs[0]
+        if d.op is not Op.SUB or d.srcs[1].op is not Op.TRUEDIV:
+            continue
+        f, (total, count) = d.srcs[0], d.srcs[1].srcs
+        chain = (q, sq, d, d.srcs[1], total)
+        if (
+            total.op is Op.SUM
+            and total.srcs[0].key == f.key
+            and total.arg[1]
+            and total.arg[0] == q.arg[0]
+            and count.op is Op.COUNT
+            and count.arg == (f.key, tuple(q.arg[0]))
+            and all(np.dtype(n.dtype) != np.float16 for n in chain)
+            and len({compute_dtype(n.dtype) for n in chain}) == 1
+            and total.key not in {t.key for t in out.values()}
+        ):
+            out[q.key] = total
+    return out
+
+
+def welford_element(shift: str, m: str, q: str, v: str, rk: str) -> list[str]:
+    """Fold ``v`` into a thread's (mean ``m``, M2 ``q``) of ``v - shift``; ``rk`` is one
+    over the thread's count. The shift (the thread's first element) keeps ``m`` near 0, so
+    its rounding scales with the spread, not with the mean (1e4 + N(0, 1) in float32)."""
+    return [
+        f"{m}_d = {v} - {shift}",
+        f"{m}_e = {m}_d - {m}",
+        f"{m} = {m} + {m}_e * {rk}",
+        f"{q} = {q} + {m}_e * ({m}_d - {m})",
+    ]
+
+
+def chan_merge(dtype: np.dtype, a: tuple, b: tuple, approx: bool) -> list[str]:
+    """Merge partial ``b`` into ``a``, each (count, shift, mean - shift, M2) as names (Chan,
+    Golub and LeVeque): ``delta = mean_b - mean_a``, taken as the difference of the shifts
+    plus that of the small means; ``mean_a += delta n_b / n``; ``M2_a += M2_b + delta^2
+    n_a n_b / n``. Empty partials are skipped (no 0 / 0) and an empty ``a`` takes ``b``
+    whole (no 0 * inf)."""
+    t = TYPE_NAMES[dtype]
+    (na, ka, ma, qa), (nb, kb, mb, qb) = a, b
+    frac = f"{t}({nb}) * {reciprocal(f'{t}({na} + {nb})', dtype, approx)}"
+    return [
+        f"if {nb} > 0:",
+        f"    if {na} == 0:",
+        f"        {ka}, {ma}, {qa} = {kb}, {mb}, {qb}",
+        "    else:",
+        f"        {ma}_x = ({kb} - {ka}) + ({mb} - {ma})",
+        f"        {ma}_f = {frac}",
+        f"        {ma} = {ma} + {ma}_x * {ma}_f",
+        f"        {qa} = {qa} + {qb} + {ma}_x * {ma}_x * ({t}({na}) * {ma}_f)",
+        f"    {na} = {na} + {nb}",
+    ]

@@ -98,6 +98,19 @@ class Online:
         self.key, self.dtype, self.srcs = node.key, node.dtype, node.srcs
 
 
+class Moments:
+    """``var``'s sum of squared deviations and the ``sum(f)`` of its mean (see
+    :func:`.lower.moment_sums`) in one pass over split rows: each thread keeps Welford's
+    (mean, M2) of ``f - shift``, and partials merge by Chan's formula
+    (:func:`.lower.chan_merge`); ``M2`` and ``mean * count`` end the pass."""
+
+    op = lower.MOMENTS
+
+    def __init__(self, node: Node, total: Node):
+        self.node, self.total = node, total
+        self.key, self.dtype, self.srcs = node.key, node.dtype, total.srcs
+
+
 def online_sums(nodes) -> dict[str, Node]:
     """SUM(EXP(SUB(f, MAX(f)))) nodes, over the same axes with keepdims: key -> the MAX."""
     out = {}
@@ -175,19 +188,24 @@ def pass_leaves(targets) -> set:
     return {n.key for n in ir.walk(targets) if n.op is Op.INPUT}
 
 
-def plan_passes(stage: Stage, online: bool = False) -> list[Pass]:
+def plan_passes(stage: Stage, online: bool = False, moments: bool = False) -> list[Pass]:
     """The passes over each row. With ``online``, a softmax-style normaliser (see
-    :class:`Online`) completes in the pass of its maximum instead of the next one."""
+    :class:`Online`) completes in the pass of its maximum instead of the next one; with
+    ``moments`` (split columns), a variance in the pass of its mean (:class:`Moments`)."""
     f_out = [(i, n) for i, (n, _) in enumerate(stage.outputs) if stage.space[id(n)] == "F"]
     merged = online_sums(stage.nodes) if online else {}
+    pairs = lower.moment_sums(stage.nodes) if moments else {}
     level_of: dict[str, int] = {}
     for n in stage.nodes:
         base = max((level_of[s.key] for s in n.srcs), default=0)
         if n.key in merged:
             level_of[n.key] = level_of[merged[n.key].key]
+        elif n.key in pairs:
+            level_of[n.key] = level_of[pairs[n.key].key]
         else:
             level_of[n.key] = base + 1 if n.op in ir.REDUCE else base
-    reductions = [n for n in stage.nodes if n.op in ir.REDUCE]
+    totals = {t.key for t in pairs.values()}  # computed by their Moments
+    reductions = [n for n in stage.nodes if n.op in ir.REDUCE and n.key not in totals]
     depth = max((level_of[r.key] for r in reductions), default=0)
     passes = []
     for k in range(depth):
@@ -196,6 +214,7 @@ def plan_passes(stage: Stage, online: bool = False) -> list[Pass]:
             for r in reductions
             if level_of[r.key] == k + 1
         ]
+        reds = [Moments(r, pairs[r.key]) if r.key in pairs else r for r in reds]
         sources = [r.peak.srcs[0] if isinstance(r, Online) else r.srcs[0] for r in reds]
         outs = [(i, n) for i, n in f_out if level_of[n.key] == k]
         passes.append(Pass(sources + [n for _, n in outs], reds, outs))
@@ -272,10 +291,14 @@ def parameters(stage: Stage, variant: Variant) -> tuple[Param, ...]:
     params = [Param(f"in{i}", "leaf", i) for i in range(len(stage.leaves))]
     params += [Param(f"out{i}", "out", i) for i in range(len(stage.outputs))]
     if has_partials(variant):
+        split = variant.mode == "split"
+        shifts = {t.key for t in lower.moment_sums(stage.nodes).values()} if split else set()
         for i, r in enumerate(stage.reductions):
             params.append(Param(f"part{i}", "partial", i, lower.acc_dtype(r)))
             if r.op in ir.INDEX_REDUCE:
                 params.append(Param(f"parti{i}", "partial", i, np.dtype(np.int64)))
+            elif r.key in shifts:  # a variance's sum(f) holds mean - shift, parti the shift
+                params.append(Param(f"parti{i}", "partial", i, lower.acc_dtype(r)))
         params.append(Param("ticket", "ticket", 0, np.dtype(np.int32)))
     params += [Param(f"s{i}", "scalar", i) for i in range(len(stage.scalars))]
     params += [Param(f"dk{i}", "kept", i) for i in range(variant.kept_rank)]
@@ -291,7 +314,7 @@ def has_partials(variant: Variant) -> bool:
 def splits_rows(stage: Stage) -> bool:
     """A column stage whose rows can be split across blocks: one pass of plain reductions
     (no online normaliser, no per-element output), so partials combine after the loop."""
-    passes = plan_passes(stage, True)
+    passes = plan_passes(stage, True, True)
     return (
         len(passes) == 1
         and not passes[0].outputs
@@ -464,7 +487,7 @@ class Schedule:
 def schedule(stage: Stage, variant: Variant) -> Schedule:
     streamed = variant.kind in (StageKind.ROW, StageKind.COLUMN)
     online = streamed and not variant.cache and not variant.chunks
-    passes = plan_passes(stage, online)
+    passes = plan_passes(stage, online, variant.mode == "split")
     if variant.kind is StageKind.FULL:
         assert len(passes) <= 1 or not passes[1].reductions, "full stages reduce once"
     rows = BLOCK // WARP if variant.mode == "warp" else 1
@@ -481,6 +504,9 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
                 scratch["scratch_index"] = "int64"
             elif isinstance(r, Online):  # the running sums of online normalisers
                 scratch[f"scratch_{t}_b"] = t
+            elif isinstance(r, Moments):  # M2 and the shift beside the mean
+                scratch[f"scratch_{t}_b"] = t
+                scratch[f"scratch_{t}_c"] = t
     return Schedule(
         stage,
         variant,
@@ -525,15 +551,16 @@ def predicted_bytes(sched: Schedule, n_kept: int, n_red: int, blocks: int) -> in
     for node, _ in stage.outputs:
         per_row = stage.space[id(node)] == "row"
         total += node.dtype.itemsize * (n_kept if per_row else elements)
-    widths = [lower.acc_dtype(r).itemsize + 8 * (r.op in ir.INDEX_REDUCE) for r in stage.reductions]
+    # bytes of one partial: every partials array the kernel takes (a variance: 3 values)
+    width = sum(p.dtype.itemsize for p in parameters(stage, sched.variant) if p.role == "partial")
     if stage.kind.scratch:
-        total += 2 * sum(widths) * blocks  # each block writes its partial, the last reads all
+        total += 2 * width * blocks  # each block writes its partial, the last reads all
         total += 2 * 4 * blocks + 4  # the ticket: one atomic per block, then a reset
     elif sched.variant.mode == "split":
         splits = blocks // column_grid(sched.variant.vector, n_kept, n_red)[0]
         if splits > 1:  # each block writes its columns' partials, the last of a tile reads
             # every split's; one atomic on the tile's (fresh, zeroed) ticket per block
-            total += 2 * sum(widths) * splits * n_kept + 2 * 4 * blocks
+            total += 2 * width * splits * n_kept + 2 * 4 * blocks
     return total
 
 
