@@ -48,23 +48,38 @@ _REDUCTION_NUMERICS = {
 def _reduction_plan(name: str):
     one_axis = name in ("argmax", "argmin")
 
-    def plan(x, axis=None, keepdims=False):
+    def plan(x, axis=None, keepdims=False, ddof=0):
         a = array_arg(x, "x", REDUCIBLE, name)
         if not isinstance(keepdims, bool | np.bool_):
             raise TypeError(f"keepdims must be a bool, got {type(keepdims).__name__}")
         if one_axis and isinstance(axis, tuple):
             raise TypeError(f"{name} takes one axis or None, not a tuple")
         axes = _axes(axis, len(a.shape))
-        return Fused(_reduction.reduction(name, axes, bool(keepdims)), (a,))
+        return Fused(_reduction.reduction(name, axes, bool(keepdims), _ddof(ddof)), (a,))
 
-    plan.__name__ = plan.__qualname__ = name
-    plan.__doc__ = (
-        f"``numpy.{name}(x, axis, keepdims=keepdims)`` with NumPy's result dtype"
-        + (" (ddof=0)" if name in ("var", "std") else "")
-        + ".\n\n    x: bool, int32, int64, float16, float32 or float64. "
+    def moments(x, axis=None, keepdims=False, ddof=0):
+        return plan(x, axis, keepdims, ddof)
+
+    def selection(x, axis=None, keepdims=False):
+        return plan(x, axis, keepdims)
+
+    chosen = moments if name in ("var", "std") else selection
+    chosen.__name__ = chosen.__qualname__ = name
+    chosen.__doc__ = (
+        f"``numpy.{name}(x, axis, keepdims=keepdims"
+        + (", ddof=ddof)``: divided by ``max(n - ddof, 0)``" if chosen is moments else ")``")
+        + " with NumPy's result dtype.\n\n    x: bool, int32, int64, float16, float32 or "
+        + "float64. "
         + _REDUCTION_NUMERICS[name]
     )
-    return plan
+    return chosen
+
+
+def _ddof(ddof) -> int:
+    """``ddof``: an int (NumPy also takes a float, which would make the divisor float64)."""
+    if isinstance(ddof, bool | np.bool_) or not isinstance(ddof, int | np.integer):
+        raise TypeError(f"ddof must be an int, got {type(ddof).__name__}")
+    return int(ddof)
 
 
 sum = PrebuiltOp(_reduction_plan("sum"))  # noqa: A001 - NumPy's names

@@ -15,6 +15,8 @@ reference is the float64 result; a float16 result past 65,504 is inf. Inputs rea
 1,000, and hold NaN and infinities anywhere.
 """
 
+import warnings
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -198,3 +200,31 @@ def arrays_with_specials(draw):
 def test_nan_and_infinities_anywhere_give_numpys_result(x, name, axis, side):
     got = back(getattr(ops, name)(*on(side, x), axis=axis), side)
     check(got, x, name, axis, False)
+
+
+@pytest.mark.parametrize("ddof", [0, 1, 4, 5, 7, -1])
+@pytest.mark.parametrize("axis", [0, 1, None])
+@pytest.mark.parametrize("name", ["var", "std"])
+def test_var_and_std_take_ddof_as_numpy(name, axis, ddof, side):
+    """NumPy divides by max(n - ddof, 0): inf where ddof >= n (NaN for a constant row), and a
+    negative ddof divides by more than n. Rows and columns of 5, one of them constant."""
+    x = np.arange(25, dtype=np.float32).reshape(5, 5) ** 1.5
+    x[2] = 3.0
+    x[:, 3] = -2.0
+    (xs,) = on(side, x)
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # "Degrees of freedom <= 0"
+        want = getattr(np, name)(x.astype(np.float64), axis=axis, ddof=ddof)
+    got = back(getattr(ops, name)(xs, axis=axis, ddof=ddof), side)
+    assert got.dtype == np.float32
+    # float32: the centred squares summed in another order than NumPy's, then one division
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=0)
+
+
+def test_ddof_must_be_an_int():
+    x = np.ones((3, 4), np.float32)
+    for bad in (0.5, True, "1", None):
+        with pytest.raises(TypeError, match="ddof must be an int"):
+            ops.var(x, ddof=bad)
+    with pytest.raises(TypeError, match="ddof"):
+        ops.sum(x, ddof=1)  # only var and std take it, as in NumPy's methods
