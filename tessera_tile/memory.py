@@ -36,7 +36,9 @@ into shared memory for them). Alignment is decided at run time from the address.
 
 :func:`load16` / :func:`store16` (global) and :func:`load16_shared` / :func:`store16_shared` are the
 inline-PTX vector intrinsics underneath; each has a simulator twin (they live in
-:mod:`tessera_tile._vector_access` and are re-exported here).
+:mod:`tessera_tile._vector_access` and are re-exported here). :func:`carve` cuts a tile (any
+shape, C order) out of a 1-D shared array: dynamic shared memory, which holds tiles past 48 KiB
+(:mod:`tessera_tile.dynamic_shared`), is one such array.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import numpy as np
 from numba import cuda
 from numba.np import numpy_support
 
+from ._carve import carve
 from ._vector_access import (
     VECTOR_BYTES,
     aligned16,
@@ -69,6 +72,7 @@ __all__ = [
     "Tile",
     "aligned16",
     "bank_conflict_degree",
+    "carve",
     "load16",
     "load16_shared",
     "make_stager",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from greenlet import getcurrent
 
-from ._base import format_site, user_site
+from ._base import SimulationError, format_site, user_site
 from .allocations import _in_row, _memory_run, _read_run, _run, _write_run, allocation_bytes
 
 
@@ -297,3 +297,17 @@ def _plain_run(array, idx) -> tuple[int, int] | None:
     if not isinstance(array, np.ndarray):
         return None
     return _run(array, idx, array.__array_interface__["data"][0])
+
+
+def carved(array, offset: int, shape: tuple) -> object:
+    """The C-contiguous ``shape`` view of a 1-D ``array`` from element ``offset`` (the twin
+    of :func:`tessera_tile.memory.carve`); tracked when ``array`` is."""
+    base = array._a if isinstance(array, TrackedArray) else array
+    count = int(np.prod(shape, dtype=np.int64))
+    offset = int(offset)
+    if base.ndim != 1 or offset < 0 or offset + count > base.size:
+        raise SimulationError(
+            f"carve of {shape} at element {offset} leaves the {base.shape} array it is cut from"
+        )
+    view = base[offset : offset + count].reshape(tuple(int(n) for n in shape))
+    return TrackedArray(view, array._space) if isinstance(array, TrackedArray) else view
