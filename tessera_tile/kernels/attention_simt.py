@@ -11,7 +11,8 @@ dimension, causal flag, load path and :class:`SimtAttentionConfig` (memoised):
 * ``scale_log2``: float32, ``scale * log2(e)``: scores are ``s = (q . k) * scale_log2`` and the
   weights ``p = exp2(s - max)`` (one ``MUFU.EX2`` each, :func:`exp2_approx`);
 * launch ``grid = (ceil(Sq / block_q), Z)`` blocks of ``config.threads`` threads (compiled
-  with that block size as its launch bound: no other block size).
+  with that block size as its launch bound: no other block size) with
+  ``config.shared_bytes(D)`` bytes of dynamic shared memory.
 
 A block owns ``block_q`` query rows and streams the keys in tiles of ``block_kv`` (FlashAttention-2
 order, online softmax)::
@@ -44,15 +45,17 @@ Shared memory (all conflict free, the simulator's profiler counts 0 bank conflic
   each; a row pitch of 8 or 24 words (mod 32) puts them in 32 distinct banks.
 
 K and V each have one buffer: the copy of V t overlaps the scores of tile t, the copy of K t+1
-the ``P @ V`` of tile t (two barriers per tile). That fits the 48 KiB static shared memory limit
-for D = 128 too, where a second stage would not.
+the ``P @ V`` of tile t (two barriers per tile). The four tiles are carved out of one dynamic
+shared array (``config.shared_bytes(D)`` bytes, opted in past 48 KiB by
+:func:`tessera_tile.dynamic_shared.launch`): D = 128 takes 64 x 32 tiles in 76 KiB.
 
 Cost per K/V tile and thread (default configs, 16-byte copies, static SASS of sm_90, the masking
 branch counted as if it ran): ``tm * tn * D`` FFMA for the scores and ``tm * (D/8) * block_kv``
 for ``P @ V`` (2 D per score), 9.2 FFMA per shared load for D = 32 and 64 (5.8 for D = 16, 7.5
-for D = 128, where the 48 KiB limit allows only 16-key tiles); in all 57 / 95 / 183 / 386
-instructions per score for D = 16 / 32 / 64 / 128 (of which 32 / 64 / 128 / 256 FFMA), one
-``MUFU.EX2`` per score plus one per row. Registers 96-170, no spills, no local memory.
+for D = 128 with the 32 x 16 tiles of 48 KiB of static shared memory); in all 57 / 95 / 183 /
+386 instructions per score for D = 16 / 32 / 64 / 128 (of which 32 / 64 / 128 / 256 FFMA), one
+``MUFU.EX2`` per score plus one per row (measured before D = 128's 64 x 32 default). Registers
+96-170, no spills, no local memory.
 
 Masking: keys ``>= Sk`` and, when ``causal``, keys ``j > i + Sk - Sq`` (bottom-right aligned, as
 FlashAttention 2.1+) get ``s = -inf``. Tiles past the last key any row of the block may see
@@ -71,9 +74,9 @@ from typing import NamedTuple
 
 from numba import cuda, float32, int32, uint32
 
-from .. import _config
+from .. import _config, dynamic_shared
 from .._fusion.device import exp2_approx, max_nan, rcp_approx
-from ..memory import load16_shared, store16
+from ..memory import carve, load16_shared, store16
 from ..pipeline import (
     SHARED_ALIGN,
     cp_async_4_zfill,
@@ -95,7 +98,6 @@ __all__ = [
 HEAD_DIMS = (16, 32, 64, 128)
 LANES = 8  # lanes per row group: the keys / head columns of one row are split over them
 FULL_MASK = 0xFFFFFFFF
-MAX_STATIC_SHARED = 48 * 1024
 K_PAD = 4  # floats of padding per K row (see the module doc)
 P_PAD = 8  # floats of padding per P row
 ZERO = float32(0.0)
@@ -122,7 +124,7 @@ class SimtAttentionConfig(NamedTuple):
         return self.block_kv // LANES
 
     def shared_bytes(self, head_dim: int) -> int:
-        """Static shared memory of the kernel for ``head_dim`` (Q, K, V and P tiles)."""
+        """Dynamic shared memory of the kernel for ``head_dim`` (Q, K, V and P tiles)."""
         floats = (
             self.block_q * head_dim
             + self.block_kv * (head_dim + K_PAD)
@@ -145,10 +147,11 @@ class SimtAttentionConfig(NamedTuple):
         if self.block_kv <= 0 or self.block_kv % 16:
             # 16: 4-key vectors of P per lane row, and a P pitch of 8 or 24 words mod 32
             raise ValueError(f"block_kv must be a positive multiple of 16, got {self.block_kv}")
-        if self.shared_bytes(head_dim) > MAX_STATIC_SHARED:
+        nbytes, allowed = self.shared_bytes(head_dim), dynamic_shared.limit()
+        if nbytes > allowed:
             raise ValueError(
-                f"{self} needs {self.shared_bytes(head_dim)} B of shared memory for "
-                f"head_dim {head_dim}; the static limit is {MAX_STATIC_SHARED} B"
+                f"{self} needs {nbytes} B of shared memory for head_dim {head_dim}; a block "
+                f"may use {allowed} B on {dynamic_shared.arch()}"
             )
 
 
@@ -156,7 +159,7 @@ _DEFAULTS = {
     16: SimtAttentionConfig(64, 64, 128),
     32: SimtAttentionConfig(64, 64, 128),
     64: SimtAttentionConfig(64, 32, 128),
-    128: SimtAttentionConfig(32, 16, 64),  # Q alone is 16 KiB: a smaller block and tile
+    128: SimtAttentionConfig(64, 32, 128),  # 76 KiB: within every architecture's limit
 }
 
 
@@ -295,6 +298,9 @@ def _simt_attention(head_dim: int, causal: bool, aligned: bool, config: SimtAtte
     k_shape = (block_kv, d + K_PAD)
     v_shape = (block_kv, d)
     p_shape = (block_q, block_kv + P_PAD)
+    k_at = block_q * d
+    v_at = k_at + block_kv * (d + K_PAD)
+    p_at = v_at + block_kv * d
     load_q = _tile_loader(block_q, d, vec, nthreads, banded=False, unroll=False)
     load_k = _tile_loader(block_kv, d, vec, nthreads, banded=True, unroll=True)
     load_v = _tile_loader(block_kv, d, vec, nthreads, banded=False, unroll=True)
@@ -302,10 +308,13 @@ def _simt_attention(head_dim: int, causal: bool, aligned: bool, config: SimtAtte
     read_v = read4 if w == 4 else read2
 
     def kernel(q, k, v, o, scale_log2):
-        qs = cuda.shared.array(q_shape, float32, alignment=SHARED_ALIGN)
-        ks = cuda.shared.array(k_shape, float32, alignment=SHARED_ALIGN)
-        vs = cuda.shared.array(v_shape, float32, alignment=SHARED_ALIGN)
-        ps = cuda.shared.array(p_shape, float32, alignment=SHARED_ALIGN)
+        # One dynamic array (config.shared_bytes(d), opted in past 48 KiB) carved into the
+        # tiles; each starts on 16 bytes (every row length is a multiple of 4 floats).
+        smem = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
+        qs = carve(smem, 0, q_shape)
+        ks = carve(smem, k_at, k_shape)
+        vs = carve(smem, v_at, v_shape)
+        ps = carve(smem, p_at, p_shape)
         # Local arrays indexed only by constants (unrolled loops) live in registers: the
         # compile tier checks there is no local memory.
         s = cuda.local.array((tm, tn), float32)

@@ -60,7 +60,7 @@ class Family:
     unaligned: str  # how rows that are not 16-byte aligned are loaded
     int32_positions: bool  # the kernel counts query and key positions in int32
     choose: object  # (D, Sq) -> the default config
-    dynamic_shared: bool  # launched with config.shared_bytes(D) of dynamic shared memory
+    tensor_cores: bool  # explain names rows per warp and the mma per ldmatrix
 
 
 FAMILIES = {
@@ -201,7 +201,7 @@ class Attention(HandWritten):
             grid = (-(-self.sq // cfg.block_q), launch.count)
             kernel = self.kernel(launch.aligned)
             params = (*views, scale_log2)
-            shared = cfg.shared_bytes(self.d) if self.family.dynamic_shared else 0
+            shared = cfg.shared_bytes(self.d)  # every family's tiles: dynamic shared memory
             out.append(KernelLaunch(kernel, grid, cfg.threads, params, launch.signature, shared))
         return out
 
@@ -272,12 +272,12 @@ class Attention(HandWritten):
             )
         names = dict.fromkeys(launch.kernel.py_func.__name__ for launch in launches)
         rows = f"{cfg.block_q} query rows each"
-        if self.family.dynamic_shared:  # the tensor-core kernels
+        if self.family.tensor_cores:
             rows += (
                 f" ({cfg.warp_rows} per warp: each ldmatrix.x4 of K or V feeds "
-                f"{cfg.warp_rows // 8} mma), {cfg.shared_bytes(self.d)} B of dynamic shared "
-                "memory"
+                f"{cfg.warp_rows // 8} mma)"
             )
+        rows += f", {cfg.shared_bytes(self.d)} B of dynamic shared memory"
         stages = [
             f"{name}: softmax(q @ k^T * {self.scale:.4g}) @ v, Sq {self.sq} x "
             f"Sk {self.sk}, D {self.d}, batch {self.batch or '()'}; "

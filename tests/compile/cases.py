@@ -39,7 +39,8 @@ ATT = "tessera_tile.kernels.attention_simt"
 ATT_ALIGNED = "void(" + "float32[:, :, ::1], " * 4 + "float32)"
 ATT_STRIDED = "void(" + "float32[:, :, :], " * 4 + "float32)"
 ATT_OPS = {"LDS.128": 16, "FFMA": 128, "MUFU.EX2": 2, "SHFL.BFLY": 6, "BAR": 2}
-ATT_THREADS = {16: 128, 32: 128, 64: 128, 128: 64}  # default_config(d).threads
+ATT_THREADS = {16: 128, 32: 128, 64: 128, 128: 128}  # default_config(d).threads
+ATT_SHARED = {16: 31744, 32: 44032, 64: 43520, 128: 76288}  # default_config(d).shared_bytes(d)
 # (head dim, aligned) -> registers: the most measured over causal / sm_80 / sm_90, plus 8
 ATT_BUDGET = {
     (16, True): 104, (16, False): 104, (32, True): 158, (32, False): 150,
@@ -340,6 +341,7 @@ CASES = [
             {"sm_80": ATT_BUDGET[d, aligned], "sm_90": ATT_BUDGET[d, aligned]},
             ATT_THREADS[d],
             ATT_OPS | ({"LDGSTS.E.BYPASS.128": 1} if aligned else {"LDGSTS.E": 1}),
+            dynamic_shared=ATT_SHARED[d],
         )
         for d in (16, 32, 64, 128)
         for causal in (False, True)
