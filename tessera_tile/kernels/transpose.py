@@ -19,8 +19,9 @@ Three tile loops, so that the steady state carries no guard (the SASS of each is
 - whole tiles, one element per lane: any strides, any alignment;
 - the partial tiles at the right and bottom edges, each element guarded.
 
-Each walk is a grid-stride loop without a division (a block steps by ``gridDim.x`` tiles,
-carrying into the tile row), so any size fits a 1-D grid. Indices are unsigned, and the
+Each walk is a grid-stride loop without a division (whole tiles: a block steps by
+``gridDim.x`` tiles, carrying into the tile row; edge tiles: numbered along regions one tile
+wide or one tile high), so any size fits a 1-D grid. Indices are unsigned, and the
 counters of the whole-tile walks 32-bit: Numba adds no wraparound of negative indices, and
 ptxas strength-reduces the addresses (see ``tests/compile/test_transpose_sass.py`` for the
 instructions per tile). Launch with ``THREADS`` threads in x: the lanes' mapping is built in.
@@ -42,6 +43,7 @@ TILES = {
 # Unsigned constants: a Python int in a sum makes Numba type it signed (int64) again.
 _T64 = np.uint64(TILE)
 _ONE = np.uint32(1)
+_ZERO = np.uint32(0)
 
 
 def _column(vector: int):
@@ -159,36 +161,29 @@ def _make(dtype: str):
             walk_vector(src, dst, tile, tid, b, g, rows, cols)
         else:
             walk_scalar(src, dst, tile, tid, b, g, rows, cols)
-        # The partial tiles: the right column of the whole tile rows, then the bottom tile
-        # row. Blocks that ran one whole tile fewer start them (the one division is here).
+        # The partial tiles, numbered e = 0, 1, ...: the right column (one tile wide) of the
+        # whole tile rows, then the bottom tile row (one tile high; every row, one tile wide,
+        # when n < 32). Blocks that ran one whole tile fewer start them. No division: each
+        # region is one tile wide or one tile high.
         shift = uint32(uint32(rows * cols) % g)
         e = uint32(b + g - shift)
         if e >= g:
             e = uint32(e - g)
-        tiles_n = (n + TILE - 1) // TILE
-        tiles_m = (m + TILE - 1) // TILE
-        edge_n = tiles_n - full_n
-        right = full_m * edge_n
-        if e < right:
-            tile_row = e // edge_n
-            tile_col = e - tile_row * edge_n
-            width = edge_n
-        else:
-            tile_row = full_m + (e - right) // max(tiles_n, 1)
-            tile_col = (e - right) - (tile_row - full_m) * tiles_n
-            width = tiles_n
-        while tile_row < tiles_m:
-            col = tile_col + full_n if tile_row < full_m else tile_col
-            row0, col0 = uint64(tile_row * TILE), uint64(col * TILE)
+        tiles_n = uint32((n + TILE - 1) // TILE)
+        right = uint32(rows * (tiles_n - cols))  # 0 or the whole tile rows
+        edges = uint32(right + (uint32((m + TILE - 1) // TILE) - rows) * tiles_n)
+        while e < edges:
+            tile_row, col = e, cols  # the right column
+            if e >= right:  # the bottom row, or (n < 32) the one column of every row
+                f = uint32(e - right)  # Numba types uint32 - uint32 as 64-bit
+                tile_row, col = (uint32(rows + f), _ZERO) if tiles_n == 1 else (rows, f)
+            row0, col0 = uint64(tile_row) * _T64, uint64(col) * _T64
             move_edge(src, dst, row0, col0, tile, tid, uint64(m), uint64(n))
-            tile_col += g
-            while tile_col >= width:
-                tile_col -= width
-                tile_row += 1
-                if tile_row == full_m:
-                    width = tiles_n
+            e = uint32(e + g)
 
-    return cuda.jit(transpose_tiles)
+    # 8 blocks of 256 threads per SM (32 registers each): full occupancy for a memory-bound
+    # kernel, which ptxas otherwise gives up on sm_90 for the edge loop's few registers more
+    return cuda.jit(transpose_tiles, launch_bounds=(THREADS, 8))
 
 
 transpose_f16 = _make("f2")
