@@ -69,7 +69,7 @@ def opt_in(kernel, args, nbytes: int) -> None:
     """Let ``kernel`` launch on ``args`` with up to ``nbytes`` of dynamic shared memory (once
     per kernel, argument types and device; the GPU compiles one kernel per argument types)."""
     if _config.SIMULATED:
-        shared_limits.opt_in(kernel, nbytes)
+        shared_limits.opt_in(kernel, args, nbytes)
         return
     from numba import cuda
 

@@ -268,16 +268,33 @@ def driver_names():
 
 
 def launch_refusals() -> tuple[type, ...]:
-    """The errors a launch the device refuses raises: the simulator's shared-memory refusal,
-    on a GPU numba-cuda's ``CudaAPIError`` (``CUDA_ERROR_INVALID_VALUE``)."""
+    """The errors a launch the device refuses raises: the simulator's shared-memory refusal;
+    on a GPU ``cuda.core``'s ``CUDAError`` (numba-cuda 0.30 launches through ``cuda.core``:
+    ``CUDA_ERROR_INVALID_VALUE``) and numba-cuda's own ``CudaAPIError``."""
     from .. import _config
     from .shared_limits import SharedMemoryError
 
     if _config.SIMULATED:
         return (SharedMemoryError,)
+    from cuda.core._utils.cuda_utils import CUDAError
     from numba.cuda.cudadrv.driver import CudaAPIError
 
-    return (CudaAPIError,)
+    return (CUDAError, CudaAPIError)
+
+
+def argument_kinds(args) -> tuple:
+    """What a GPU compiles one kernel per, read from launch arguments in the simulator: each
+    array's dtype, rank and layout (C, F or any), each scalar's type (a GPU keeps a kernel's
+    opt-in per compiled kernel, so per these)."""
+    kinds = []
+    for a in args:
+        a = host_memory(a) if isinstance(a, FakeCUDAArray) else a
+        if isinstance(a, np.ndarray):
+            layout = "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "A"
+            kinds.append((a.dtype.str, a.ndim, layout))
+        else:
+            kinds.append(a.dtype.str if isinstance(a, np.generic) else type(a))
+    return tuple(kinds)
 
 
 def set_max_dynamic_shared(kernel, argtypes: tuple, nbytes: int) -> None:

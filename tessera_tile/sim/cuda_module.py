@@ -52,7 +52,10 @@ class _Shared:
                 arr.view(np.uint8).fill(0xFF)
                 arr = block.shared[key] = ints.typed_view(arr)
                 static = sum(a.nbytes for a in block.shared.values())
-                shared_limits.check_block(block.launch.kernel, static, block.dynshared.size)
+                launch = block.launch
+                shared_limits.check_block(
+                    launch.kernel.fn, launch.opted_shared, static, block.dynshared.size
+                )
         if block.recorder:
             return block.recorder.shared_array(key, arr)
         return arr

@@ -32,7 +32,8 @@ class Launch:
             kernel.grid_dim, kernel.block_dim
         )
         self.dynshared_size = kernel.dynshared_size
-        shared_limits.check_launch(kernel, self.dynshared_size)
+        self.opted_shared = shared_limits.opted(kernel, args)
+        shared_limits.check_launch(kernel.fn, self.opted_shared, self.dynshared_size)
         self.kernel = kernel
         self.profile: Profile | None = active()
         self.module = WarpAwareModule(self)

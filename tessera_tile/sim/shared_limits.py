@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
+from . import compat
 from ._base import SimulationError
 
 STATIC_LIMIT = 48 * 1024  # bytes of static shared memory per block, every architecture
@@ -29,8 +30,9 @@ BLOCK_LIMIT = {  # bytes a block may opt into, per architecture
 }
 ARCH = ["sm_90"]  # the simulated device's architecture (a list: simulated_arch() changes it)
 
-# The bytes of dynamic shared memory a kernel opted into: an attribute of the kernel, as on a
-# GPU (two kernels of one function opt in apart), that its configured copies carry.
+# The bytes of dynamic shared memory a kernel opted into, per argument kinds: an attribute of
+# the kernel object (two kernels of one function opt in apart), a dict its configured copies
+# share, keyed as a GPU compiles one kernel (and keeps one attribute) per argument types.
 _OPTED_IN = "_tessera_max_dynamic_shared"
 
 
@@ -59,44 +61,47 @@ def simulated_arch(arch: str):
         ARCH[0] = saved
 
 
-def opt_in(kernel, nbytes: int) -> None:
-    """Let ``kernel`` launch with up to ``nbytes`` of dynamic shared memory, as
-    ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` does; refused over the architecture's
-    limit."""
+def opt_in(kernel, args, nbytes: int) -> None:
+    """Let ``kernel``, launched on arguments of the kinds of ``args``, use up to ``nbytes`` of
+    dynamic shared memory, as ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` does for one
+    compiled kernel; refused over the architecture's limit."""
     limit = block_limit(ARCH[0])
     if not 0 <= nbytes <= limit:
         raise SharedMemoryError(
             f"cannot opt {kernel.fn.__name__} into {nbytes} B of dynamic shared memory: "
             f"{ARCH[0]} allows a block at most {limit} B (CUDA_ERROR_INVALID_VALUE)"
         )
-    setattr(kernel, _OPTED_IN, nbytes)
+    opted = kernel.__dict__.setdefault(_OPTED_IN, {})
+    opted[compat.argument_kinds(args)] = nbytes
 
 
-def check_launch(kernel, dynamic: int) -> None:
+def opted(kernel, args) -> int | None:
+    """The bytes ``kernel`` opted into for arguments of the kinds of ``args``, or None."""
+    return getattr(kernel, _OPTED_IN, {}).get(compat.argument_kinds(args))
+
+
+def check_launch(fn, opted: int | None, dynamic: int) -> None:
     """At launch: the dynamic size within the kernel's attribute (what it opted into, else
     48 KiB less its static arrays, checked as they are declared: :func:`check_block`)."""
-    opted = getattr(kernel, _OPTED_IN, None)
     limit = STATIC_LIMIT if opted is None else opted
     if dynamic > limit:
         raise SharedMemoryError(
-            f"launch of {kernel.fn.__name__} with {dynamic} B of dynamic shared memory: the "
-            f"kernel may use {limit} B"
+            f"launch of {fn.__name__} with {dynamic} B of dynamic shared memory: the kernel may "
+            f"use {limit} B"
             + ("" if opted else " without an opt-in")
             + " (CUDA_ERROR_INVALID_VALUE)"
         )
 
 
-def check_block(kernel, static: int, dynamic: int) -> None:
+def check_block(fn, opted: int | None, static: int, dynamic: int) -> None:
     """When a block declares a static array: ``static`` bytes within 48 KiB (ptxas); without
     an opt-in ``static + dynamic`` within 48 KiB (the launch), with one ``static`` plus the
     opted-in size within the architecture's limit (the attribute)."""
-    fn = kernel.fn
     if static > STATIC_LIMIT:
         raise SharedMemoryError(
             f"{fn.__name__} uses too much shared data ({static} B of static shared memory, "
             f"{STATIC_LIMIT} B max): ptxas refuses it; use dynamic shared memory"
         )
-    opted = getattr(kernel, _OPTED_IN, None)
     if opted is None and static + dynamic > STATIC_LIMIT:
         raise SharedMemoryError(
             f"launch of {fn.__name__}: {static} B of static and {dynamic} B of dynamic shared "

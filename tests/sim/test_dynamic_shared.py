@@ -9,7 +9,7 @@ from numba import cuda, float32
 from tessera_tile import dynamic_shared, memory, sim
 
 KIB = 1024
-REFUSAL = "the simulator's own error type; a GPU refuses the same launch with CudaAPIError"
+REFUSAL = "the simulator's own error type; a GPU refuses the same launch with a CUDA error"
 
 
 @cuda.jit
@@ -160,3 +160,18 @@ def test_a_carve_past_the_end_is_refused():
     out = np.zeros((32, 32), np.float32)
     with pytest.raises(sim.SimulationError, match="leaves the"):
         dynamic_shared.launch(two_tiles_transposed, 1, 32, 64 * 65 * 4, (x, out))
+
+
+@pytest.mark.sim_only(reason=REFUSAL)
+def test_an_opt_in_holds_for_the_argument_types_it_was_made_for():
+    """A GPU compiles one kernel per argument types and keeps the opt-in on that kernel: a
+    launch on other types (here a strided view: layout "A") needs its own opt-in."""
+    kernel = cuda.jit(reverse_through_shared.py_func)
+    x = np.arange(2 * 16 * KIB, dtype=np.float32)
+    dx, out = cuda.to_device(x), cuda.to_device(np.zeros(16 * KIB, np.float32))
+    dynamic_shared.opt_in(kernel, (dx[: 16 * KIB], out), 64 * KIB)
+    kernel[1, 64, 0, 64 * KIB](dx[: 16 * KIB], out)  # the types it opted in for
+    with pytest.raises(sim.SharedMemoryError, match="without an opt-in"):
+        kernel[1, 64, 0, 64 * KIB](dx[::2], out)
+    dynamic_shared.launch(kernel, 1, 64, 64 * KIB, (dx[::2], out))
+    np.testing.assert_array_equal(out.copy_to_host(), x[::2][::-1])

@@ -48,7 +48,7 @@ def test_large_shared_tile_example_matches_numpy(rows, cols):
     assert example.run(rows=rows, cols=cols) == 0.0  # bit for bit, host and device
 
 
-@pytest.mark.sim_only(reason="the simulator's own error type; a GPU refuses with CudaAPIError")
+@pytest.mark.sim_only(reason="the simulator's own error type; a GPU refuses with a CUDA error")
 def test_large_shared_tile_needs_the_opt_in():
     from numba import cuda
 
