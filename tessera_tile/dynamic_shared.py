@@ -30,9 +30,18 @@ import threading
 
 from . import _config
 from .sim import compat, shared_limits
-from .sim.shared_limits import BLOCK_LIMIT, STATIC_LIMIT
+from .sim.shared_limits import BLOCK_LIMIT, MAX_BLOCK_LIMIT, STATIC_LIMIT
 
-__all__ = ["BLOCK_LIMIT", "STATIC_LIMIT", "arch", "launch", "launch_kept", "limit", "opt_in"]
+__all__ = [
+    "BLOCK_LIMIT",
+    "MAX_BLOCK_LIMIT",
+    "STATIC_LIMIT",
+    "arch",
+    "launch",
+    "launch_kept",
+    "limit",
+    "opt_in",
+]
 
 OFFLINE_ARCH = "sm_90"  # what plans target with no GPU: the machine the default models describe
 

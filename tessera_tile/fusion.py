@@ -93,9 +93,12 @@ class Explain:
 
     def __str__(self) -> str:
         ratio = self.bytes_unfused / self.bytes_fused if self.bytes_fused else float("nan")
+        # a lone reduction split across blocks moves its partials too: more than the estimate
+        # of one kernel per op, which counts none
+        versus = f"{ratio:.2f}x less" if not ratio < 1 else f"{1 / ratio:.2f}x more"
         lines = [
             f"{self.kernels} kernel(s); predicted global traffic {self.bytes_fused} B fused vs "
-            f"{self.bytes_unfused} B with one kernel per op ({ratio:.2f}x less)",
+            f"{self.bytes_unfused} B with one kernel per op ({versus})",
             *(f"  kernel {i}: {s}" for i, s in enumerate(self.stages)),
         ]
         if self.reasons:

@@ -55,6 +55,7 @@ from dataclasses import astuple, dataclass, fields
 
 from . import dynamic_shared
 from .dynamic_shared import BLOCK_LIMIT as ARCH_SHARED_LIMIT
+from .dynamic_shared import MAX_BLOCK_LIMIT as MAX_SHARED
 from .dynamic_shared import STATIC_LIMIT as STATIC_SHARED_LIMIT
 from .inspect import ARCHS
 
@@ -69,7 +70,6 @@ __all__ = [
     "estimate",
 ]
 
-MAX_SHARED = max(ARCH_SHARED_LIMIT.values())  # no architecture gives a block more
 WARP = 32
 REGISTER_TILES = ((4, 4), (4, 8), (8, 4), (8, 8))  # (thread_m, thread_n) the SIMT kernel supports
 STAGED_BYTES = {"float32": 4, "float16": 2, "tf32": 4}

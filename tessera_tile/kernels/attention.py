@@ -80,6 +80,7 @@ from ..mma import (
     store_f16x2,
 )
 from ..pipeline import (
+    SHARED_ALIGN,
     cp_async_cg_16_zfill,
     cp_async_commit_group,
     cp_async_wait_group,
@@ -387,8 +388,9 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig, bf16: bool
     def kernel(q, k, v, o, scale_log2):
         # One dynamic array (sized at launch: AttentionConfig.shared_bytes): Q, then the K
         # ring, then the V ring.
-        smem = cuda.shared.array(0, elem)
-        bits = cuda.shared.array(0, uint16)  # the same memory (dynamic arrays alias), as bits
+        smem = cuda.shared.array(0, elem, alignment=SHARED_ALIGN)
+        # the same memory (dynamic arrays alias), as bits
+        bits = cuda.shared.array(0, uint16, alignment=SHARED_ALIGN)
         # Local arrays indexed only by constants (loops over constants, unrolled): registers.
         qf = cuda.local.array((mt, qk, 4), uint32)
         pf = cuda.local.array((mt, kk_steps, 4), uint32)  # P as A fragments

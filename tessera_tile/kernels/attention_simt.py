@@ -47,7 +47,7 @@ Shared memory (all conflict free, the simulator's profiler counts 0 bank conflic
 K and V each have one buffer: the copy of V t overlaps the scores of tile t, the copy of K t+1
 the ``P @ V`` of tile t (two barriers per tile). The four tiles are carved out of one dynamic
 shared array (``config.shared_bytes(D)`` bytes, opted in past 48 KiB by
-:func:`tessera_tile.dynamic_shared.launch`): D = 128 takes 64 x 32 tiles in 76 KiB.
+:func:`tessera_tile.dynamic_shared.launch`): D = 128 takes 64 x 32 tiles in 74.5 KiB.
 
 Cost per K/V tile and thread (default configs, 16-byte copies, static SASS of sm_90, the masking
 branch counted as if it ran): ``tm * tn * D`` FFMA for the scores and ``tm * (D/8) * block_kv``
@@ -159,7 +159,7 @@ _DEFAULTS = {
     16: SimtAttentionConfig(64, 64, 128),
     32: SimtAttentionConfig(64, 64, 128),
     64: SimtAttentionConfig(64, 32, 128),
-    128: SimtAttentionConfig(64, 32, 128),  # 76 KiB: within every architecture's limit
+    128: SimtAttentionConfig(64, 32, 128),  # 74.5 KiB: within every architecture's limit
 }
 
 

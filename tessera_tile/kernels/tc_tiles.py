@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _config
-from ..dynamic_shared import BLOCK_LIMIT
+from ..dynamic_shared import MAX_BLOCK_LIMIT as MAX_SHARED
 from ..sim import compat
 
 __all__ = [
@@ -26,7 +26,6 @@ __all__ = [
 
 WARP_SIZE = 32
 CHUNK = 8  # float16 per 16-byte chunk (one cp.async, one ldmatrix row)
-MAX_SHARED = max(BLOCK_LIMIT.values())  # dynamic, opted in: the most any architecture allows
 
 # The main loop's pieces are inlined so that fragments and accumulators stay constant-indexed
 # registers and stage offsets constants: by NVVM (alwaysinline: each piece is typed once) when

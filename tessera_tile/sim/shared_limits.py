@@ -28,6 +28,7 @@ BLOCK_LIMIT = {  # bytes a block may opt into, per architecture
     "sm_89": 99 * 1024,
     "sm_90": 227 * 1024,
 }
+MAX_BLOCK_LIMIT = max(BLOCK_LIMIT.values())  # no architecture gives a block more
 ARCH = ["sm_90"]  # the simulated device's architecture (a list: simulated_arch() changes it)
 
 # The bytes of dynamic shared memory a kernel opted into, per argument kinds: an attribute of
