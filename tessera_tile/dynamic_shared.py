@@ -95,9 +95,12 @@ def launch_kept(kernel, grid, block, nbytes: int, args, stream=0) -> None:
     kept call): launched without typing them again, and so without the opt-in's cost; where
     the device refuses it (another device, where the kernel has not opted in), opted in and
     launched again."""
+    refusals = (
+        (shared_limits.SharedMemoryError,) if _config.SIMULATED else compat.gpu_launch_errors()
+    )
     try:
         kernel[grid, block, stream, nbytes](*args)
-    except compat.launch_refusals():
+    except refusals:
         opt_in(kernel, args, nbytes)
         kernel[grid, block, stream, nbytes](*args)
 

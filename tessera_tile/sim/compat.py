@@ -267,15 +267,10 @@ def driver_names():
     return DeviceNDArray, Stream, device_memset
 
 
-def launch_refusals() -> tuple[type, ...]:
-    """The errors a launch the device refuses raises: the simulator's shared-memory refusal;
-    on a GPU ``cuda.core``'s ``CUDAError`` (numba-cuda 0.30 launches through ``cuda.core``:
-    ``CUDA_ERROR_INVALID_VALUE``) and numba-cuda's own ``CudaAPIError``."""
-    from .. import _config
-    from .shared_limits import SharedMemoryError
-
-    if _config.SIMULATED:
-        return (SharedMemoryError,)
+def gpu_launch_errors() -> tuple[type, ...]:
+    """What a launch a GPU refuses raises: ``cuda.core``'s ``CUDAError`` (numba-cuda 0.30
+    launches through ``cuda.core``: ``CUDA_ERROR_INVALID_VALUE``) and numba-cuda's own
+    ``CudaAPIError``."""
     from cuda.core._utils.cuda_utils import CUDAError
     from numba.cuda.cudadrv.driver import CudaAPIError
 
