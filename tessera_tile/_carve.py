@@ -12,6 +12,7 @@ from numba.core import cgutils
 from numba.cuda.extending import intrinsic
 
 from . import sim
+from .intrinsics import integer_count
 
 
 @intrinsic
@@ -20,11 +21,8 @@ def _carve_intrinsic(typingctx, base, offset, shape):
         raise TypeError(f"carve cuts a 1-D C-contiguous array, got {base}")
     if not isinstance(offset, types.Integer):
         raise TypeError(f"carve's offset must be an integer, got {offset}")
-    if isinstance(shape, types.Integer):
-        ndim = 1
-    elif isinstance(shape, types.BaseTuple) and all(isinstance(t, types.Integer) for t in shape):
-        ndim = len(shape)
-    else:
+    ndim = integer_count(shape)
+    if ndim is None:
         raise TypeError(f"carve's shape must be an integer or a tuple of integers, got {shape}")
     result = types.Array(base.dtype, ndim, "C")
 

@@ -18,15 +18,22 @@ def thread_rank():
     return t.x + d.x * (t.y + d.y * t.z), d.x * d.y * d.z
 
 
+def integer_count(value) -> int | None:
+    """Typing: how many integers ``value`` holds (an integer, or a tuple of integers); None
+    for any other type."""
+    if isinstance(value, types.Integer):
+        return 1
+    if isinstance(value, types.BaseTuple) and all(isinstance(t, types.Integer) for t in value):
+        return len(value)
+    return None
+
+
 def check_index(name: str, array, index) -> None:
     """Typing: ``array[index]`` names one element (one integer per dimension)."""
     if not isinstance(array, types.Array):
         raise NumbaTypeError(f"{name} takes an array, got {array}")
-    if isinstance(index, types.Integer):
-        count = 1
-    elif isinstance(index, types.BaseTuple) and all(isinstance(t, types.Integer) for t in index):
-        count = len(index)
-    else:
+    count = integer_count(index)
+    if count is None:
         raise NumbaTypeError(f"{name}: {index} is not an integer or a tuple of integers")
     if count != array.ndim:
         raise NumbaTypeError(f"{name}: {count} indices for a {array.ndim}-d array")

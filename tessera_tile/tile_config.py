@@ -57,7 +57,6 @@ from . import dynamic_shared
 from .dynamic_shared import BLOCK_LIMIT as ARCH_SHARED_LIMIT
 from .dynamic_shared import MAX_BLOCK_LIMIT as MAX_SHARED
 from .dynamic_shared import STATIC_LIMIT as STATIC_SHARED_LIMIT
-from .inspect import ARCHS
 
 __all__ = [
     "ARCH_SHARED_LIMIT",
@@ -261,6 +260,8 @@ def estimated_registers(config: TileConfig) -> int:
 def blocks_per_sm(config: TileConfig, arch: str = "sm_90") -> int:
     regs = -(-estimated_registers(config) * WARP // 256) * 256  # per warp, in units of 256
     by_regs = SM_REGISTERS // (regs * config.num_warps)
+    from .inspect import ARCHS  # here: importing tessera_tile must not load the compiler side
+
     sm = ARCHS.get(arch, ARCHS["sm_90"])  # shared memory per SM, and the per-block reserve
     by_smem = sm.max_shared // (config.shared_bytes + sm.reserved_shared)
     return max(0, min(by_regs, by_smem, SM_WARPS // config.num_warps, SM_BLOCKS))

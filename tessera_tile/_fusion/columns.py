@@ -27,6 +27,23 @@ from .schedule import COLUMN_UNROLL, Moments, column_block, pass_leaves
 class SplitColumns:
     """``write_column_split`` and its helpers (the writer's ``src``, ``v``, ``sched``...)."""
 
+    def fold_partials(self, r, a: str, ai: str, ri: int, count: str, at) -> None:
+        """``a`` (and its index ``ai``) folded from the ``count`` partials ``part{ri}`` in block
+        order, partial ``b`` at ``part{ri}[at(b)]``: the last block's step of a reduction
+        split across blocks (columns here, the full reduction's two stages too)."""
+        s, t = self.src, TYPE_NAMES[acc_dtype(r)]
+        s(f"{a} = {t}(part{ri}[{at(0)}])")
+        if ai:
+            s(f"{ai} = parti{ri}[{at(0)}]")
+        s("b = 1")
+        s(f"while b < {count}:")
+        s(f"    {a}_b = {t}(part{ri}[{at('b')}])")
+        if ai:
+            s(f"    {a}_bi = parti{ri}[{at('b')}]")
+        for line in combine(r, a, f"{a}_b", ai, f"{a}_bi" if ai else ""):
+            s("    " + line)
+        s("    b += 1")
+
     def write_column_split(self) -> None:
         """Rows split across blocks: block ``b`` reduces column tile ``b % tiles`` (``x``
         threads of ``vector`` adjacent columns) over row chunk ``b // tiles`` (``y`` threads
@@ -132,24 +149,14 @@ class SplitColumns:
             s("if done and active and ty == 0:")
             with s.block():
                 for lanes in accs:
-                    t = TYPE_NAMES[acc_dtype(lanes[0][0])]
                     for lane, (r, a, ai) in enumerate(lanes):
                         at = f"col + {lane}"
                         if isinstance(r, Moments):
                             self.merge_splits(r, a, ai, at, slot)
                             continue
-                        ri = slot[r.key]
-                        s(f"{a} = {t}(part{ri}[{at}])")
-                        if ai:
-                            s(f"{ai} = parti{ri}[{at}]")
-                        s("b = 1")
-                        s("while b < splits:")
-                        s(f"    {a}_b = {t}(part{ri}[b * nkept + {at}])")
-                        if ai:
-                            s(f"    {a}_bi = parti{ri}[b * nkept + {at}]")
-                        for line in combine(r, a, f"{a}_b", ai, f"{a}_bi" if ai else ""):
-                            s("    " + line)
-                        s("    b += 1")
+                        self.fold_partials(
+                            r, a, ai, slot[r.key], "splits", lambda b, at=at: f"{b} * nkept + {at}"
+                        )
         row_outs = [(i, n) for i, (n, _) in enumerate(self.outputs) if self.space[id(n)] == "row"]
         s("if done and active and ty == 0:")
         with s.block():

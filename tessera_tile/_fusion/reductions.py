@@ -427,18 +427,7 @@ class ReductionWriter(SplitColumns, KernelWriter):
             with s.block():
                 row_env: dict = {}
                 for ri, (r, a, ai) in enumerate(accs):
-                    t = TYPE_NAMES[acc_dtype(r)]
-                    s(f"{a} = {t}(part{ri}[0])")
-                    if ai:
-                        s(f"{ai} = parti{ri}[0]")
-                    s("b = 1")
-                    s("while b < cuda.gridDim.x:")
-                    s(f"    {a}_b = {t}(part{ri}[b])")
-                    if ai:
-                        s(f"    {a}_bi = parti{ri}[b]")
-                    for line in combine(r, a, f"{a}_b", ai, f"{a}_bi" if ai else ""):
-                        s("    " + line)
-                    s("    b += 1")
+                    self.fold_partials(r, a, ai, ri, "cuda.gridDim.x", str)
                     row_env[r.key] = self.fresh("r")
                     s(f"{row_env[r.key]} = {final_value(r, a, ai)}")
                 for i, n in row_outs:

@@ -31,16 +31,19 @@ ANCHORS = "anchors D=64: CUDA C++ 2.0 HMMA per LDSM, 10.9 instr per score; Trito
 BAR = {64: (4.0, 11.0), 128: (2.0, 15.5)}
 
 
+def default_kernel(d: int, causal: bool, arch: str):
+    """``(config, compile report)`` of D's default kernel, launched as the op launches it."""
+    cfg = fa.default_config(d)
+    kernel = fa.flash_attention(d, causal, True)
+    report = inspect.compile(
+        kernel, SIG, arch=arch, block=cfg.threads, dynamic_shared=cfg.shared_bytes(d)
+    )
+    return cfg, report
+
+
 def kv_loop_figures(d: int, causal: bool, arch: str):
     """The default config's kernel and its K/V loop, per tile of ``block_kv`` keys."""
-    cfg = fa.default_config(d)
-    report = inspect.compile(
-        fa.flash_attention(d, causal, True),
-        SIG,
-        arch=arch,
-        block=cfg.threads,
-        dynamic_shared=cfg.shared_bytes(d),
-    )
+    cfg, report = default_kernel(d, causal, arch)
     loop = report.loop_with("HMMA")
     m16 = cfg.warp_rows // 16
     hmma = 2 * m16 * (cfg.block_kv // 8) * (d // 16)  # Q K^T and P V of one tile
@@ -102,14 +105,7 @@ def test_kv_loop_against_the_anchors(d, causal, arch, record_property):
 @pytest.mark.parametrize("d", fa.HEAD_DIMS)
 def test_every_head_dim_compiles_without_spills(d, arch, record_property):
     """All shared memory is dynamic (D = 128: 80 KiB, past the 48 KiB of static memory)."""
-    cfg = fa.default_config(d)
-    report = inspect.compile(
-        fa.flash_attention(d, True, True),
-        SIG,
-        arch=arch,
-        block=cfg.threads,
-        dynamic_shared=cfg.shared_bytes(d),
-    )
+    cfg, report = default_kernel(d, True, arch)
     record_property(
         "resources",
         f"flash attention D={d} causal {arch}: regs {report.registers}, smem "

@@ -2,9 +2,10 @@
 static arrays pass 48 KiB, and a kernel on dynamic shared memory declares none statically."""
 
 import pytest
+from dynamic_shared_kernels import CARVED_BYTES, carved_tiles
 from numba import cuda, float32
 
-from tessera_tile import inspect, memory
+from tessera_tile import inspect
 
 KIB = 1024
 
@@ -42,26 +43,12 @@ def test_dynamic_shared_is_reported_and_checked(arch, limit_kib):
         inspect.compile(on_dynamic, sig, arch, dynamic_shared=limit_kib * KIB + 4)
 
 
-def carved_tiles(x, out):
-    smem = cuda.shared.array(0, float32)
-    first = memory.carve(smem, 0, (64, 65))
-    second = memory.carve(smem, 2 * x.shape[1] * 65, (32, 32))
-    t = cuda.threadIdx.x
-    for r in range(64):
-        first[r, t] = x[r, t]
-    for r in range(32):
-        second[r, t] = x[64 + r, t]
-    cuda.syncthreads()
-    for r in range(32):
-        out[t, r] = first[r, t] + second[r, t]
-
-
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_carved_views_compile_to_plain_shared_accesses(arch):
     """memory.carve builds the view in place: no call (numba's reshape calls a host helper
     that does not link), no local memory, shared loads and stores only."""
     sig = "void(float32[:, ::1], float32[:, ::1])"
-    report = inspect.compile(carved_tiles, sig, arch, block=32, dynamic_shared=20992)
+    report = inspect.compile(carved_tiles, sig, arch, block=32, dynamic_shared=CARVED_BYTES)
     assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
     assert report.count("CALL") == 0, report
     assert report.count("LDS") >= 2 and report.count("STS") >= 2, report

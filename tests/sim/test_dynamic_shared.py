@@ -4,9 +4,10 @@ either over the architecture's limit)."""
 
 import numpy as np
 import pytest
+from dynamic_shared_kernels import CARVED_BYTES, carved_tiles
 from numba import cuda, float32
 
-from tessera_tile import dynamic_shared, memory, sim
+from tessera_tile import dynamic_shared, sim
 
 KIB = 1024
 REFUSAL = "the simulator's own error type; a GPU refuses the same launch with a CUDA error"
@@ -127,29 +128,11 @@ def test_kept_launch_opts_in_where_the_device_refuses(side):
     np.testing.assert_array_equal(got, x[::-1])
 
 
-@cuda.jit
-def two_tiles_transposed(x, out):
-    """A 64 x 65 tile and a 32 x 32 one carved out of the dynamic shared memory (padded rows,
-    a run-time offset): x's first 64 rows go through the first, its next 32 through the second."""
-    smem = cuda.shared.array(0, float32)
-    first = memory.carve(smem, 0, (64, 65))
-    second = memory.carve(smem, 2 * x.shape[1] * 65, (32, 32))  # 64 x 65 elements on
-    t = cuda.threadIdx.x
-    for r in range(64):
-        first[r, t] = x[r, t]
-    for r in range(32):
-        second[r, t] = x[64 + r, t]
-    cuda.syncthreads()
-    for r in range(32):
-        out[t, r] = first[r, t] + second[r, t]
-
-
 def test_carved_tiles_share_the_dynamic_memory(side):
     x = np.arange(96 * 32, dtype=np.float32).reshape(96, 32)
     out = np.zeros((32, 32), np.float32)
     args = (x, out) if side == "host" else (cuda.to_device(x), cuda.to_device(out))
-    nbytes = (64 * 65 + 32 * 32) * 4  # 20.5 KiB
-    dynamic_shared.launch(two_tiles_transposed, 1, 32, nbytes, args)
+    dynamic_shared.launch(carved_tiles, 1, 32, CARVED_BYTES, args)
     got = out if side == "host" else args[1].copy_to_host()
     np.testing.assert_array_equal(got, (x[:32] + x[64:]).T)
 
@@ -159,7 +142,7 @@ def test_a_carve_past_the_end_is_refused():
     x = np.zeros((96, 32), np.float32)
     out = np.zeros((32, 32), np.float32)
     with pytest.raises(sim.SimulationError, match="leaves the"):
-        dynamic_shared.launch(two_tiles_transposed, 1, 32, 64 * 65 * 4, (x, out))
+        dynamic_shared.launch(carved_tiles, 1, 32, 64 * 65 * 4, (x, out))
 
 
 @pytest.mark.sim_only(reason=REFUSAL)
