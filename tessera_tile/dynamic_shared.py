@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
 from . import _config
 from .sim import compat, shared_limits
 from .sim.shared_limits import BLOCK_LIMIT, MAX_BLOCK_LIMIT, STATIC_LIMIT
@@ -74,9 +76,19 @@ _opted: dict = {}  # (kernel, argument types, device) -> bytes opted into
 _lock = threading.Lock()
 
 
+def _checked_bytes(nbytes) -> int:
+    """``nbytes`` of dynamic shared memory: a non-negative int."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int | np.integer):
+        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    return int(nbytes)
+
+
 def opt_in(kernel, args, nbytes: int) -> None:
     """Let ``kernel`` launch on ``args`` with up to ``nbytes`` of dynamic shared memory (once
     per kernel, argument types and device; the GPU compiles one kernel per argument types)."""
+    nbytes = _checked_bytes(nbytes)
     if _config.SIMULATED:
         shared_limits.opt_in(kernel, args, nbytes)
         return
@@ -108,6 +120,6 @@ def launch_kept(kernel, grid, block, nbytes: int, args, stream=0) -> None:
 def launch(kernel, grid, block, nbytes: int, args, stream=0) -> None:
     """``kernel[grid, block, stream, nbytes](*args)``, opted in first: without the opt-in a
     block's static and dynamic memory together may not pass 48 KiB."""
-    if nbytes:
+    if _checked_bytes(nbytes):
         opt_in(kernel, args, nbytes)
     kernel[grid, block, stream, nbytes](*args)

@@ -158,3 +158,13 @@ def test_an_opt_in_holds_for_the_argument_types_it_was_made_for():
         kernel[1, 64, 0, 64 * KIB](dx[::2], out)
     dynamic_shared.launch(kernel, 1, 64, 64 * KIB, (dx[::2], out))
     np.testing.assert_array_equal(out.copy_to_host(), x[::2][::-1])
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "error"), [(-16, ValueError), (1.5, TypeError), (True, TypeError)]
+)
+def test_bad_sizes_are_refused_before_any_launch(nbytes, error):
+    out = np.zeros(1, np.float32)
+    with pytest.raises(error, match="nbytes"):
+        dynamic_shared.launch(static_and_dynamic, 1, 1, nbytes, (out,))
+    assert out[0] == 0.0  # nothing ran
