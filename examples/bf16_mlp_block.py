@@ -4,13 +4,14 @@
 The two products run on the bfloat16 tensor cores (the bias and gelu fused into the first one's
 epilogue), the residual add is a ``@tt.fuse`` function, and the layer norm a fused row kernel;
 every step computes in float32 and rounds once to bfloat16. The arrays are numba device arrays
-(in the simulator, ``NUMBA_ENABLE_CUDASIM=1 python examples/bf16_mlp_block.py``, its own).
+made by ``tt.to_device`` (numba-cuda's ``cuda.to_device`` cannot copy bfloat16: NumPy does not
+export it through the buffer protocol); in the simulator
+(``NUMBA_ENABLE_CUDASIM=1 python examples/bf16_mlp_block.py``) its own.
 The result is checked against the same block computed in float64 with NumPy.
 """
 
 import ml_dtypes
 import numpy as np
-from numba import cuda
 
 import tessera_tile as tt
 from tessera_tile import ops
@@ -68,7 +69,7 @@ def compile_reports(arch: str) -> list:
 def run(**shape) -> float:
     """The block on device arrays, checked against float64: its relative (Frobenius) error."""
     host = inputs(**shape)
-    got = block(*(cuda.to_device(a) for a in host)).copy_to_host()
+    got = block(*(tt.to_device(a) for a in host)).copy_to_host()
     assert got.dtype == BF16
     want = reference(*host)
     error = float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))

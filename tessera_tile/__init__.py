@@ -13,6 +13,7 @@ from .sim import _auto_install
 _auto_install()
 
 from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in
+from ._arrays import host_to_device as to_device  # noqa: E402 - bfloat16 too, unlike numba's
 from ._cache import CacheWarning  # noqa: E402 - what the persistent caches warn of
 from .autotune import autotune  # noqa: E402 - the function; the module stays importable by name
 from .fusion import (  # noqa: E402
@@ -91,6 +92,7 @@ __all__ = [
     "fuse",
     "autotune",
     "profile",
+    "to_device",
     "abs",
     "all",
     "any",

@@ -447,16 +447,29 @@ def zeros(n: int, dtype, stream):
     return a
 
 
+def exportable(host: np.ndarray) -> np.ndarray:
+    """``host`` as an array numba-cuda can copy: it copies through the buffer protocol, which
+    NumPy refuses for ml_dtypes' types ("cannot include dtype 'E' in a buffer"), so a
+    bfloat16 array travels as its ``uint16`` bits."""
+    return host.view(np.uint16) if host.dtype == ml_dtypes.bfloat16 else host
+
+
+def host_to_device(host, stream=0):
+    """A numba device copy of a host array, contiguous, of the same dtype (bfloat16 too)."""
+    host = np.ascontiguousarray(host)
+    return cuda.to_device(exportable(host), stream=stream).view(host.dtype)
+
+
 def to_device(arg: Arg, stream) -> Arg:
     """Copy a host array to the device (contiguously, as numba requires); the copy's record."""
-    copy = cuda.to_device(np.ascontiguousarray(arg.value), stream=stream)
-    return read(copy, "a device copy")
+    return read(host_to_device(arg.value, stream), "a device copy")
 
 
 def to_host(handle, out: np.ndarray | None, stream) -> np.ndarray:
     """Copy a device array back; into ``out`` when given (any strides)."""
     if out is not None and out.flags.c_contiguous:
-        handle.copy_to_host(out, stream=stream)
+        bits = exportable(out)  # the device array viewed alike: numba checks the dtypes match
+        handle.view(bits.dtype).copy_to_host(bits, stream=stream)
         host = out
     else:
         host = handle.copy_to_host(stream=stream)

@@ -27,6 +27,7 @@ import click
 import numpy as np
 
 from . import _cache, _config, _roofline, profiling
+from ._arrays import host_to_device
 
 DTYPES = ("bool", "int32", "int64", "float16", "float32", "float64")
 NAMESPACES = ("autotune", "programs", "kernels")
@@ -263,9 +264,7 @@ def tune(op, shape, dtype, as_json) -> None:
         return
     args, kwargs = _roofline.stand_ins(op, shape, dtype)
     if _config.gpu_present():  # timed on the device, as the tuned op's callers run it
-        from numba import cuda
-
-        args = tuple(cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args)
+        args = tuple(host_to_device(a) if isinstance(a, np.ndarray) else a for a in args)
     config = _checked(tuner.choose, *args, **kwargs)
     entry = tuner.disk.get(tuner.disk_key(args, kwargs)) if tuner.disk else None
     chosen_by = (entry or {}).get("chosen_by", "cache")

@@ -30,12 +30,13 @@ SIDES = ("host", "device")
 
 def on(side: str, *arrays):
     """The arrays as a caller on ``side`` holds them: NumPy arrays, or numba device arrays
-    (``cuda.to_device``; in the simulator its fake device arrays). Scalars stay scalars."""
+    (``tt.to_device``, which copies bfloat16 too; in the simulator its fake device arrays).
+    Scalars stay scalars."""
     if side == "host":
         return arrays
-    from numba import cuda
+    import tessera_tile as tt
 
-    return tuple(cuda.to_device(a) if isinstance(a, np.ndarray) and a.ndim else a for a in arrays)
+    return tuple(tt.to_device(a) if isinstance(a, np.ndarray) and a.ndim else a for a in arrays)
 
 
 def transposed(x):

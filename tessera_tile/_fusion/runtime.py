@@ -527,7 +527,8 @@ def _host_result(value: np.generic, out: Arg | None):
     if out is None:
         return value
     if out.kind == DEVICE:
-        arrays.device_handle(out).copy_to_device(np.asarray(value))
+        bits = arrays.exportable(np.asarray(value))
+        arrays.device_handle(out).view(bits.dtype).copy_to_device(bits)
     else:
         out.value[...] = value
     return out.value

@@ -16,7 +16,7 @@ from contextlib import ExitStack
 import numpy as np
 from greenlet import getcurrent
 
-from . import compat, cuda_math, device_arrays, ints, shared_limits
+from . import compat, cuda_math, device_arrays, host_copies, ints, shared_limits
 from .allocations import own_allocation
 from .cuda_module import WarpAwareModule
 from .profiler import Profile, active
@@ -186,6 +186,7 @@ def patch() -> None:
     for module in compat.JIT_MODULES:
         module.jit = _jit
     device_arrays.patch()
+    host_copies.patch()
 
 
 def unpatch() -> None:
@@ -195,6 +196,7 @@ def unpatch() -> None:
     for module in compat.JIT_MODULES:
         module.jit = _stock_jit
     device_arrays.unpatch()
+    host_copies.unpatch()
 
 
 def _skip(self, *args):

@@ -139,10 +139,8 @@ def test_explain_takes_bfloat16_stand_ins():
 def test_interface_objects_of_bfloat16_are_read_by_their_typestr():
     """CuPy and PyTorch describe bfloat16 in __cuda_array_interface__ with ml_dtypes'
     typestr "<V2"; the result is a numba device array of bfloat16."""
-    from numba import cuda
-
     x = (np.random.default_rng(3).standard_normal((3, 20)) * 100).astype(BF16)
-    d = cuda.to_device(x)
+    d = tt.to_device(x)
 
     class Interface:
         def __init__(self, device_array):

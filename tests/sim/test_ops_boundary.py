@@ -8,7 +8,7 @@ No test allocates a large array: a huge shape is a stride-0 view (host) or an in
 a few real bytes with stride 0 (device), and every test runs under :func:`nothing_placed`,
 which turns a copy, an allocation or a launch into a failure instead of a long run. Launches
 are counted on both tiers (``helpers.counting_launches``); a device "array" made here is an
-interface over host bytes, which no test lets reach a kernel.
+interface over host bytes, which no test lets reach a kernel (a GPU faults on a host pointer).
 """
 
 import re
@@ -104,15 +104,17 @@ def refused(error, name: str, words: str = ""):
 
 
 class Interface:
-    """A device array as an interface over a host buffer (the simulator's device memory)."""
+    """An interface over a buffer: a host array's bytes (the faults below, which no kernel
+    reads), or a device array's (a GPU faults on a host pointer)."""
 
-    def __init__(self, buffer: np.ndarray, **changes):
+    def __init__(self, buffer, **changes):
         self.buffer = buffer  # keeps the memory alive
+        device = getattr(buffer, "__cuda_array_interface__", None)
         cai = {
             "version": 3,
             "shape": buffer.shape,
             "typestr": buffer.dtype.str,
-            "data": (buffer.ctypes.data, False),
+            "data": (device["data"][0] if device else buffer.ctypes.data, False),
             "strides": None,
         }
         self.__cuda_array_interface__ = {**cai, **changes}
@@ -210,7 +212,7 @@ def test_a_valid_interface_is_read_in_place(op):
     spec = SPECS[op]
     hosts = list(spec.arrays.values())
     want = np.asarray(spec.call(*hosts))
-    got = spec.call(*[Interface(a.copy()) for a in hosts])
+    got = spec.call(*[Interface(tt.to_device(a)) for a in hosts])
     np.testing.assert_array_equal(got.copy_to_host(), want)
 
 

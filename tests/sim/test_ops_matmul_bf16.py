@@ -8,8 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers import back, on
-from numba import cuda
 
+import tessera_tile as tt
 from tessera_tile import TileConfig, ops
 from tessera_tile.kernels import epilogue
 
@@ -62,14 +62,14 @@ def test_mlp(side):
 def test_kept_calls_read_each_call_s_arrays():
     for seed in range(3):
         x, w = operands((24, 32), (32, 16), seed=seed)
-        got = ops.linear(cuda.to_device(x), cuda.to_device(w)).copy_to_host()
+        got = ops.linear(tt.to_device(x), tt.to_device(w)).copy_to_host()
         assert_close(got, np.matmul(*f64(x, w)))
 
 
 def test_what_bfloat16_cannot_take_is_refused_by_name():
     x, w = operands((32, 48), (24, 16))
     with pytest.raises(ValueError, match="strided last axis"):
-        ops.matmul(cuda.to_device(x)[:, ::2], cuda.to_device(w))
+        ops.matmul(tt.to_device(x)[:, ::2], tt.to_device(w))
     with pytest.raises(ValueError, match="float16 tiles"):
         ops.matmul(x[:, :24], w, config=TileConfig(32, 32, 8, 1, 2))
     with pytest.raises(ValueError, match="precision='tf32' is for float32"):
