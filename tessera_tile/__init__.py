@@ -12,6 +12,14 @@ from .sim import _auto_install
 
 _auto_install()
 
+import importlib  # noqa: E402
+
+from ._fusion import gemm as _gemm  # noqa: E402
+
+# GEMM stages of fused functions run on the matmul ops' kernels, a layer above the composer:
+# their runner is loaded when a fused function first launches or explains one.
+_gemm.set_runner(loader=lambda: importlib.import_module("tessera_tile.ops._gemm_stage"))
+
 from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in
 from ._arrays import host_to_device as to_device  # noqa: E402 - bfloat16 too, unlike numba's
 from ._cache import CacheWarning  # noqa: E402 - what the persistent caches warn of
@@ -40,6 +48,7 @@ from .fusion import (  # noqa: E402
     log1p,
     log2,
     logsumexp,
+    matmul,
     max,
     maximum,
     mean,
@@ -115,6 +124,7 @@ __all__ = [
     "log1p",
     "log2",
     "logsumexp",
+    "matmul",
     "max",
     "maximum",
     "mean",

@@ -65,13 +65,14 @@ from ._fusion.trace import (
     trace,
     unary,
 )
+from ._fusion.trace import matmul as _matmul
 from .tile_ir import Op
 
 __all__ = [
     "Explain", "FusedFunction", "TraceError", "Traced", "fuse", "kernel_cache",
     "abs", "all", "any", "argmax", "argmin", "astype", "ceil", "clip", "cos", "erf", "exp",
     "exp2", "expm1", "floor", "gelu", "isfinite", "isinf", "isnan", "log", "log1p", "log2",
-    "logsumexp", "max", "maximum", "mean", "min", "minimum", "prod", "relu", "rsqrt",
+    "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "prod", "relu", "rsqrt",
     "sigmoid", "silu", "sin", "sqrt", "square", "std", "sum", "tanh", "var", "where",
 ]  # fmt: skip
 
@@ -111,9 +112,11 @@ class Explain:
 class FusedFunction:
     """A function of arrays compiled into as few kernels as the data allows."""
 
-    def __init__(self, fn, math: str = "fast"):
+    def __init__(self, fn, math: str = "fast", precision: str | None = None):
         if math not in MATH_MODES:
             raise ValueError(f"math must be one of {MATH_MODES}, got {math!r}")
+        if precision not in (None, "tf32"):
+            raise ValueError(f"precision must be None or 'tf32', got {precision!r}")
         self._parameters = _parameters_of(fn)
         # a call of exactly this many positional arguments binds them as they are
         kinds = {p.kind for p in self._parameters.parameters.values()}
@@ -124,6 +127,7 @@ class FusedFunction:
         self._arity = len(self._parameters.parameters) if plain else -1
         self.fn = fn
         self.math = math
+        self.precision = precision
         functools.update_wrapper(self, fn)
         self._programs = CountingCache()
         # (program, launch plan) by runtime.quick_key, for calls that need nothing but a launch
@@ -194,7 +198,8 @@ class FusedFunction:
         shapes = call.shapes(program)
         records = runtime.planned_records(program, call, shapes)
         stages = [
-            runtime.bind(s, records, shapes, kernel_cache, self.math) for s in program.plan.stages
+            runtime.bind(s, records, shapes, kernel_cache, self.math, self.precision)
+            for s in program.plan.stages
         ]
         return call, program, shapes, stages
 
@@ -249,20 +254,24 @@ class FusedFunction:
         from . import inspect as offline
 
         return [
-            offline.compile(kernel, signature, arch=arch, block=block)
-            for kernel, signature, block in self.kernel_signatures(*args, **kwargs)
+            offline.compile(kernel, signature, arch=arch, block=block, dynamic_shared=shared)
+            for kernel, signature, block, shared in self.kernel_signatures(*args, **kwargs)
         ]
 
     def kernel_signatures(self, *args, **kwargs) -> list[tuple]:
-        """``(kernel, argument types, threads per block)`` of each launch a call on ``args``
-        makes, in launch order; nothing is launched or allocated."""
+        """``(kernel, argument types, threads per block, bytes of dynamic shared memory)`` of
+        each launch a call on ``args`` makes, in launch order; nothing is launched or
+        allocated."""
         from numba import typeof
 
         call = self._call(args, kwargs)
         program = self._program(call)
-        plan = runtime.launch_plan(program, call, kernel_cache, self.math)
+        plan = runtime.launch_plan(program, call, kernel_cache, self.math, self.precision)
         out = []
         for launch in plan.launches:
+            if not isinstance(launch, runtime.StageLaunch):  # a GEMM stage's kernels
+                out += launch.signatures()
+                continue
             b = launch.bound
             params = [
                 _stand_in(shape, strides, dtype) for shape, strides, dtype, *_ in b.layout.views
@@ -270,7 +279,7 @@ class FusedFunction:
             params += [np.zeros(1, dtype) for _, dtype in launch.scratch]
             params += [call.args[v].value if is_arg else v for is_arg, v in launch.scalars]
             signature = tuple(typeof(p) for p in params)
-            out.append((b.generated.kernel, signature, int(np.prod(b.threads))))
+            out.append((b.generated.kernel, signature, int(np.prod(b.threads)), 0))
         return out
 
     def __call__(self, *args, out=None, stream=None, **kwargs):
@@ -292,7 +301,7 @@ class FusedFunction:
                 "no CUDA GPU found: set NUMBA_ENABLE_CUDASIM=1 (before Python starts) to run "
                 "fused functions in tessera_tile's simulator"
             )
-        plan = runtime.launch_plan(program, call, kernel_cache, self.math)
+        plan = runtime.launch_plan(program, call, kernel_cache, self.math, self.precision)
         if quick is not None and runtime.ready(program, call):
             if len(self._ready) >= runtime.MAX_LAUNCH_PLANS:
                 self._ready.clear()
@@ -306,18 +315,21 @@ class FusedFunction:
         return None if quick is None else self._ready.get(quick)
 
 
-def fuse(fn=None, *, math: str = "fast"):
-    """Decorator: compile ``fn``'s elementwise and reduction ops into fused kernels.
+def fuse(fn=None, *, math: str = "fast", precision: str | None = None):
+    """Decorator: compile ``fn``'s elementwise, reduction and matmul ops into fused kernels.
 
     ``math="fast"`` (the default) uses the approximations of the numerics policy in
     docs/fusion.md: ``ex2.approx`` for ``exp(x - max(x))`` and one ``rcp.approx`` per row
     for a division by a per-row value, each within the documented error. ``math="ieee"`` uses
     IEEE divisions and libdevice everywhere. Use as ``@tt.fuse``, ``@tt.fuse(math="ieee")`` or
     ``tt.fuse(fn, math="ieee")``.
+
+    ``precision="tf32"`` runs float32 matmuls (``x @ w``, ``tt.matmul``) on the TF32 tensor
+    cores, as ``ops.matmul(..., precision="tf32")`` does; by default they are exact float32.
     """
     if fn is None:
-        return lambda f: fuse(f, math=math)
-    return FusedFunction(fn, math)
+        return lambda f: fuse(f, math=math, precision=precision)
+    return FusedFunction(fn, math, precision)
 
 
 _CALL_KEYWORDS = ("out", "stream")  # taken by FusedFunction.__call__ itself
@@ -348,6 +360,8 @@ def _stand_in(shape, strides, dtype):
 
 
 def _describe(b: runtime.Bound) -> str:
+    if b.stage.kind is StageKind.GEMM:
+        return b.describe()
     variant, layout, stage = b.variant, b.layout, b.stage
     what = {
         StageKind.ELEMENTWISE: "elementwise, grid-stride",
@@ -428,6 +442,13 @@ def where(cond, a, b):
     if as_node(cond).dtype != np.dtype(bool):
         cond = binary(Op.NE, cond, 0)
     return ternary(Op.WHERE, cond, a, b)
+
+
+def matmul(a, b):
+    """``a @ b`` with NumPy's ``matmul`` semantics (1-D operands, batch broadcasting); float16,
+    bfloat16 and float32 operands (another dtype's operand is cast to the result's, as NumPy
+    computes it). The elementwise ops over the product run in the GEMM kernel's epilogue."""
+    return _matmul(a, b)
 
 
 def clip(x, lo, hi):

@@ -106,6 +106,8 @@ class Op(Enum):
     ARGMIN = auto()
     ANY = auto()
     ALL = auto()
+    # contraction: NumPy's matmul (1-D operands, batch broadcasting); a GEMM stage runs it
+    MATMUL = auto()
 
 
 LEAF = frozenset({Op.INPUT, Op.CONST, Op.SCALAR, Op.COUNT})
@@ -127,6 +129,9 @@ TERNARY = frozenset({Op.WHERE})
 ELEMENTWISE = UNARY | BINARY | TERNARY
 REDUCE = frozenset({Op.SUM, Op.PROD, Op.MAX, Op.MIN, Op.ARGMAX, Op.ARGMIN, Op.ANY, Op.ALL})
 INDEX_REDUCE = frozenset({Op.ARGMAX, Op.ARGMIN})
+CONTRACT = frozenset({Op.MATMUL})
+# the dtypes the matmul kernels take (both operands one dtype: tt.matmul casts to the result's)
+MATMUL_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 
 
 def _erf(x):
@@ -201,7 +206,7 @@ NUMPY: dict[Op, object] = {
     Op.GT: np.greater, Op.GE: np.greater_equal, Op.EQ: np.equal, Op.NE: np.not_equal,
     Op.AND: np.bitwise_and, Op.OR: np.bitwise_or, Op.XOR: np.bitwise_xor, Op.WHERE: np.where,
     Op.SUM: np.sum, Op.PROD: np.prod, Op.MAX: np.max, Op.MIN: np.min, Op.ARGMAX: np.argmax,
-    Op.ARGMIN: np.argmin, Op.ANY: np.any, Op.ALL: np.all,
+    Op.ARGMIN: np.argmin, Op.ANY: np.any, Op.ALL: np.all, Op.MATMUL: np.matmul,
 }  # fmt: skip
 
 
@@ -285,6 +290,9 @@ def _infer(op: Op, operands: tuple[tuple[np.dtype, bool], ...], arg) -> np.dtype
         warnings.simplefilter("ignore")
         if op in REDUCE:
             return np.asarray(NUMPY[op](np.asarray(samples[0]), axis=0)).dtype
+        if op is Op.MATMUL:  # vectors of one element: matmul refuses 0-d operands
+            vectors = [np.ones(1, np.asarray(s).dtype) for s in samples]
+            return np.matmul(*vectors).dtype
         return np.asarray(_apply(op, samples, arg)).dtype
 
 
@@ -348,6 +356,36 @@ def broadcast_operands(op: Op, srcs, shapes) -> tuple[int, ...]:
         raise ValueError(
             f"{_broadcast_message(shapes)} (in {op.name.lower()} of {', '.join(operands)})"
         ) from None
+
+
+def matmul_shape(a, b) -> tuple[int, ...]:
+    """NumPy's shape of ``matmul`` on operands of shapes ``a`` and ``b`` (a 1-D left operand
+    is a row, a 1-D right one a column, and their dimension is dropped), with NumPy's
+    ValueError for a 0-d operand, a core-dimension mismatch or batches that do not broadcast."""
+    for i, s in enumerate((a, b)):
+        if len(s) == 0:
+            raise ValueError(
+                f"matmul: Input operand {i} does not have enough dimensions (has 0, gufunc "
+                "core with signature (n?,k),(k,m?)->(n?,m?) requires 1)"
+            )
+    ka = a[-1]
+    kb = b[-2] if len(b) > 1 else b[0]
+    if ka != kb:
+        raise ValueError(
+            "matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc "
+            f"signature (n?,k),(k,m?)->(n?,m?) (size {kb} is different from {ka})"
+        )
+    batch = broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+    rows = (a[-2],) if len(a) > 1 else ()
+    cols = (b[-1],) if len(b) > 1 else ()
+    return (*batch, *rows, *cols)
+
+
+def operands_shape(op: Op, srcs, shapes) -> tuple[int, ...]:
+    """The shape of elementwise or contraction ``op`` on operands of ``shapes``."""
+    if op is Op.MATMUL:
+        return matmul_shape(*shapes)
+    return broadcast_operands(op, srcs, shapes)
 
 
 def _origin(n: Node) -> str:
@@ -418,6 +456,22 @@ def elementwise(op: Op, *srcs: Node, arg=None) -> Node:
     dtype = infer_dtype(op, srcs, arg)
     shape = broadcast_operands(op, srcs, [s.shape for s in srcs])
     return Node(op, dtype, tuple(srcs), arg, shape, weak=all(s.weak for s in srcs))
+
+
+def matmul(a: Node, b: Node) -> Node:
+    """``a @ b`` with NumPy's shapes and result dtype; operands of another dtype than the result
+    are cast to it first (NumPy computes in the promoted type too). TypeError for dtypes the
+    matmul kernels do not take."""
+    dtype = infer_dtype(Op.MATMUL, (a, b))
+    if dtype not in MATMUL_DTYPES or any(s.dtype.kind not in "fV" for s in (a, b)):
+        raise TypeError(
+            f"matmul in a fused function takes float16, bfloat16 or float32 operands, got "
+            f"{a.dtype} @ {b.dtype}"
+        )
+    a, b = (
+        s if s.dtype == dtype else elementwise(Op.CAST, s, arg=dtype_arg(dtype)) for s in (a, b)
+    )
+    return Node(Op.MATMUL, dtype, (a, b), None, matmul_shape(a.shape, b.shape))
 
 
 def reduction(op: Op, src: Node, axis, keepdims: bool) -> Node:
@@ -495,7 +549,7 @@ def validate(outputs) -> None:
             if n.srcs:
                 raise ValueError(f"{n.op.name} takes no operands")
             continue
-        expected = 1 if n.op in UNARY | REDUCE else 2 if n.op in BINARY else 3
+        expected = 1 if n.op in UNARY | REDUCE else 2 if n.op in BINARY | CONTRACT else 3
         if len(n.srcs) != expected:
             raise ValueError(f"{n.op.name} takes {expected} operands, got {len(n.srcs)}")
         if n.op in ELEMENTWISE:

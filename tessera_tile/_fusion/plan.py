@@ -8,7 +8,9 @@ Every stage iterates one index space F (a broadcast shape) and reduces over one 
   loop over R split across the block's y dimension and, for one pass of reductions, across
   blocks too (per-block partials folded in order: :mod:`.columns`);
 * ``full``: R holds every axis; two-stage, one launch: blocks reduce chunks, the last block to
-  finish combines the partials in block order (deterministic).
+  finish combines the partials in block order (deterministic);
+* ``gemm``: one matmul (operands read from memory) and the elementwise epilogue over its
+  product, on the matmul ops' kernels (:mod:`.gemm`).
 
 A reduction whose result is combined with F-space values again (softmax, layer norm) stays in
 the same stage: the stage makes several passes over each row, one per dependency level of its
@@ -37,6 +39,7 @@ class StageKind(enum.Enum):
     ROW = "row"
     COLUMN = "column"
     FULL = "full"
+    GEMM = "gemm"
 
     @property
     def scratch(self) -> bool:
@@ -207,6 +210,9 @@ class _Planner:
 
     def find_problem(self, outputs, nodes, space):
         """The first thing that keeps this group from being one stage, or None."""
+        products = [n for n in nodes if n.op is Op.MATMUL]
+        if products:
+            return self.gemm_problem(outputs, nodes, products)
         reductions = [n for n in nodes if _is_reduce(n)]
         for r in reductions:
             if space[id(r.srcs[0])] != "F":
@@ -272,6 +278,69 @@ class _Planner:
         return None
 
     @staticmethod
+    def gemm_problem(outputs, nodes, products):
+        """What keeps a group with a matmul from being one GEMM stage (one product, its
+        operands in memory, one result: an elementwise epilogue of the product's shape and
+        dtype), or None."""
+        for p in products:
+            for s in p.srcs:
+                if s.op is not Op.INPUT:
+                    return (
+                        "materialize",
+                        s,
+                        "a matmul operand that is computed runs in an "
+                        "earlier kernel (the GEMM reads its operands from memory)",
+                    )
+        p = products[-1]
+        if len(products) > 1:
+            return (
+                "materialize",
+                products[0],
+                "one matmul per kernel: an earlier GEMM "
+                "writes the other product, the last one's epilogue reads it",
+            )
+        if len(outputs) > 1:
+            using = [(n, d) for n, d in outputs if any(m is p for m in ir.walk([n]))]
+            if len(using) == 1:
+                return (using[0][1], using[0][0], "a matmul's result gets a GEMM kernel of its own")
+            return (
+                "materialize",
+                p,
+                "a product with several results: a GEMM kernel writes it once, the results read it",
+            )
+        result = outputs[0][0]
+        if result is p:
+            return None
+        if any(_is_reduce(n) for n in nodes):
+            return (
+                "materialize",
+                p,
+                "a reduction of a product: the GEMM writes the product, "
+                "the reduction runs in a kernel of its own",
+            )
+        if tuple(result.shape) != tuple(p.shape):
+            return (
+                "materialize",
+                p,
+                f"a result of shape {result.shape} from a product of "
+                f"shape {p.shape}: the epilogue runs in a kernel of its own",
+            )
+        if result.dtype != p.dtype:
+            return (
+                "materialize",
+                p,
+                f"a {result.dtype} result of a {p.dtype} product: the "
+                "epilogue runs in a kernel of its own (a GEMM stores its product's dtype)",
+            )
+        if any(s.ndim < 2 for s in p.srcs):
+            return (
+                "materialize",
+                p,
+                "a 1-D matmul operand: the epilogue runs in a kernel of its own",
+            )
+        return None
+
+    @staticmethod
     def index_space(outputs, nodes, space):
         """(F, R) of a group.
 
@@ -295,6 +364,8 @@ class _Planner:
         return (), ()
 
     def make_stage(self, outputs, nodes, space) -> Stage:
+        if any(n.op is Op.MATMUL for n in nodes):
+            return Stage(StageKind.GEMM, (), outputs, space)
         f_shape, axes = self.index_space(outputs, nodes, space)
         ndim = len(f_shape)
         effective = [a for a in range(ndim) if f_shape[a] != 1]
@@ -384,7 +455,7 @@ def propagate_shapes(nodes, input_shapes, shapes: dict[str, tuple] | None = None
             else:
                 shapes[n.key] = ir.reduced_shape(src, axes, keepdims)
         else:
-            shapes[n.key] = ir.broadcast_operands(n.op, n.srcs, [shapes[s.key] for s in n.srcs])
+            shapes[n.key] = ir.operands_shape(n.op, n.srcs, [shapes[s.key] for s in n.srcs])
     return shapes
 
 

@@ -20,8 +20,8 @@ from .. import _config, profiling
 from .. import tile_ir as ir
 from .._arrays import DEVICE, Arg
 from ..sim import compat
+from . import gemm, schedule
 from . import plan as planner
-from . import schedule
 from .compile import CountingCache, Generated, KernelCache
 from .plan import Plan, Stage, StageKind
 from .schedule import Variant
@@ -295,10 +295,14 @@ class Bound:
 
 
 def bind(
-    stage: Stage, records: dict, shapes: dict, cache: KernelCache, math: str = "fast"
-) -> Bound:
+    stage: Stage, records: dict, shapes: dict, cache: KernelCache, math: str = "fast",
+    precision: str | None = None,
+) -> Bound:  # fmt: skip
     """``records`` maps a leaf's ``arg`` (position, ``("temp", k)``, ``("out", k)``) to its
-    record on the device; ``math`` is ``"fast"`` or ``"ieee"`` (see ``tt.fuse``)."""
+    record on the device; ``math`` is ``"fast"`` or ``"ieee"``, ``precision`` a GEMM stage's
+    (see ``tt.fuse``). A GEMM stage binds through its runner (:mod:`.gemm`)."""
+    if stage.kind is StageKind.GEMM:
+        return gemm.runner().bind(stage, records, math, precision)
     leaves = [records[n.arg] for n in stage.leaves]
     outs = [records[dest] for _, dest in stage.outputs]
     layout = Layout(stage, stage_index_shape(stage, shapes), leaves, outs)
@@ -391,13 +395,17 @@ def layout_key(call: Call) -> tuple:
     return (tuple(of(a) for a in call.args), tuple(of(o) for o in call.out or ()))
 
 
-def launch_plan(program: Program, call: Call, cache: KernelCache, math: str) -> LaunchPlan:
+def launch_plan(
+    program: Program, call: Call, cache: KernelCache, math: str, precision: str | None = None
+) -> LaunchPlan:
     """The call's launch plan, made at the first call with this layout."""
-    key = (layout_key(call), math)
-    return program.launch_plans.get(key, lambda: _make_plan(program, call, cache, math))
+    key = (layout_key(call), math, precision)
+    return program.launch_plans.get(key, lambda: _make_plan(program, call, cache, math, precision))
 
 
-def _make_plan(program: Program, call: Call, cache: KernelCache, math: str) -> LaunchPlan:
+def _make_plan(
+    program: Program, call: Call, cache: KernelCache, math: str, precision: str | None
+) -> LaunchPlan:
     shapes = call.shapes(program)
     nodes = program.trace.outputs
     on_device = tuple(k for k in range(len(nodes)) if k not in program.host_results)
@@ -408,10 +416,13 @@ def _make_plan(program: Program, call: Call, cache: KernelCache, math: str) -> L
     counts = planner.count_values(program.trace, shapes)
     launches = []
     for stage in program.plan.stages:
-        bound = bind(stage, records, shapes, cache, math)
+        bound = bind(stage, records, shapes, cache, math, precision)
         if bound.empty:
             continue
-        launches.append(_stage_launch(bound, records, counts))
+        gemm_stage = stage.kind is StageKind.GEMM
+        launches.append(
+            bound.launch(records) if gemm_stage else _stage_launch(bound, records, counts)
+        )
     return LaunchPlan(
         shapes,
         on_device,
@@ -535,6 +546,9 @@ def _host_result(value: np.generic, out: Arg | None):
 
 
 def _launch(launch: StageLaunch, handles: dict, place: arrays.Placement) -> None:
+    if not isinstance(launch, StageLaunch):  # a GEMM stage's launches (its runner's)
+        launch.run(handles, place)
+        return
     bound = launch.bound
     params = [
         handles[key] if view is None else arrays.view(handles[key], *view)

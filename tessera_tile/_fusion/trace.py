@@ -106,6 +106,12 @@ class Traced:
     def __pow__(self, o):
         return binary(Op.POW, self, o)
 
+    def __matmul__(self, o):
+        return matmul(self, o)
+
+    def __rmatmul__(self, o):
+        return matmul(o, self)
+
     def __rpow__(self, o):
         return binary(Op.POW, o, self)
 
@@ -206,6 +212,8 @@ class Traced:
         if method == "__call__" and not kwargs:
             if ufunc is np.positive:
                 return +inputs[0]
+            if ufunc is np.matmul:
+                return matmul(*inputs)
             op = UFUNCS.get(ufunc)
             if op is not None:
                 return unary(op, *inputs) if len(inputs) == 1 else binary(op, *inputs)
@@ -263,6 +271,10 @@ def unary(op: Op, x, arg=None) -> Traced:
 
 def binary(op: Op, a, b) -> Traced:
     return _result(ir.elementwise(op, as_node(a), as_node(b)), (a, b))
+
+
+def matmul(a, b) -> Traced:
+    return Traced(ir.matmul(as_node(a), as_node(b)))
 
 
 def ternary(op: Op, a, b, c) -> Traced:

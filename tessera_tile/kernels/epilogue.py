@@ -26,11 +26,18 @@ In the simulator, ``exp`` is NumPy's (Python's ``math.exp`` raises on overflow w
 returns inf), as in the composer's kernels.
 
 ``reference(name, x)`` is the table's NumPy meaning in float64, the tests' reference.
+
+An :class:`ElementEpilogue` reads more than the accumulator: the composer generates one for a
+matmul inside ``@tt.fuse`` (residuals, scalars, any elementwise chain). Its ``fn(x, z, row,
+col, extras)`` gives ``C[z, row, col]`` from ``x`` (the accumulator, plus the bias if any), where
+``extras`` is the kernel's fifth argument, a tuple of arrays and scalars; a kernel built with
+one takes ``kernel(a, b, bias, c, extras)``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import cuda, float32
@@ -38,7 +45,7 @@ from numba import cuda, float32
 from .. import tile_ir as ir
 from .._fusion.device import MATH, rcp_approx
 
-__all__ = ["ACTIVATIONS", "activation_function", "identity", "reference"]
+__all__ = ["ACTIVATIONS", "ElementEpilogue", "activation_function", "identity", "reference"]
 
 ZERO = float32(0.0)
 HALF = float32(0.5)
@@ -78,6 +85,15 @@ def silu(x):
 
 # the table's names, in its order; a name without a device function fails here, at import
 ACTIVATIONS = {name: globals()[name] for name in ir.ACTIVATIONS}
+
+
+class ElementEpilogue(NamedTuple):
+    """A device function ``fn(x, z, row, col, extras) -> value`` of one C element (the module
+    doc); ``name`` tags the kernels built with it. The composer guards each array read of
+    ``fn`` by the array's own bounds: the kernels call it on edge elements they do not store."""
+
+    fn: object
+    name: str
 
 
 def activation_function(name):

@@ -48,7 +48,8 @@ from .. import _config
 from ..memory import aligned16, load16_shared, store16
 from ..pipeline import SHARED_ALIGN, ring_buffer
 from ..tile_config import CANDIDATES, TileConfig
-from .epilogue import ACTIVATIONS, identity
+from .epilogue import ACTIVATIONS, ElementEpilogue, identity
+from .tc_tiles import INLINE
 
 __all__ = ["KV", "activation_name", "simt_matmul"]
 
@@ -58,6 +59,8 @@ ZERO = float32(0.0)
 
 def activation_name(fn) -> str:
     """A short name of an epilogue device function (for kernel names)."""
+    if isinstance(fn, ElementEpilogue):
+        return fn.name
     if fn is identity:
         return "none"
     for name, known in ACTIVATIONS.items():
@@ -128,7 +131,15 @@ def simt_matmul(
     a_shape, b_shape = ring_a.shape, ring_b.shape
     bias_len = tile_n if has_bias else 1
     ahead = stages - 1
-    act = activation
+    extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
+    if extras:
+        apply = activation.fn
+    else:
+        act = activation
+
+        @cuda.jit(device=True, **INLINE)
+        def apply(x, z, row, col, extra_args):
+            return act(x)
 
     @cuda.jit(device=True)
     def store_row(c, row, col, n, acc, i, j0):
@@ -140,7 +151,8 @@ def simt_matmul(
                 if col + j < n:
                     c[row, col + j] = acc[i, j0 + j]
 
-    def kernel(a, b, bias, c):
+    @cuda.jit(device=True, **INLINE)
+    def body(a, b, bias, c, extra_args):
         sa = cuda.shared.array(a_shape, float32, alignment=SHARED_ALIGN)
         sb = cuda.shared.array(b_shape, float32, alignment=SHARED_ALIGN)
         sbias = cuda.shared.array(bias_len, float32, alignment=SHARED_ALIGN)
@@ -210,16 +222,29 @@ def simt_matmul(
                 for j in range(4):
                     bv[h * 4 + j] = v[j]
         for i in range(tm):
+            row = m0 + ty + i * threads_m
             for j in range(tn):
                 x = acc[i, j]
                 if has_bias:
                     x += bv[j]
-                acc[i, j] = act(x)
+                col = n0 + (j // 4) * span_n + tx * 4 + j % 4
+                acc[i, j] = apply(x, z, row, col, extra_args)
         for i in range(tm):
             row = m0 + ty + i * threads_m
             if row < m:
                 for h in range(tn // 4):
                     store_row(cz, row, n0 + h * span_n + tx * 4, n, acc, i, h * 4)
+
+    # one body (inlined) for both entry points: the epilogue's extras are an argument or ()
+    if extras:
+
+        def kernel(a, b, bias, c, extra_args):
+            body(a, b, bias, c, extra_args)
+
+    else:
+
+        def kernel(a, b, bias, c):
+            body(a, b, bias, c, ())
 
     parts = [
         f"matmul_{tile_m}x{tile_n}x{tile_k}_w{config.num_warps}_s{stages}",

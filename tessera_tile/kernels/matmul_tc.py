@@ -88,6 +88,7 @@ from ..pipeline import (
     cp_async_commit_group,
     cp_async_wait_group,
 )
+from .epilogue import ElementEpilogue
 from .matmul_tc_plan import Plan, aligned_rows, check_operands, plan
 from .tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, tile_copies
 
@@ -161,7 +162,8 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     ahead = stages - 1
     lag = stages - 2
     has_bias, async_copy = cfg.has_bias, cfg.async_copy
-    act = _identity if activation is None else activation
+    extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
+    act = _identity if activation is None else activation.fn if extras else activation
     # Flat shared rings: stage s of A is sa[s * a_stage:], row-major tile_m x tile_k (swizzled).
     a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
     a_ring = stages * a_stage
@@ -174,11 +176,13 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     per_a, per_b = ck_a // q_a, ck_b // q_b  # chunks per thread and pass
 
     if cfg.bf16:
-        epilogue = _epilogue(mt, nt, has_bias, async_copy, act, store_bf16x2, bf16=True)
+        epilogue = _epilogue(
+            mt, nt, has_bias, async_copy, act, store_bf16x2, bf16=True, extras=extras
+        )
     else:
         epilogue = _epilogue(
             mt, nt, has_bias, async_copy, act, store_f32x2 if tf32 else store_f16x2,
-            swapped=tf32,
+            swapped=tf32, extras=extras,
         )  # fmt: skip
 
     @cuda.jit(device=True)
@@ -391,7 +395,8 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
         if ksteps > 3:
             k_step(sa, sb, a_base, b_base, 3, fa, fb, acc, a_off, b_off)
 
-    def kernel(a, b, bias, c):
+    @cuda.jit(device=True, **INLINE)
+    def body(a, b, bias, c, extra_args):
         # Dynamic shared memory (the launch gives both rings: Plan.shared), so
         # that tiles may pass the 48 KiB static arrays are held to.
         smem = cuda.shared.array(0, elem, alignment=SHARED_ALIGN)
@@ -481,22 +486,35 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
         # (TF32, swapped: rows 2t, 2t + 1 and columns 2g, 2g + 1).
         col_base = n0 + wn0 + 2 * ((lane >> 2) if tf32 else (lane & 3))
         row_base = m0 + wm0 + (2 * (lane & 3) if tf32 else (lane >> 2))
-        epilogue(acc, c, bias, bz, row_base, col_base, m, c.shape[2])
+        epilogue(acc, c, bias, bz, row_base, col_base, m, c.shape[2], extra_args)
+
+    # one body (inlined) for both entry points: the epilogue's extras are an argument or ()
+    if extras:
+
+        def kernel(a, b, bias, c, extra_args):
+            body(a, b, bias, c, extra_args)
+
+    else:
+
+        def kernel(a, b, bias, c):
+            body(a, b, bias, c, ())
 
     kernel.__module__ = module
     kernel.__name__ = kernel.__qualname__ = (
         f"matmul_{'tf32' if tf32 else 'bf16' if cfg.bf16 else 'tc'}_{tile_m}x{tile_n}x{tile_k}"
         f"_w{cfg.num_warps}_s{stages}"
         f"{'_bias' if has_bias else ''}{'' if async_copy else '_sync'}"
+        f"{'_' + activation.name if extras else ''}"
     )
     return cuda.jit(kernel)
 
 
 def _epilogue(
     mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pair=store_f16x2,
-    bf16: bool = False, swapped: bool = False,
+    bf16: bool = False, swapped: bool = False, extras: bool = False,
 ):  # fmt: skip
-    """``epilogue(acc, c, bias, bz, row_base, col_base, m, n)``: ``act(acc + bias)`` stored,
+    """``epilogue(acc, c, bias, bz, row_base, col_base, m, n, extra_args)``: ``act(acc + bias)``
+    (``extras``: ``act(acc + bias, bz, row, col, extra_args)``, an ElementEpilogue's) stored,
     masked, for every accumulator of the warp tile (``store_pair``: two columns in one store,
     ``store_f16x2`` / ``store_bf16x2`` rounding to the half type or ``store_f32x2``, where rows
     are aligned; else one element at a time, converted to C's dtype; ``bf16``: the bias and C
@@ -511,7 +529,10 @@ def _epilogue(
     share columns; else row ``row_base + 16 i + 8 (q // 2)``, column ``col_base + 8 j + q % 2``.
     """
     widen, narrow = ("bf16_to_f32", "f32_to_bf16") if bf16 else ("float32", "")
-    lines = ["def epilogue(acc, c, bias, bz, row_base, col_base, m, n):", "    lane = cuda.laneid"]
+    lines = [
+        "def epilogue(acc, c, bias, bz, row_base, col_base, m, n, extra_args):",
+        "    lane = cuda.laneid",
+    ]
     # per column offset: its (row offset, (i, j, q) of each of the pair's two values)
     if swapped:
         # lanes 4g read the bias pair of group g, the others take it from them
@@ -547,9 +568,11 @@ def _epilogue(
             ]
         for row_offset, *values in stores:
             lines.append(f"    row = row_base + {row_offset}")
-            for v, b, (i, j, q) in zip(("v0", "v1"), ("b0", "b1"), values, strict=True):
+            pairs = zip(("v0", "v1"), ("b0", "b1"), values, strict=True)
+            for h, (v, b, (i, j, q)) in enumerate(pairs):
                 bias_term = f" + {b}" if has_bias else ""
-                lines.append(f"    {v} = act(acc[{i}, {j}, {q}]{bias_term})")
+                where = f", bz, row, col + {h}, extra_args" if extras else ""
+                lines.append(f"    {v} = act(acc[{i}, {j}, {q}]{bias_term}{where})")
             lines.append("    if row < m and col < n:")
             if async_copy:  # N a multiple of the chunk: the pair is inside and aligned
                 lines.append("        store_pair(c, (bz, row, col), v0, v1)")

@@ -13,6 +13,7 @@ import numpy as np
 from .. import _config
 from ..dynamic_shared import MAX_BLOCK_LIMIT as MAX_SHARED
 from ..sim import compat
+from .epilogue import ElementEpilogue
 
 __all__ = [
     "CHUNK",
@@ -170,7 +171,8 @@ class TensorCoreConfig(NamedTuple):
                 f"{self.tile_k}x{self.tile_n} {what} tiles need {self.shared_bytes} B of shared "
                 f"memory; no architecture gives a block more than {MAX_SHARED} B"
             )
-        if activation is not None and not compat.is_device_function(activation):
+        fn = activation.fn if isinstance(activation, ElementEpilogue) else activation
+        if activation is not None and not compat.is_device_function(fn):
             raise TypeError(
                 "activation must be a numba CUDA device function (cuda.jit(device=True)) taking "
                 f"and returning float32, or None; got {activation!r}"

@@ -198,7 +198,26 @@ class Unused(NamedTuple):
         return arrays.unused(self.dtype)
 
 
-SPECS = (View, Unused)  # parameters given per launch; any other is passed as it is
+class Value(NamedTuple):
+    """A kernel parameter passed as the handle it names (a scalar argument of a fused call)."""
+
+    index: int
+
+    def of(self, handles: list):
+        return handles[self.index]
+
+
+class Extras(NamedTuple):
+    """A tuple parameter (a generated matmul epilogue's arrays and scalars), its items made as
+    the parameters are."""
+
+    items: tuple
+
+    def of(self, handles: list):
+        return tuple(i.of(handles) if type(i) in SPECS else i for i in self.items)
+
+
+SPECS = (View, Unused, Value, Extras)  # parameters given per launch; any other passed as it is
 
 
 @dataclass(frozen=True)

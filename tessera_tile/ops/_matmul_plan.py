@@ -29,6 +29,7 @@ from ..tile_config import (
 )
 from ..tile_ir import BFLOAT16
 from ._contract import (
+    Extras,
     HandWritten,
     KernelLaunch,
     Report,
@@ -177,6 +178,16 @@ def choose_kernel(
 _LAUNCH_PLANS = CountingCache(bound=MAX_LAUNCH_PLANS)  # Product.plan_launches, by layout
 
 
+def _broadcast_to(rec: arrays.Arg, shape: tuple) -> arrays.Arg:
+    """``rec`` broadcast to ``shape`` as NumPy would: stride 0 along new or length-1 axes."""
+    pad = len(shape) - len(rec.shape)
+    strides = (0,) * pad + tuple(
+        s if n == size else 0
+        for n, s, size in zip(rec.shape, rec.strides, shape[pad:], strict=True)
+    )
+    return arrays.Arg(rec.kind, rec.value, tuple(shape), strides, rec.dtype, rec.address)
+
+
 def _layout(rec: arrays.Arg | None):
     """What a launch plan depends on of one operand: shape, strides, dtype, and the address
     modulo 16 (the tensor-core kernels copy 16-byte chunks where rows are aligned)."""
@@ -202,6 +213,13 @@ class Product(HandWritten):
     out_shape: tuple[int, ...] = field(default=())
     precision: str | None = None  # None: exact float32 (SIMT); "tf32": TF32 tensor cores
     tuner: object = None  # the op's tt.autotune tuner (see _matmul.tuner_of)
+    # A generated epilogue (a matmul in @tt.fuse) in place of the activation: an
+    # epilogue.ElementEpilogue, the arrays it reads (broadcast into the result's shape, which
+    # then has no 1-D squeezing) and its scalars' parameters and Numba types.
+    epilogue: object = None
+    extras: tuple = ()
+    scalars: tuple = ()
+    scalar_types: tuple = ()
 
     @property
     def dtype(self) -> np.dtype:
@@ -257,7 +275,8 @@ class Product(HandWritten):
         config = self.tile_config()
         key = (
             config, self.precision, self.activation, self.names[:2], self.batch, self.a_vector,
-            self.b_vector, *(_layout(r) for r in (a, b, self.bias, c)),
+            self.b_vector, *(_layout(r) for r in (a, b, self.bias, c)), self.epilogue,
+            self.scalar_types, *(_layout(r) for r in self.extras),
         )  # fmt: skip
         return _LAUNCH_PLANS.get(key, lambda: self._plan_launches(a, b, c, config))
 
@@ -267,15 +286,17 @@ class Product(HandWritten):
             as_matrix(b, self.batch, self.b_vector),
             self._c_matrix(c),
         ]
-        geo = geometry(self.batch, mats)
-        act = epilogue.activation_function(self.activation)
+        extra_mats = [as_matrix(_broadcast_to(r, self.out_shape), self.batch, None)
+                      for r in self.extras]  # fmt: skip
+        geo = geometry(self.batch, mats + extra_mats)
+        act = self.epilogue or epilogue.activation_function(self.activation)
         bias_type = array_type(  # without a bias, a 1-element float32 dummy
             np.dtype(np.float32) if self.bias is None else self.bias.dtype,
             1, "C" if self.bias is None or self.bias.contiguous else "A",
         )  # fmt: skip
         launches = []
         for index, z0, count in geo.indices():
-            (ma, mb, mc), (za, zb, zc) = mats, geo.z_strides
+            (ma, mb, mc), (za, zb, zc) = mats, geo.z_strides[:3]
             one = count == 1  # a single matrix: its batch stride is never used
             copy_a = copy_bytes(ma, 0 if one else za, first_address(a, ma, index), a.dtype)
             copy_b = copy_bytes(mb, 0 if one else zb, first_address(b, mb, index), b.dtype)
@@ -297,6 +318,15 @@ class Product(HandWritten):
                 bias_type,
                 array_type(c.dtype, 3, layout(mc, count, zc)),
             )
+            if self.epilogue is not None:
+                parts = [
+                    array_type(r.dtype, 3, layout(mx, count, zx))
+                    for r, mx, zx in zip(self.extras, extra_mats, geo.z_strides[3:], strict=True)
+                ]
+                types = (
+                    *types,
+                    f"Tuple(({''.join(t + ', ' for t in (*parts, *self.scalar_types))}))",
+                )
             choice = choose_kernel(
                 self.dtype,
                 config,
@@ -331,14 +361,25 @@ class Product(HandWritten):
         kind = view_dtype(self.dtype)
         bias = View(2, dtype=kind) if self.bias is not None else Unused(np.dtype(np.float32))
         arrays_of = (0, 1, len(records))  # A, B and C among the call's arrays
+        first_extra = 2 + (self.bias is not None)  # the extras follow them in records
+        extra_mats = [as_matrix(_broadcast_to(r, self.out_shape), self.batch, None)
+                      for r in self.extras]  # fmt: skip
         out = []
         for index, _z0, count, choice in planned:
             va, vb, vc = (
                 matrix_view(i, m, index, count, z, kind)
-                for i, m, z in zip(arrays_of, mats, geo.z_strides, strict=True)
+                for i, m, z in zip(arrays_of, mats, geo.z_strides[:3], strict=True)
             )
             grid = choice.grid(self.m, self.n, count)
             params = (va, vb, bias, vc)
+            if self.epilogue is not None:
+                views = tuple(
+                    matrix_view(first_extra + j, mx, index, count, zx, view_dtype(r.dtype))
+                    for j, (r, mx, zx) in enumerate(
+                        zip(self.extras, extra_mats, geo.z_strides[3:], strict=True)
+                    )
+                )
+                params = (*params, Extras((*views, *self.scalars)))
             out.append(
                 KernelLaunch(
                     choice.kernel, grid, choice.threads, params, choice.signature, choice.shared

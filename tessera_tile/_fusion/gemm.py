@@ -1,0 +1,123 @@
+"""GEMM stages: a matmul inside ``@tt.fuse``, with the elementwise epilogue the planner pulls in.
+
+The planner makes a GEMM stage of one product ``p = a @ b`` (both read from memory) and one
+result ``e``: an elementwise function of ``p``, of other arrays that broadcast into ``p``'s
+shape (a bias, a residual), of constants and of scalar arguments, with ``p``'s shape and dtype.
+It runs on the matmul ops' kernels (their tiles, pipelines and tuner), with an epilogue
+generated here from the composer's expression tables::
+
+    epilogue(x, z, row, col, extras) -> float32
+
+gives ``e`` at ``C[z, row, col]`` from ``x``, the float32 accumulator of ``p`` there (as the
+composer holds a float16 or bfloat16 value: unrounded, rounded once where it is stored);
+``extras`` holds the other arrays, as ``(z, M, N)`` views, then the scalars. The kernels call it
+on the edge elements they do not store too, so its reads are guarded by the arrays' bounds.
+
+The kernels and the matmul plan sit above the composer (``tessera_tile.kernels``, ``ops``): the
+package registers their runner of GEMM stages here (:func:`set_runner`), and the runtime asks
+:func:`runner` for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..tile_ir import Node, Op
+from .lower import TYPE_NAMES, compute_dtype, emit_approx, emit_elementwise, literal, load_cast
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A GEMM stage's roles: the product, its operands, the arrays and scalars its epilogue
+    reads (leaves in the order the kernel takes them) and the result."""
+
+    product: Node
+    a: Node
+    b: Node
+    extras: tuple[Node, ...]
+    scalars: tuple[Node, ...]
+    result: Node
+
+
+def parts(stage) -> Parts:
+    ((result, _dest),) = stage.outputs
+    product = next(n for n in stage.nodes if n.op is Op.MATMUL)
+    # leaves the epilogue itself reads (an operand may be one too: x @ w + x), each once
+    read = {id(s) for n in stage.nodes if n is not product for s in n.srcs}
+
+    def leaves(ops) -> tuple[Node, ...]:
+        found = {n.key: n for n in stage.nodes if n.op in ops and id(n) in read}
+        return tuple(found.values())
+
+    a, b = product.srcs
+    return Parts(product, a, b, leaves({Op.INPUT}), leaves({Op.SCALAR}), result)
+
+
+def epilogue_source(stage, math: str) -> tuple[str, str]:
+    """``(name, source)`` of the stage's epilogue device function."""
+    p = parts(stage)
+    digest = hashlib.blake2b(f"{stage.key}{math}".encode(), digest_size=4).hexdigest()
+    name = f"epilogue_{digest}"
+    lines = [f"def {name}(x, z, row, col, extras):"]
+    env = {p.product.key: "x"}  # the accumulator, as the composer holds the product's dtype
+    lines += [f"    e{i} = extras[{i}]" for i in range(len(p.extras))]
+    for j, leaf in enumerate(p.scalars):
+        env[leaf.key] = f"s{j}"
+        lines.append(f"    s{j} = extras[{len(p.extras) + j}]")
+    if p.extras:  # an edge element past C's end: nothing to read, nothing stored
+        lines.append("    if row >= e0.shape[1] or col >= e0.shape[2]:")
+        lines.append("        return x")
+    for i, leaf in enumerate(p.extras):
+        env[leaf.key] = f"v{i}"
+        lines.append(f"    v{i} = {load_cast(leaf.dtype, f'e{i}[z, row, col]')}")
+    count = 0
+    for n in stage.nodes:
+        if n.key in env or n.op is Op.INPUT:
+            continue
+        if n.op is Op.CONST:
+            value = literal(n.arg)
+            env[n.key] = value if n.weak else f"{TYPE_NAMES[compute_dtype(n.dtype)]}({value})"
+            continue
+        args = [env[s.key] for s in n.srcs]
+        fast = math == "fast" and n.op in (Op.SIGMOID, Op.SILU) and n.dtype.kind == "f"
+        fast = fast and compute_dtype(n.dtype) == np.dtype(np.float32)
+        lines.append(f"    t{count} = {(emit_approx if fast else emit_elementwise)(n, args)}")
+        env[n.key] = f"t{count}"
+        count += 1
+    lines.append(f"    return float32({env[p.result.key]})")
+    return name, "\n".join(lines) + "\n"
+
+
+@functools.cache
+def epilogue_function(stage_key: str, source: str, name: str):
+    """The device function of an epilogue's source, made once per stage and math mode."""
+    from numba import cuda
+
+    from .compile import _namespace
+
+    namespace = _namespace()
+    exec(compile(source, f"<tessera_tile generated {name}>", "exec"), namespace)  # noqa: S102
+    return cuda.jit(device=True)(namespace[name])
+
+
+# The runner of GEMM stages (ops' matmul plan), registered by the package: see the module doc.
+_runner = None
+_loader = None
+
+
+def set_runner(runner=None, loader=None) -> None:
+    """Register the runner, or a loader that registers it when first needed."""
+    global _runner, _loader
+    _runner, _loader = runner or _runner, loader or _loader
+
+
+def runner():
+    if _runner is None and _loader is not None:
+        _loader()
+    if _runner is None:
+        raise RuntimeError("no runner of GEMM stages is registered (import tessera_tile)")
+    return _runner
