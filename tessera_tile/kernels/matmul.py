@@ -95,6 +95,22 @@ else:
 
 
 @functools.cache
+def _unrolled_epilogue(fn, tm: int, tn: int, threads_m: int, span_n: int, has_bias: bool):
+    """``finish(acc, bv, z, m0, n0, ty, tx, extra_args)``: an ElementEpilogue's ``fn`` on every
+    accumulator (plus the bias), written out statement by statement (generated source,
+    inlined): as a loop around a large ``fn``, LLVM keeps it rolled and the accumulators go
+    through local memory."""
+    lines = ["def finish(acc, bv, z, m0, n0, ty, tx, extra_args):"]
+    for i in range(tm):
+        for j in range(tn):
+            x = f"acc[{i}, {j}]" + (f" + bv[{j}]" if has_bias else "")
+            row, col = f"m0 + ty + {i * threads_m}", f"n0 + tx * 4 + {(j // 4) * span_n + j % 4}"
+            lines.append(f"    acc[{i}, {j}] = fn({x}, z, {row}, {col}, extra_args)")
+    namespace = {"fn": fn}
+    exec("\n".join(lines), namespace)  # noqa: S102 - our own generated code
+    return cuda.jit(device=True, **INLINE)(namespace["finish"])
+
+
 def simt_matmul(
     config: TileConfig,
     activation=identity,
@@ -133,13 +149,18 @@ def simt_matmul(
     ahead = stages - 1
     extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
     if extras:
-        apply = activation.fn
+        finish = _unrolled_epilogue(activation.fn, tm, tn, threads_m, span_n, has_bias)
     else:
         act = activation
 
         @cuda.jit(device=True, **INLINE)
-        def apply(x, z, row, col, extra_args):
-            return act(x)
+        def finish(acc, bv, z, m0, n0, ty, tx, extra_args):
+            for i in range(tm):
+                for j in range(tn):
+                    x = acc[i, j]
+                    if has_bias:
+                        x += bv[j]
+                    acc[i, j] = act(x)
 
     @cuda.jit(device=True)
     def store_row(c, row, col, n, acc, i, j0):
@@ -221,14 +242,7 @@ def simt_matmul(
                 v = load16_shared(sbias, h * span_n + tx * 4)
                 for j in range(4):
                     bv[h * 4 + j] = v[j]
-        for i in range(tm):
-            row = m0 + ty + i * threads_m
-            for j in range(tn):
-                x = acc[i, j]
-                if has_bias:
-                    x += bv[j]
-                col = n0 + (j // 4) * span_n + tx * 4 + j % 4
-                acc[i, j] = apply(x, z, row, col, extra_args)
+        finish(acc, bv, z, m0, n0, ty, tx, extra_args)
         for i in range(tm):
             row = m0 + ty + i * threads_m
             if row < m:

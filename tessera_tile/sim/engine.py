@@ -48,6 +48,8 @@ class Launch:
         self.target = lambda: fn(*kargs)
 
     def _device_arg(self, arg):
+        if type(arg) is tuple:  # numba-cuda passes a tuple's items as arguments of their own
+            return tuple(self._device_arg(a) for a in arg)
         _, arg = functools.reduce(
             lambda ty_val, ext: ext.prepare_args(*ty_val, stream=0, retr=self.retr),
             self.kernel.extensions,

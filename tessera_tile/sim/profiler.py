@@ -100,14 +100,16 @@ class Profile:
             names = list(pyinspect.signature(fn).parameters)
         except (TypeError, ValueError):
             names = []
-        out = []
-        for i, a in enumerate(args):
+
+        def wrap(a, name: str):
+            if type(a) is tuple:  # a tuple argument's arrays: "extras[0]"...
+                return tuple(wrap(item, f"{name}[{j}]") for j, item in enumerate(a))
             if isinstance(a, np.ndarray) and a.ndim > 0:
-                name = names[i] if i < len(names) else f"arg{i}"
                 counters = self.traffic.setdefault((fn.__name__, name), [0, 0])
-                a = TrackedArray(a, _Space(self, name, a, counters=counters))
-            out.append(a)
-        return out
+                return TrackedArray(a, _Space(self, name, a, counters=counters))
+            return a
+
+        return [wrap(a, names[i] if i < len(names) else f"arg{i}") for i, a in enumerate(args)]
 
     def block_recorder(self, block) -> _BlockRecorder:
         return _BlockRecorder(self, block)

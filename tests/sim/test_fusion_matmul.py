@@ -1,0 +1,385 @@
+"""Matmul inside ``@tt.fuse`` (issue 24): NumPy's matmul semantics, GEMM stages whose epilogue
+is generated from the traced expression, and the splits (with their reasons) where a product
+cannot carry its consumers. Results against NumPy in float64, on host and device arrays.
+
+Tolerance, per element: the stored result's rounding (``U[dtype] * |ref|``) plus float32
+arithmetic on the way, bounded from the reference's own error scale (``ErrorScale``: each op's
+rounding, propagated through the tree by the op's derivative bound; the product contributes
+``K`` roundings of ``|x| @ |w|``). float16 and bfloat16 values are held in float32 between ops and
+rounded once where stored (docs/fusion.md), so the reference rounds once too.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import SIDES, back, on
+from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import strategies as st
+
+import tessera_tile as tt
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32)}
+U = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24}  # unit roundoff, stored
+TINY = {"float16": 2.0**-25, "bfloat16": 2.0**-134, "float32": 2.0**-150}  # half a subnormal
+EPS32 = 2.0**-24
+SLACK = 8  # libdevice's transcendentals: a few ulp each
+
+
+def draw(shape, dtype, seed, scale=1.0):
+    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(DTYPES[dtype])
+
+
+def f64(*arrays):
+    return [np.asarray(a, np.float64) for a in arrays]
+
+
+def assert_within(got, ref, scale, dtype):
+    """Per element: ``|got - ref| <= U * |ref| + EPS32 * SLACK * scale`` (module doc)."""
+    got = np.asarray(got, np.float64)
+    assert got.shape == ref.shape
+    bound = U[dtype] * np.abs(ref) + EPS32 * SLACK * scale + TINY[dtype]
+    err = np.abs(got - ref)
+    bad = ~(err <= bound)
+    assert not bad.any(), (
+        f"{bad.sum()} of {bad.size} elements off; worst {err[bad].max():.3g} vs bound "
+        f"{bound[bad][np.argmax(err[bad])]:.3g}"
+    )
+
+
+def product_scale(x, w):
+    """The product's error scale: K roundings of |x| @ |w|."""
+    k = x.shape[-1]
+    return (k + 2) * (np.abs(x) @ np.abs(w))
+
+
+# --------------------------------------------------------------------------------------------
+# NumPy's matmul semantics
+
+
+SHAPES = [
+    ((5, 7), (7, 3)),
+    ((2, 5, 7), (7, 3)),  # a batch against one matrix
+    ((2, 1, 5, 7), (3, 7, 4)),  # batches broadcast
+    ((7,), (7, 3)),  # a vector on the left: a row, dropped from the result
+    ((5, 7), (7,)),  # on the right: a column
+    ((7,), (7,)),  # both: a 0-d result
+    ((4, 0), (0, 3)),  # K = 0: zeros
+]
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize(("a_shape", "b_shape"), SHAPES)
+def test_shapes_follow_numpy(a_shape, b_shape, side):
+    a, b = draw(a_shape, "float32", 1), draw(b_shape, "float32", 2)
+    bare = tt.fuse(lambda a, b: a @ b)
+    scaled = tt.fuse(lambda a, b: tt.relu(tt.matmul(a, b)) * 2.0)
+    ref = np.matmul(*f64(a, b))
+    scale = product_scale(*f64(a, b))
+    got = back(bare(*on(side, a, b)), side)
+    assert np.shape(got) == ref.shape
+    assert_within(got, ref, scale, "float32")
+    assert_within(back(scaled(*on(side, a, b)), side), np.maximum(ref, 0) * 2, 2 * scale, "float32")
+
+
+def test_operand_errors_are_numpys():
+    f = tt.fuse(lambda a, b: a @ b)
+    a, b = np.ones((3, 4), np.float32), np.ones((5, 2), np.float32)
+    with pytest.raises(ValueError) as ours:
+        f(a, b)
+    with pytest.raises(ValueError) as numpys:
+        np.matmul(a, b)
+    assert str(ours.value).startswith(str(numpys.value).split("(size")[0])
+    with pytest.raises(ValueError, match="does not have enough dimensions"):
+        tt.fuse(lambda a, s: a @ s)(a, np.float32(2.0))
+    with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
+        f(np.ones((3, 4), np.int32), np.ones((4, 2), np.int32))
+
+
+def test_mixed_dtypes_promote_as_numpy():
+    a, b = draw((6, 8), "float16", 3), draw((8, 5), "float32", 4)
+    got = tt.fuse(lambda a, b: a @ b)(a, b)
+    assert got.dtype == np.matmul(a, b).dtype == np.float32
+    assert_within(got, np.matmul(*f64(a, b)), product_scale(*f64(a, b)), "float32")
+
+
+# --------------------------------------------------------------------------------------------
+# epilogues in the GEMM kernel
+
+
+@tt.fuse
+def linear_gelu_times(x, w, b, r):
+    return tt.gelu(x @ w + b) * r
+
+
+@tt.fuse
+def scaled_residual(x, w, b, scale, r):
+    return (x @ w + b) * scale + r
+
+
+@tt.fuse
+def leaky(x, w):
+    p = x @ w
+    return tt.where(p > 0, p, p * 0.125)
+
+
+def gelu64(v):
+    from math import erf
+
+    return 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2)))
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_epilogues_run_in_the_gemm_kernel(dtype, side):
+    m, k, n = 37, 24, 40
+    x, w = draw((2, m, k), dtype, 5), draw((k, n), dtype, 6, k**-0.5)
+    b, r = draw((n,), dtype, 7), draw((m, n), dtype, 8)
+    x64, w64, b64, r64 = f64(x, w, b, r)
+    p, scale = x64 @ w64, product_scale(x64, w64)
+    cases = [
+        (linear_gelu_times, (x, w, b, r), gelu64(p + b64) * r64, (scale + 2) * (np.abs(r64) + 1)),
+        (scaled_residual, (x, w, b, 0.5, r), (p + b64) * 0.5 + r64, scale + np.abs(r64) + 2),
+        (leaky, (x, w), np.where(p > 0, p, p * 0.125), scale),
+    ]
+    for fn, args, ref, err_scale in cases:
+        assert fn.explain(*args).kernels == 1, fn.__name__
+        got = back(fn(*on(side, *args)), side)
+        assert got.dtype == DTYPES[dtype], fn.__name__
+        assert_within(got, ref, err_scale, dtype)
+
+
+def test_inputs_are_never_modified_and_out_is_written_in_place():
+    shapes = ((9, 16), (16, 12), (12,), (9, 12))
+    x, w, b, r = (draw(s, "float32", 9 + i) for i, s in enumerate(shapes))
+    copies = [a.copy() for a in (x, w, b, r)]
+    out = np.full((9, 12), np.nan, np.float32)
+    got = linear_gelu_times(x, w, b, r, out=out)
+    assert got is out
+    ref = gelu64(np.matmul(*f64(x, w)) + b) * r
+    assert_within(out, ref, product_scale(*f64(x, w)) * 4 + 4, "float32")
+    for a, c in zip((x, w, b, r), copies, strict=True):
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_traffic_is_the_plan_and_the_result_is_written_once(dtype):
+    from numba import cuda
+
+    m, k, n = 48, 32, 72
+    arrays = [draw(s, dtype, 13 + i) for i, s in enumerate(((m, k), (k, n), (n,), (m, n)))]
+    args = [cuda.to_device(a) for a in arrays]
+    linear_gelu_times(*args)  # compiled
+    planned = linear_gelu_times.explain(*args).bytes_fused
+    with tt.sim.profile() as prof:
+        linear_gelu_times(*args)
+    assert prof.bytes_read + prof.bytes_written == planned
+    assert prof.bytes_written == m * n * DTYPES[dtype].itemsize
+
+
+# --------------------------------------------------------------------------------------------
+# what does not fuse: more kernels, a reason each, the same results
+
+
+@tt.fuse
+def gated(x, w1, w3):
+    return tt.silu(x @ w1) * (x @ w3)
+
+
+@tt.fuse
+def row_sums(x, w):
+    return tt.sum(x @ w, axis=-1)
+
+
+@tt.fuse
+def product_and_relu(x, w):
+    p = x @ w
+    return p, tt.relu(p)
+
+
+@tt.fuse
+def wider(x, w):
+    return (x @ w).astype(np.float64) * 2.0
+
+
+@tt.fuse
+def scaled_operand(x, w):
+    return (x * 2.0) @ w
+
+
+# function, arguments taken, kernels, the reason's words; float32 operands, so that a product
+# written by one kernel and read by the next is the same float32 value
+SPLITS = [
+    (gated, 3, 2, "one matmul per kernel"),
+    (row_sums, 2, 2, "a reduction of a product"),
+    (product_and_relu, 2, 2, "several results"),
+    (wider, 2, 2, "a float64 result of a float32 product"),
+    (scaled_operand, 2, 2, "a matmul operand that is computed"),
+]
+
+
+def split_references(fn, x, w, w3) -> list:
+    """``(reference, error scale)`` of each result."""
+    x64, w64, w364 = f64(x, w, w3)
+    p, s = x64 @ w64, product_scale(x64, w64)
+    p3, s3 = x64 @ w364, product_scale(x64, w364)
+    silu = p / (1 + np.exp(-p))
+    return {
+        gated: lambda: [(silu * p3, (1.1 * s + np.abs(silu)) * np.abs(p3) + s3 * np.abs(silu))],
+        row_sums: lambda: [(p.sum(-1), (s + np.abs(p)).sum(-1))],
+        product_and_relu: lambda: [(p, s), (np.maximum(p, 0), s)],
+        wider: lambda: [(p * 2, 2 * s)],
+        scaled_operand: lambda: [((x64 * 2) @ w64, 2 * s)],
+    }[fn]()
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize(("fn", "arity", "kernels", "reason"), SPLITS)
+def test_what_cannot_fuse_splits_with_a_reason(fn, arity, kernels, reason, side):
+    x, w, w3 = (draw(s, "float32", 20 + i) for i, s in enumerate(((20, 16), (16, 24), (16, 24))))
+    args = (x, w, w3)[:arity]
+    report = fn.explain(*args)
+    assert report.kernels == kernels
+    assert any(reason in r for r in report.reasons), report.reasons
+    got = fn(*on(side, *args))
+    results = got if isinstance(got, tuple) else (got,)
+    refs = split_references(fn, x, w, w3)
+    assert len(results) == len(refs)
+    for g, (ref, scale) in zip(results, refs, strict=True):
+        assert_within(back(g, side), ref, scale, "float32")
+
+
+# --------------------------------------------------------------------------------------------
+# random epilogue trees over a product (3 to 8 ops), shapes around the tiles
+
+UNARY = {
+    "relu": (tt.relu, lambda v: np.maximum(v, 0), 1.0),
+    "gelu": (tt.gelu, gelu64, 1.13),
+    "silu": (tt.silu, lambda v: v / (1 + np.exp(-v)), 1.1),
+    "tanh": (tt.tanh, np.tanh, 1.0),
+    "sigmoid": (tt.sigmoid, lambda v: 1 / (1 + np.exp(-v)), 0.25),
+    "abs": (tt.abs, np.abs, 1.0),
+    "neg": (lambda v: -v, np.negative, 1.0),
+    "leaky": (lambda v: tt.where(v > 0, v, v * 0.125), lambda v: np.where(v > 0, v, v * 0.125), 1),
+}
+BINARY = {
+    "add": (lambda a, b: a + b, np.add),
+    "sub": (lambda a, b: a - b, np.subtract),
+    "mul": (lambda a, b: a * b, np.multiply),
+    "maximum": (tt.maximum, np.maximum),
+    "minimum": (tt.minimum, np.minimum),
+}
+LEAVES = ["p", "p", "bias", "residual", "scalar", 0.5, 3.0]
+
+
+def trees():
+    leaf = st.sampled_from(LEAVES)
+    return st.recursive(
+        leaf,
+        lambda sub: st.one_of(
+            st.tuples(st.sampled_from(sorted(UNARY)), sub),
+            st.tuples(st.sampled_from(sorted(BINARY)), sub, sub),
+        ),
+        max_leaves=6,
+    )
+
+
+def count_ops(tree) -> int:
+    return 0 if not isinstance(tree, tuple) else 1 + sum(count_ops(t) for t in tree[1:])
+
+
+def has_product(tree) -> bool:
+    return tree == "p" or isinstance(tree, tuple) and any(has_product(t) for t in tree[1:])
+
+
+def has_array(tree) -> bool:
+    if not isinstance(tree, tuple):
+        return tree in ("p", "bias", "residual")
+    return any(has_array(t) for t in tree[1:])
+
+
+def every_op_reads_an_array(tree) -> bool:
+    """An op of scalars alone gives a strong float64 NumPy scalar (NEP 50), which would make
+    the result float64: another dtype than the product's, split off (tested above)."""
+    if not isinstance(tree, tuple):
+        return True
+    return has_array(tree) and all(every_op_reads_an_array(t) for t in tree[1:])
+
+
+def epilogues(tree) -> bool:
+    return 3 <= count_ops(tree) <= 8 and has_product(tree) and every_op_reads_an_array(tree)
+
+
+def build(tree, env):
+    """The tree on traced values (``env``: leaf name -> value)."""
+    if not isinstance(tree, tuple):
+        return env.get(tree, tree)
+    if tree[0] in UNARY:
+        return UNARY[tree[0]][0](build(tree[1], env))
+    return BINARY[tree[0]][0](build(tree[1], env), build(tree[2], env))
+
+
+def reference(tree, env):
+    """``(value, error scale)`` of the tree in float64 (module doc)."""
+    if not isinstance(tree, tuple):
+        value, scale = env.get(tree, (tree, 0.0))
+        return np.asarray(value, np.float64), scale
+    if tree[0] in UNARY:
+        _, fn, lipschitz = UNARY[tree[0]]
+        v, s = reference(tree[1], env)
+        out = fn(v)
+        return out, lipschitz * s + np.abs(out)
+    _, fn = BINARY[tree[0]]
+    (a, sa), (b, sb) = reference(tree[1], env), reference(tree[2], env)
+    out = fn(a, b)
+    if tree[0] == "mul":
+        return out, sa * np.abs(b) + sb * np.abs(a) + sa * sb + np.abs(out)
+    if tree[0] in ("maximum", "minimum"):
+        return out, np.maximum(sa, sb)
+    return out, sa + sb + np.abs(out)
+
+
+@settings(max_examples=14, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    tree=trees().filter(epilogues),
+    dtype=st.sampled_from(sorted(DTYPES)),
+    m=st.integers(1, 40),
+    n=st.integers(1, 40),
+    k=st.integers(1, 40),
+    batch=st.sampled_from([(), (2,)]),
+    side=st.sampled_from(SIDES),
+)
+@example(  # past a 128 x 128 tile both ways, on the tensor cores
+    tree=("add", ("gelu", ("add", "p", "bias")), ("mul", "residual", "scalar")),
+    dtype="float16", m=129, n=130, k=40, batch=(), side="device",
+)  # fmt: skip
+@example(
+    tree=("mul", ("silu", "p"), ("sub", "residual", 0.5)),
+    dtype="bfloat16", m=65, n=129, k=24, batch=(2,), side="host",
+)  # fmt: skip
+@example(  # SIMT float32 tiles of 128 x 64 (x 8): two row tiles, two column tiles
+    tree=("maximum", ("tanh", "p"), ("neg", ("sigmoid", "bias"))),
+    dtype="float32", m=129, n=65, k=9, batch=(), side="device",
+)  # fmt: skip
+def test_random_epilogue_trees_match_numpy(tree, dtype, m, n, k, batch, side):
+    x, w = draw((*batch, m, k), dtype, m), draw((k, n), dtype, n, k**-0.5)
+    b, r = draw((n,), dtype, k), draw((m, n), dtype, m + n)
+    scalar = 0.75
+    fn = tt.fuse(
+        lambda x, w, b, r, s: build(tree, {"p": x @ w, "bias": b, "residual": r, "scalar": s})
+    )
+    x64, w64, b64, r64 = f64(x, w, b, r)
+    env = {
+        "p": (x64 @ w64, product_scale(x64, w64)),
+        "bias": (b64, 0.0),
+        "residual": (r64, 0.0),
+        "scalar": (scalar, 0.0),
+    }
+    ref, scale = reference(tree, env)
+    ref = np.broadcast_to(ref, (*batch, m, n))
+    assume(np.all(np.abs(ref) < 2.0**-4 * float(ml_dtypes.finfo(DTYPES[dtype]).max)))
+    assert fn.explain(x, w, b, r, scalar).kernels == 1
+    got = back(fn(*on(side, x, w, b, r), scalar), side)
+    assert_within(got, ref, np.broadcast_to(scale, ref.shape), dtype)
