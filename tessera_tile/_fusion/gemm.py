@@ -12,6 +12,8 @@ gives ``e`` at ``C[z, row, col]`` from ``x``, the float32 accumulator of ``p`` t
 composer holds a float16 or bfloat16 value: unrounded, rounded once where it is stored);
 ``extras`` holds the other arrays, as ``(z, M, N)`` views, then the scalars. The kernels call it
 on the edge elements they do not store too, so its reads are guarded by the arrays' bounds.
+A bias (``p + b``, ``b`` of shape ``(N,)``, the product's only use) takes the kernels' own bias
+path, as ``ops.linear``'s does: staged or shuffled per column, added to ``x`` before the call.
 
 The kernels and the matmul plan sit above the composer (``tessera_tile.kernels``, ``ops``): the
 package registers their runner of GEMM stages here (:func:`set_runner`), and the runtime asks
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import tile_ir as ir
 from ..tile_ir import Node, Op
 from .lower import TYPE_NAMES, compute_dtype, emit_approx, emit_elementwise, literal, load_cast
 
@@ -38,23 +41,46 @@ class Parts:
     product: Node
     a: Node
     b: Node
+    bias: Node | None  # the kernels' bias, added to the accumulator
     extras: tuple[Node, ...]
     scalars: tuple[Node, ...]
     result: Node
+    x: Node  # the value the epilogue starts from: the product, or product + bias
+
+    @property
+    def ops(self) -> int:
+        """Elementwise ops the kernel runs on the accumulator (the bias add included)."""
+        return sum(1 for n in ir.walk([self.result]) if n.op in ir.ELEMENTWISE)
+
+
+def _bias(stage, product: Node) -> Node | None:
+    """The ADD of the product and a ``(N,)`` array of its dtype, where it is the product's
+    only user (the kernels add their bias to the accumulator itself)."""
+    users = [n for n in stage.nodes if any(s is product for s in n.srcs)]
+    if len(users) != 1 or users[0].op is not Op.ADD or users[0].dtype != product.dtype:
+        return None
+    add = users[0]
+    (other,) = [s for s in add.srcs if s is not product] or [None]
+    if other is None or other.op is not Op.INPUT or other.dtype != product.dtype:
+        return None
+    return add if tuple(other.shape) == tuple(product.shape[-1:]) else None
 
 
 def parts(stage) -> Parts:
     ((result, _dest),) = stage.outputs
     product = next(n for n in stage.nodes if n.op is Op.MATMUL)
+    add = _bias(stage, product) if result is not product else None
+    bias = next(s for s in add.srcs if s is not product) if add is not None else None
+    x = add if add is not None else product
     # leaves the epilogue itself reads (an operand may be one too: x @ w + x), each once
-    read = {id(s) for n in stage.nodes if n is not product for s in n.srcs}
+    read = {id(s) for n in stage.nodes if n is not product and n is not add for s in n.srcs}
 
     def leaves(ops) -> tuple[Node, ...]:
         found = {n.key: n for n in stage.nodes if n.op in ops and id(n) in read}
         return tuple(found.values())
 
     a, b = product.srcs
-    return Parts(product, a, b, leaves({Op.INPUT}), leaves({Op.SCALAR}), result)
+    return Parts(product, a, b, bias, leaves({Op.INPUT}), leaves({Op.SCALAR}), result, x)
 
 
 def epilogue_source(stage, math: str) -> tuple[str, str]:
@@ -63,7 +89,7 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
     digest = hashlib.blake2b(f"{stage.key}{math}".encode(), digest_size=4).hexdigest()
     name = f"epilogue_{digest}"
     lines = [f"def {name}(x, z, row, col, extras):"]
-    env = {p.product.key: "x"}  # the accumulator, as the composer holds the product's dtype
+    env = {p.x.key: "x"}  # the accumulator (+ bias), as the composer holds the product's dtype
     lines += [f"    e{i} = extras[{i}]" for i in range(len(p.extras))]
     for j, leaf in enumerate(p.scalars):
         env[leaf.key] = f"s{j}"
@@ -71,12 +97,13 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
     if p.extras:  # an edge element past C's end: nothing to read, nothing stored
         lines.append("    if row >= e0.shape[1] or col >= e0.shape[2]:")
         lines.append("        return x")
-    for i, leaf in enumerate(p.extras):
+    for i, leaf in enumerate(p.extras):  # unsigned indices: no negative-index wraparound code
         env[leaf.key] = f"v{i}"
-        lines.append(f"    v{i} = {load_cast(leaf.dtype, f'e{i}[z, row, col]')}")
+        at = f"e{i}[uint64(z), uint64(row), uint64(col)]"
+        lines.append(f"    v{i} = {load_cast(leaf.dtype, at)}")
     count = 0
-    for n in stage.nodes:
-        if n.key in env or n.op is Op.INPUT:
+    for n in ir.walk([p.result]):
+        if n.key in env or n.op in (Op.INPUT, Op.MATMUL):  # a folded bias's product: no value
             continue
         if n.op is Op.CONST:
             value = literal(n.arg)

@@ -59,9 +59,17 @@ class GemmBound:
     def describe(self) -> str:
         p = self.product
         _, _, launches = p.plan_launches(p.a, p.b, p._c_record(None))
-        epi = "none" if p.epilogue is None else f"generated ({self.generated.name})"
-        text = p.stage_text(launches) if launches else [f"{p.name}: nothing to compute"]
-        return f"{text[0].split(': ', 1)[1].replace('epilogue none', f'epilogue {epi}')}"
+        ops = gemm.parts(self.stage).ops
+        head = f"matmul + {ops}-op epilogue in one kernel" if ops else "matmul"
+        if not launches:
+            return f"{head}: nothing to compute"
+        body = p.stage_text(launches)[0].split(": ", 1)[1]
+        epi = "+ bias" if p.bias is not None else ""
+        if p.epilogue is not None:
+            epi = f"{epi} then generated {self.generated.name}".strip()
+        return f"{head}: " + body.replace("epilogue + bias", "epilogue").replace(
+            "epilogue none", "epilogue"
+        ).replace("epilogue in registers", f"epilogue {epi or 'none'} in registers")
 
     def launch(self, records: dict) -> GemmLaunch:
         *inputs, result = (records[k] for k in self.keys)
@@ -102,15 +110,18 @@ class Runner:
         parts = gemm.parts(stage)
         ((_, dest),) = stage.outputs
         a, b = records[parts.a.arg], records[parts.b.arg]
+        bias = records[parts.bias.arg] if parts.bias is not None else None
         product = _product(
-            a, b, (_name(parts.a), _name(parts.b)), "matmul", None, precision=precision
-        )
+            a, b, (_name(parts.a), _name(parts.b)), "matmul", None, bias, None,
+            _name(parts.bias) if bias is not None else "bias", precision,
+        )  # fmt: skip
         if not all(r.kind == arrays.DEVICE for r in (a, b)):  # host copies: nothing to time
             product = dataclasses.replace(product, config=product.tuner.expected(a, b))
         name, source = gemm.epilogue_source(stage, math_mode)
-        if parts.result is not parts.product:
+        if parts.result is not parts.x:
             fn = gemm.epilogue_function(stage.key, source, name)
-            first = len(parts.extras) + 3  # a, b, the extras, the result, then the scalars
+            # a, b, the bias, the extras, the result, then the scalars
+            first = len(parts.extras) + 3 + (bias is not None)
             product = dataclasses.replace(
                 product,
                 epilogue=ElementEpilogue(fn, name),
@@ -119,8 +130,9 @@ class Runner:
                 scalar_types=tuple(TYPE_NAMES[np.dtype(n.dtype)] for n in parts.scalars),
             )
         else:
-            name, source = f"{product.name}_product", "# no epilogue: C = a @ b\n"
-        keys = (parts.a.arg, parts.b.arg, *(n.arg for n in parts.extras), dest)
+            name, source = f"{product.name}_product", "# no epilogue: C = a @ b (+ bias)\n"
+        operands = (parts.a, parts.b) if bias is None else (parts.a, parts.b, parts.bias)
+        keys = (*(n.arg for n in operands), *(n.arg for n in parts.extras), dest)
         return GemmBound(
             stage, product, keys, tuple(n.arg for n in parts.scalars), Generated(name, source)
         )

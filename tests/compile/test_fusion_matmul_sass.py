@@ -1,0 +1,63 @@
+"""Compile tier for GEMM stages (a matmul inside ``@tt.fuse`` with its generated epilogue):
+for sm_80 and sm_90, every dtype's kernel builds with 0 spills and no local memory, and the
+composer's ``gelu(x @ w + b)`` is ``ops.linear``'s kernel, instruction for instruction."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tessera_tile as tt
+from tessera_tile import ops
+
+ARCHS = ("sm_80", "sm_90")
+DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))
+M, K, N = 512, 256, 512
+
+
+@tt.fuse
+def linear_gelu(x, w, b):
+    return tt.gelu(x @ w + b)
+
+
+@tt.fuse
+def residual_block(x, w, b, r, scale):
+    return tt.gelu(x @ w + b) * scale + r
+
+
+def instructions(report) -> int:
+    return sum(report.histogram.values())
+
+
+def arrays(dtype, *shapes):
+    return [np.zeros(s, dtype) for s in shapes]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_generated_epilogue_kernels_keep_to_registers(dtype, arch, record_property):
+    x, w, b, r = arrays(dtype, (M, K), (K, N), (N,), (M, N))
+    (report,) = residual_block.inspect(x, w, b, r, 0.5, arch=arch)
+    assert report.spill_stores == report.spill_loads == 0
+    assert report.stack_bytes == 0
+    record_property(
+        "resources",
+        f"{arch} GEMM stage {dtype} gelu(x @ w + b) * s + r: {report.registers} registers, "
+        f"{instructions(report)} instructions",
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_linear_written_in_algebra_is_ops_linear(dtype, arch, record_property):
+    """The bias takes the kernels' own bias path and gelu is the same device code: the same
+    instruction count as ``ops.linear(x, w, b, "gelu")`` (the issue's bar: within 10%)."""
+    x, w, b = arrays(dtype, (M, K), (K, N), (N,))
+    (ours,) = linear_gelu.inspect(x, w, b, arch=arch)
+    (linear,) = ops.linear.inspect(x, w, b, "gelu", arch=arch)
+    assert ours.registers == linear.registers
+    assert instructions(ours) <= 1.1 * instructions(linear)
+    record_property(
+        "resources",
+        f"{arch} {dtype} gelu(x @ w + b): {instructions(ours)} instructions, ops.linear "
+        f"{instructions(linear)}",
+    )
