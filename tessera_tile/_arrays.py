@@ -456,8 +456,15 @@ def exportable(host: np.ndarray) -> np.ndarray:
 
 def host_to_device(host, stream=0):
     """A numba device copy of a host array, contiguous, of the same dtype (bfloat16 too)."""
-    host = np.ascontiguousarray(host)
-    return cuda.to_device(exportable(host), stream=stream).view(host.dtype)
+    host = np.asarray(host, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
+    copy = cuda.to_device(exportable(host), stream=stream)
+    return copy if copy.dtype == host.dtype else as_dtype(copy, host.dtype)
+
+
+def as_dtype(handle, dtype):
+    """A numba device array as another dtype of its item size (its bits: numba's own ``view``
+    refuses a 0-d array, TypeError: unhashable type: 'list', seen on an H200)."""
+    return view(handle, handle.shape, handle.strides, 0, dtype)
 
 
 def to_device(arg: Arg, stream) -> Arg:
@@ -469,7 +476,7 @@ def to_host(handle, out: np.ndarray | None, stream) -> np.ndarray:
     """Copy a device array back; into ``out`` when given (any strides)."""
     if out is not None and out.flags.c_contiguous:
         bits = exportable(out)  # the device array viewed alike: numba checks the dtypes match
-        handle.view(bits.dtype).copy_to_host(bits, stream=stream)
+        as_dtype(handle, bits.dtype).copy_to_host(bits, stream=stream)
         host = out
     else:
         host = handle.copy_to_host(stream=stream)

@@ -246,15 +246,16 @@ class Autotuned:
             best = min(candidates, key=lambda i: (scores[i], i))
             return best, "model", scores, None
         times: list = [None] * len(self.configs)
+        error = None
         with _progress(f"autotune {name}: timing", len(candidates)) as step:
             for i in candidates:
-                times[i] = _time_config(
+                times[i], error = _time_config(
                     self.launch, args, kwargs, self.configs[i], self.warmup, self.repeat
                 )
                 step()
         timed = [i for i in candidates if math.isfinite(times[i])]
-        if not timed:
-            raise RuntimeError(f"{name}: every config failed to launch")
+        if not timed:  # the call itself is refused (bad arguments): its own error
+            raise error
         return min(timed, key=lambda i: (times[i], i)), "measured", scores, times
 
     def clear(self) -> None:
@@ -286,8 +287,9 @@ def autotune(
     return lambda launch: Autotuned(launch, configs, key, model, cache, warmup, repeat)
 
 
-def _time_config(launch, args, kwargs, config, warmup: int, repeat: int) -> float:
-    """Median milliseconds of one launch with CUDA events (inf if the config cannot launch)."""
+def _time_config(launch, args, kwargs, config, warmup: int, repeat: int):
+    """(median milliseconds of one launch with CUDA events, None), or (inf, the error) where
+    the config cannot launch."""
     from numba import cuda
 
     try:
@@ -301,9 +303,9 @@ def _time_config(launch, args, kwargs, config, warmup: int, repeat: int) -> floa
             stop.record()
             stop.synchronize()
             times.append(start.elapsed_time(stop))
-    except Exception:  # a config the device refuses (too much shared memory, too many threads)
-        return math.inf
-    return float(np.median(times))
+    except Exception as e:  # a config the device refuses (too much shared memory, threads...)
+        return math.inf, e
+    return float(np.median(times)), None
 
 
 class _progress:

@@ -539,7 +539,7 @@ def _host_result(value: np.generic, out: Arg | None):
         return value
     if out.kind == DEVICE:
         bits = arrays.exportable(np.asarray(value))
-        arrays.device_handle(out).view(bits.dtype).copy_to_device(bits)
+        arrays.as_dtype(arrays.device_handle(out), bits.dtype).copy_to_device(bits)
     else:
         out.value[...] = value
     return out.value

@@ -94,7 +94,6 @@ else:
         )
 
 
-@functools.cache
 def _unrolled_epilogue(fn, tm: int, tn: int, threads_m: int, span_n: int, has_bias: bool):
     """``finish(acc, bv, z, m0, n0, ty, tx, extra_args)``: an ElementEpilogue's ``fn`` on every
     accumulator (plus the bias), written out statement by statement (generated source,
@@ -111,6 +110,7 @@ def _unrolled_epilogue(fn, tm: int, tn: int, threads_m: int, span_n: int, has_bi
     return cuda.jit(device=True, **INLINE)(namespace["finish"])
 
 
+@functools.cache
 def simt_matmul(
     config: TileConfig,
     activation=identity,

@@ -10,6 +10,8 @@ accepts what a GPU refuses and computes other views:
 * ``.shape`` is a plain tuple (the stock fake's refuses a negative index, as a kernel's does);
 * ``.T`` and ``transpose()`` copy, into a new C-contiguous array (a transpose kernel), and
   refuse an array that is not 2-D with ``NotImplementedError`` (a 1-D ``.T`` too);
+* ``view(dtype)`` of a 0-d array raises ``TypeError: unhashable type: 'list'`` (numba-cuda
+  0.30.4 builds it with a list of strides; seen on an H200);
 * a 0-byte allocation has a null pointer: a view of it whose extent is not empty raises
   ``RuntimeError: non-empty slice into empty slice`` (seen on an H200, numba-cuda 0.30.4);
   whether it is depends on the strides, and numba-cuda gives an empty ``device_array`` its own
@@ -32,6 +34,7 @@ _stock_setitem = compat.FakeCUDAArray.__setitem__
 _stock_device_array = compat.device_array_module().device_array
 _stock_transpose = compat.FakeCUDAArray.transpose
 _stock_shape = compat.FakeCUDAArray.shape
+_stock_view = compat.FakeCUDAArray.view
 
 
 def _root(ary: np.ndarray) -> np.ndarray:
@@ -113,6 +116,12 @@ def _transpose(self, axes=None):
     )
 
 
+def _dtype_view(self, dtype):
+    if compat.host_memory(self).ndim == 0:
+        raise TypeError("unhashable type: 'list'")
+    return _stock_view(self, dtype)
+
+
 def _numba_contiguous(ary: np.ndarray) -> bool:
     """numba-cuda's ``is_contiguous``: C order, skipping axes of size 1 or stride 0."""
     size = ary.itemsize
@@ -168,6 +177,7 @@ def _set(getitem, setitem, device_array, transpose, shape) -> None:
 
 
 def patch() -> None:
+    compat.FakeCUDAArray.view = _dtype_view
     _set(
         _getitem,
         _setitem,
@@ -178,4 +188,5 @@ def patch() -> None:
 
 
 def unpatch() -> None:
+    compat.FakeCUDAArray.view = _stock_view
     _set(_stock_getitem, _stock_setitem, _stock_device_array, _stock_transpose, _stock_shape)

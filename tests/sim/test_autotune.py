@@ -334,8 +334,8 @@ autotune._arch = lambda: "sm_90"  # one architecture for both processes
 x, w, bias = (np.zeros(shape, np.float32) for shape in [(64, 32), (32, 32), 32])
 if sys.argv[1] == "tune":
     _config.gpu_present = lambda: True
-    autotune._time_config = lambda launch, args, kwargs, config, *rest: 1 / (
-        1 + tuned.CONFIGS.index(config)
+    autotune._time_config = lambda launch, args, kwargs, config, *rest: (
+        1 / (1 + tuned.CONFIGS.index(config)), None
     )
     main(["tune", "linear", "--shape", "64x32"], standalone_mode=False)
 else:
@@ -363,3 +363,16 @@ def test_tune_linear_changes_what_ops_linear_runs(tmp_path):
     linear_config, matmul_config = run("read").splitlines()
     assert linear_config in tuned_line, (linear_config, tuned_line)
     assert linear_config != before[0] and matmul_config == before[1]
+
+
+def test_a_call_every_config_refuses_raises_its_own_error(monkeypatch):
+    """Timing (as on a GPU) arguments that no config takes: the call's own error, not a
+    generic one (on an H200: a strided bfloat16 operand, refused by name)."""
+    monkeypatch.setattr(_config, "gpu_present", lambda: True)
+
+    def launch(x, *, config):
+        raise ValueError(f"x of shape {np.shape(x)} is refused")
+
+    tuner = tt.autotune([Cfg(1), Cfg(2)], key=["x"], cache=False)(launch)
+    with pytest.raises(ValueError, match=r"x of shape \(3,\) is refused"):
+        tuner.choose(np.zeros(3))

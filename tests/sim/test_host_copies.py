@@ -56,3 +56,21 @@ def test_a_bfloat16_host_out_is_written_in_place():
     got = ops.softmax(x, out=out)
     assert got is out
     np.testing.assert_array_equal(out.view(np.uint16), ops.softmax(x).view(np.uint16))
+
+
+def test_numba_cannot_view_a_0d_device_array():
+    d = cuda.device_array((), np.float32)  # numba-cuda 0.30.4 builds the view's strides as a list
+    with pytest.raises(TypeError, match="unhashable type: 'list'"):
+        d.view(np.float32)
+
+
+@pytest.mark.parametrize("side", ["host", "device"])
+def test_a_0d_bfloat16_out_is_written(side):
+    x = np.random.default_rng(2).standard_normal((5, 7)).astype(BF16)
+    out = np.full((), np.nan, BF16)
+    total = tt.fuse(lambda x: tt.sum(x))
+    dest = out if side == "host" else tt.to_device(out)
+    got = total(x if side == "host" else tt.to_device(x), out=dest)
+    assert got is dest
+    value = out if side == "host" else dest.copy_to_host()
+    np.testing.assert_array_equal(value.view(np.uint16), total(x).view(np.uint16))

@@ -9,7 +9,7 @@ from helpers import SIDES, back, on
 from numba import cuda
 
 import tessera_tile as tt
-from tessera_tile import ops
+from tessera_tile import _config, ops
 from tessera_tile import tile_ir as ir
 from tessera_tile._fusion import plan as planner
 from tessera_tile._fusion import runtime, schedule
@@ -323,4 +323,7 @@ def test_kept_calls_do_not_type_their_arguments_to_opt_in(monkeypatch):
         # both rounded once to float16 from float32 sums (in other orders): within 2 ulp
         np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
         ops.attention(dq, dq, dq)
-        assert sum(opted.values()) == 2, (call, opted)  # the first call's two kernels, once
+        if call == 0:  # its two kernels, once (a GPU's tuner also opts in each tile it times)
+            first = sum(opted.values())
+            assert first == 2 or not _config.SIMULATED, opted
+        assert sum(opted.values()) == first, (call, opted)  # kept calls: none more

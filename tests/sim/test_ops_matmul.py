@@ -284,7 +284,7 @@ def test_float16_default_tunes_among_float16_tiles_where_a_gpu_times(monkeypatch
 
     def time_config(launch, args, kwargs, config, warmup, repeat):
         timed.append(config)
-        return 1.0 if config.dtype == "float32" else 2.0  # as if the SIMT tiles were faster
+        return (1.0 if config.dtype == "float32" else 2.0), None  # as if SIMT were faster
 
     monkeypatch.setattr(_config, "gpu_present", lambda: True)
     monkeypatch.setattr(autotune, "_time_config", time_config)

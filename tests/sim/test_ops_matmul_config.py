@@ -152,6 +152,7 @@ def test_batches_merge_onto_grid_z(a_shape, b_shape, launches):
     assert f"in {launches} launch(es)" in stage, stage
 
 
+@pytest.mark.sim_only(reason="simulates an sm_86's limit; on a GPU the device's own applies")
 def test_ops_refuse_a_config_over_the_devices_shared_memory():
     """A config the device cannot hold is refused when the call is planned, naming the limit;
     the same config runs where the architecture holds it."""
