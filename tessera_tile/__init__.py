@@ -18,7 +18,7 @@ from ._fusion import gemm as _gemm  # noqa: E402
 
 # GEMM stages of fused functions run on the matmul ops' kernels, a layer above the composer:
 # their runner is loaded when a fused function first launches or explains one.
-_gemm.set_runner(loader=lambda: importlib.import_module("tessera_tile.ops._gemm_stage"))
+_gemm.set_runner(loader=lambda: importlib.import_module("tessera_tile.ops._fused_stages"))
 
 from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in
 from ._arrays import host_to_device as to_device  # noqa: E402 - bfloat16 too, unlike numba's
@@ -64,6 +64,7 @@ from .fusion import (  # noqa: E402
     square,
     std,
     sum,
+    swapaxes,
     tanh,
     var,
     where,
@@ -140,6 +141,7 @@ __all__ = [
     "square",
     "std",
     "sum",
+    "swapaxes",
     "tanh",
     "var",
     "where",

@@ -66,6 +66,7 @@ from ._fusion.trace import (
     unary,
 )
 from ._fusion.trace import matmul as _matmul
+from ._fusion.trace import swapaxes as _swapaxes
 from .tile_ir import Op
 
 __all__ = [
@@ -73,7 +74,8 @@ __all__ = [
     "abs", "all", "any", "argmax", "argmin", "astype", "ceil", "clip", "cos", "erf", "exp",
     "exp2", "expm1", "floor", "gelu", "isfinite", "isinf", "isnan", "log", "log1p", "log2",
     "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum", "prod", "relu", "rsqrt",
-    "sigmoid", "silu", "sin", "sqrt", "square", "std", "sum", "tanh", "var", "where",
+    "sigmoid", "silu", "sin", "sqrt", "square", "std", "sum", "swapaxes", "tanh", "var",
+    "where",
 ]  # fmt: skip
 
 kernel_cache = KernelCache()
@@ -269,7 +271,7 @@ class FusedFunction:
         plan = runtime.launch_plan(program, call, kernel_cache, self.math, self.precision)
         out = []
         for launch in plan.launches:
-            if not isinstance(launch, runtime.StageLaunch):  # a GEMM stage's kernels
+            if not isinstance(launch, runtime.StageLaunch):  # a GEMM or attention stage's
                 out += launch.signatures()
                 continue
             b = launch.bound
@@ -360,7 +362,7 @@ def _stand_in(shape, strides, dtype):
 
 
 def _describe(b: runtime.Bound) -> str:
-    if b.stage.kind is StageKind.GEMM:
+    if b.stage.kind.hand_written:
         return b.describe()
     variant, layout, stage = b.variant, b.layout, b.stage
     what = {
@@ -449,6 +451,13 @@ def matmul(a, b):
     bfloat16 and float32 operands (another dtype's operand is cast to the result's, as NumPy
     computes it). The elementwise ops over the product run in the GEMM kernel's epilogue."""
     return _matmul(a, b)
+
+
+def swapaxes(x, axis1, axis2):
+    """``numpy.swapaxes``: a view of an argument of the fused function, for a matmul operand
+    (``q @ tt.swapaxes(k, -1, -2)``: read in place, through its strides) or the attention
+    pattern (docs/fusion.md)."""
+    return _swapaxes(x, axis1, axis2)
 
 
 def clip(x, lo, hi):

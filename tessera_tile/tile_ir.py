@@ -108,6 +108,11 @@ class Op(Enum):
     ALL = auto()
     # contraction: NumPy's matmul (1-D operands, batch broadcasting); a GEMM stage runs it
     MATMUL = auto()
+    # a view of an argument: numpy.swapaxes (arg: the two axes), read in place by a GEMM
+    SWAPAXES = auto()
+    # softmax(q @ swapaxes(k) * scale, axis=-1) @ v, found by the planner (arg: the scale):
+    # srcs (q, k, v), run by the flash-attention kernel
+    ATTENTION = auto()
 
 
 LEAF = frozenset({Op.INPUT, Op.CONST, Op.SCALAR, Op.COUNT})
@@ -130,6 +135,7 @@ ELEMENTWISE = UNARY | BINARY | TERNARY
 REDUCE = frozenset({Op.SUM, Op.PROD, Op.MAX, Op.MIN, Op.ARGMAX, Op.ARGMIN, Op.ANY, Op.ALL})
 INDEX_REDUCE = frozenset({Op.ARGMAX, Op.ARGMIN})
 CONTRACT = frozenset({Op.MATMUL})
+VIEW = frozenset({Op.SWAPAXES})
 # the dtypes the matmul kernels take (both operands one dtype: tt.matmul casts to the result's)
 MATMUL_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 
@@ -381,10 +387,17 @@ def matmul_shape(a, b) -> tuple[int, ...]:
     return (*batch, *rows, *cols)
 
 
-def operands_shape(op: Op, srcs, shapes) -> tuple[int, ...]:
-    """The shape of elementwise or contraction ``op`` on operands of ``shapes``."""
+def operands_shape(op: Op, srcs, shapes, arg=None) -> tuple[int, ...]:
+    """The shape of an elementwise, contraction or view ``op`` on operands of ``shapes``."""
     if op is Op.MATMUL:
         return matmul_shape(*shapes)
+    if op is Op.SWAPAXES:
+        out = list(shapes[0])
+        out[arg[0]], out[arg[1]] = out[arg[1]], out[arg[0]]
+        return tuple(out)
+    if op is Op.ATTENTION:
+        q, k, v = shapes
+        return (*broadcast_shapes(q[:-2], k[:-2], v[:-2]), q[-2], v[-1])
     return broadcast_operands(op, srcs, shapes)
 
 
@@ -474,6 +487,18 @@ def matmul(a: Node, b: Node) -> Node:
     return Node(Op.MATMUL, dtype, (a, b), None, matmul_shape(a.shape, b.shape))
 
 
+def swapaxes(x: Node, axis1, axis2) -> Node:
+    """``numpy.swapaxes(x, axis1, axis2)`` (NumPy's AxisError for an axis out of range)."""
+    if not all(isinstance(a, int | np.integer) for a in (axis1, axis2)):
+        raise TypeError(f"swapaxes takes two int axes, got {axis1!r} and {axis2!r}")
+    axes = tuple(sorted(normalize_axes(a, x.ndim)[0] for a in (axis1, axis2)))  # symmetric
+    if axes[0] == axes[1]:
+        return x
+    return Node(
+        Op.SWAPAXES, x.dtype, (x,), axes, operands_shape(Op.SWAPAXES, (x,), [x.shape], axes)
+    )
+
+
 def reduction(op: Op, src: Node, axis, keepdims: bool) -> Node:
     axes = normalize_axes(axis, src.ndim)
     keepdims = normalize_keepdims(keepdims)
@@ -549,7 +574,7 @@ def validate(outputs) -> None:
             if n.srcs:
                 raise ValueError(f"{n.op.name} takes no operands")
             continue
-        expected = 1 if n.op in UNARY | REDUCE else 2 if n.op in BINARY | CONTRACT else 3
+        expected = 1 if n.op in UNARY | REDUCE | VIEW else 2 if n.op in BINARY | CONTRACT else 3
         if len(n.srcs) != expected:
             raise ValueError(f"{n.op.name} takes {expected} operands, got {len(n.srcs)}")
         if n.op in ELEMENTWISE:

@@ -102,8 +102,9 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
         at = f"e{i}[uint64(z), uint64(row), uint64(col)]"
         lines.append(f"    v{i} = {load_cast(leaf.dtype, at)}")
     count = 0
+    below = {id(n) for n in ir.walk([p.x])}  # the product (and bias): the kernel's part
     for n in ir.walk([p.result]):
-        if n.key in env or n.op in (Op.INPUT, Op.MATMUL):  # a folded bias's product: no value
+        if n.key in env or id(n) in below or n.op is Op.INPUT:
             continue
         if n.op is Op.CONST:
             value = literal(n.arg)

@@ -10,7 +10,8 @@ Every stage iterates one index space F (a broadcast shape) and reduces over one 
 * ``full``: R holds every axis; two-stage, one launch: blocks reduce chunks, the last block to
   finish combines the partials in block order (deterministic);
 * ``gemm``: one matmul (operands read from memory) and the elementwise epilogue over its
-  product, on the matmul ops' kernels (:mod:`.gemm`).
+  product, on the matmul ops' kernels (:mod:`.gemm`);
+* ``attention``: softmax(q @ k^T * scale) @ v, found by :mod:`.patterns`, on the flash kernel.
 
 A reduction whose result is combined with F-space values again (softmax, layer norm) stays in
 the same stage: the stage makes several passes over each row, one per dependency level of its
@@ -30,6 +31,7 @@ import numpy as np
 
 from .. import tile_ir as ir
 from ..tile_ir import Node, Op
+from . import patterns
 
 
 class StageKind(enum.Enum):
@@ -40,6 +42,12 @@ class StageKind(enum.Enum):
     COLUMN = "column"
     FULL = "full"
     GEMM = "gemm"
+    ATTENTION = "attention"
+
+    @property
+    def hand_written(self) -> bool:
+        """Whether an ops kernel runs it (a matmul's, the flash kernel), not generated code."""
+        return self in (StageKind.GEMM, StageKind.ATTENTION)
 
     @property
     def scratch(self) -> bool:
@@ -210,9 +218,17 @@ class _Planner:
 
     def find_problem(self, outputs, nodes, space):
         """The first thing that keeps this group from being one stage, or None."""
+        flash = [n for n in nodes if n.op is Op.ATTENTION]
+        if flash:
+            return self.attention_problem(outputs, flash)
         products = [n for n in nodes if n.op is Op.MATMUL]
         if products:
             return self.gemm_problem(outputs, nodes, products)
+        if any(n.op is Op.SWAPAXES for n in nodes):
+            raise ValueError(
+                "tt.swapaxes is a view of an argument of the fused function for a matmul "
+                "operand (or the attention pattern); it cannot feed other ops"
+            )
         reductions = [n for n in nodes if _is_reduce(n)]
         for r in reductions:
             if space[id(r.srcs[0])] != "F":
@@ -278,12 +294,34 @@ class _Planner:
         return None
 
     @staticmethod
+    def attention_problem(outputs, flash):
+        """What keeps a group with an attention node from being one flash-kernel stage (its
+        operands in memory, the node itself the one result), or None."""
+        for a in flash:
+            for s in a.srcs:
+                if s.op is not Op.INPUT:
+                    return ("materialize", s, "an attention operand that is computed runs in "
+                            "an earlier kernel")  # fmt: skip
+        a = flash[0]
+        if len(outputs) == 1 and outputs[0][0] is a:
+            return None
+        dest = next((d for n, d in outputs if n is a), None)
+        if dest is not None:
+            return (dest, a, "attention's result gets the flash kernel of its own")
+        return ("materialize", a, "the flash kernel writes attention's result; what follows "
+                "runs in a kernel of its own")  # fmt: skip
+
+    @staticmethod
     def gemm_problem(outputs, nodes, products):
         """What keeps a group with a matmul from being one GEMM stage (one product, its
         operands in memory, one result: an elementwise epilogue of the product's shape and
         dtype), or None."""
         for p in products:
             for s in p.srcs:
+                if s.op is Op.SWAPAXES and s.srcs[0].op is not Op.INPUT:
+                    s = s.srcs[0]  # the view is read in place: what it views must be in memory
+                elif s.op is Op.INPUT or s.op is Op.SWAPAXES:
+                    continue
                 if s.op is not Op.INPUT:
                     return (
                         "materialize",
@@ -364,6 +402,8 @@ class _Planner:
         return (), ()
 
     def make_stage(self, outputs, nodes, space) -> Stage:
+        if any(n.op is Op.ATTENTION for n in nodes):
+            return Stage(StageKind.ATTENTION, (), outputs, space)
         if any(n.op is Op.MATMUL for n in nodes):
             return Stage(StageKind.GEMM, (), outputs, space)
         f_shape, axes = self.index_space(outputs, nodes, space)
@@ -408,7 +448,8 @@ def plan(trace) -> Plan:
     """Stages for a trace, in launch order. Results that depend on no array get none: the
     call computes them on the host (``tile_ir.evaluate``), as NumPy gives them."""
     planner = _Planner()
-    outputs = [(n, ("out", k)) for k, n in enumerate(trace.outputs) if not ir.on_host(n)]
+    rewritten, planner.reasons = patterns.rewrite(trace.outputs)
+    outputs = [(n, ("out", k)) for k, n in enumerate(rewritten) if not ir.on_host(n)]
     for i, group in enumerate(group_outputs(outputs)):
         if i:
             which = ", ".join(str(d[1]) for _, d in group)
@@ -455,7 +496,8 @@ def propagate_shapes(nodes, input_shapes, shapes: dict[str, tuple] | None = None
             else:
                 shapes[n.key] = ir.reduced_shape(src, axes, keepdims)
         else:
-            shapes[n.key] = ir.operands_shape(n.op, n.srcs, [shapes[s.key] for s in n.srcs])
+            srcs = [shapes[s.key] for s in n.srcs]
+            shapes[n.key] = ir.operands_shape(n.op, n.srcs, srcs, n.arg)
     return shapes
 
 

@@ -301,7 +301,7 @@ def bind(
     """``records`` maps a leaf's ``arg`` (position, ``("temp", k)``, ``("out", k)``) to its
     record on the device; ``math`` is ``"fast"`` or ``"ieee"``, ``precision`` a GEMM stage's
     (see ``tt.fuse``). A GEMM stage binds through its runner (:mod:`.gemm`)."""
-    if stage.kind is StageKind.GEMM:
+    if stage.kind.hand_written:
         return gemm.runner().bind(stage, records, math, precision)
     leaves = [records[n.arg] for n in stage.leaves]
     outs = [records[dest] for _, dest in stage.outputs]
@@ -419,10 +419,8 @@ def _make_plan(
         bound = bind(stage, records, shapes, cache, math, precision)
         if bound.empty:
             continue
-        gemm_stage = stage.kind is StageKind.GEMM
-        launches.append(
-            bound.launch(records) if gemm_stage else _stage_launch(bound, records, counts)
-        )
+        hand = stage.kind.hand_written
+        launches.append(bound.launch(records) if hand else _stage_launch(bound, records, counts))
     return LaunchPlan(
         shapes,
         on_device,
@@ -546,7 +544,7 @@ def _host_result(value: np.generic, out: Arg | None):
 
 
 def _launch(launch: StageLaunch, handles: dict, place: arrays.Placement) -> None:
-    if not isinstance(launch, StageLaunch):  # a GEMM stage's launches (its runner's)
+    if not isinstance(launch, StageLaunch):  # a GEMM or attention stage's (its runner's)
         launch.run(handles, place)
         return
     bound = launch.bound

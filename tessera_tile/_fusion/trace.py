@@ -277,6 +277,10 @@ def matmul(a, b) -> Traced:
     return Traced(ir.matmul(as_node(a), as_node(b)))
 
 
+def swapaxes(x, axis1, axis2) -> Traced:
+    return Traced(ir.swapaxes(as_node(x), axis1, axis2))
+
+
 def ternary(op: Op, a, b, c) -> Traced:
     return _result(ir.elementwise(op, as_node(a), as_node(b), as_node(c)), (a, b, c))
 

@@ -383,3 +383,106 @@ def test_random_epilogue_trees_match_numpy(tree, dtype, m, n, k, batch, side):
     assert fn.explain(x, w, b, r, scalar).kernels == 1
     got = back(fn(*on(side, x, w, b, r), scalar), side)
     assert_within(got, ref, np.broadcast_to(scale, ref.shape), dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# attention written in algebra: found, and run on the flash kernel
+
+
+def softmax_rows(s, axis=-1):
+    m = tt.max(s, axis=axis, keepdims=True)
+    e = tt.exp(s - m)
+    return e / tt.sum(e, axis=axis, keepdims=True)
+
+
+@tt.fuse
+def attention(q, k, v):
+    return softmax_rows(q @ tt.swapaxes(k, -1, -2) * 0.125) @ v
+
+
+@tt.fuse
+def attention_divided(q, k, v):
+    return softmax_rows(q @ tt.swapaxes(k, -2, -1) / 8.0) @ v
+
+
+@tt.fuse
+def attention_over_queries(q, k, v):  # a near miss: the softmax runs over the other axis
+    return softmax_rows(q @ tt.swapaxes(k, -1, -2) * 0.125, axis=-2) @ v
+
+
+@tt.fuse
+def attention_scaled_at_run_time(q, k, v, scale):  # a scale passed at run time: not rewritten
+    return softmax_rows(q @ tt.swapaxes(k, -1, -2) * scale) @ v
+
+
+def attention_reference(q, k, v, axis=-1):
+    q, k, v = f64(q, k, v)
+    s = q @ np.swapaxes(k, -1, -2) * 0.125
+    p = np.exp(s - s.max(axis, keepdims=True))
+    p /= p.sum(axis, keepdims=True)
+    # the flash kernel rounds P to the operands' dtype for P @ V (docs/attention.md)
+    return p @ v, np.abs(p) @ np.abs(v)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fn", [attention, attention_divided])
+def test_attention_pattern_runs_on_the_flash_kernel(fn, dtype, side):
+    q, k, v = (draw((2, s, 64), dtype, 30 + i) for i, s in enumerate((24, 40, 40)))
+    report = fn.explain(q, k, v)
+    assert report.kernels == 1
+    assert any("attention pattern -> flash kernel" in r for r in report.reasons), report.reasons
+    ref, scale = attention_reference(q, k, v)
+    got = back(fn(*on(side, q, k, v)), side)
+    assert got.dtype == DTYPES[dtype]
+    # P rounded to the operands' dtype for P @ V: 2 U of each term of |P| @ |V| (in float32
+    # units, as assert_within takes them), and float32 softmax statistics
+    flash = 2 * U[dtype] / EPS32 * scale + 64 * np.abs(ref)
+    assert_within(got, ref, flash, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_attention_writes_only_its_result(dtype):
+    from numba import cuda
+
+    q, k, v = (cuda.to_device(draw((2, s, 32), dtype, 40 + i)) for i, s in enumerate((20, 48, 48)))
+    attention(q, k, v)
+    planned = attention.explain(q, k, v).bytes_fused
+    with tt.sim.profile() as prof:
+        attention(q, k, v)
+    assert prof.bytes_written == 2 * 20 * 32 * DTYPES[dtype].itemsize  # O alone: no scores
+    assert prof.bytes_read + prof.bytes_written == planned
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize(
+    ("fn", "axis", "args"),
+    [(attention_over_queries, -2, ()), (attention_scaled_at_run_time, -1, (0.125,))],
+)
+def test_near_misses_are_not_rewritten_and_match_numpy(fn, axis, args, side):
+    q, k, v = (draw((2, s, 32), "float32", 50 + i) for i, s in enumerate((24, 24, 24)))
+    report = fn.explain(q, k, v, *args)
+    assert report.kernels > 1
+    assert not any("attention pattern" in r for r in report.reasons), report.reasons
+    ref, scale = attention_reference(q, k, v, axis)
+    got = back(fn(*on(side, q, k, v), *args), side)
+    # the scores' product, exp's approximation (a few ulp), the row sums: float32 roundings
+    assert_within(got, ref, 8 * (scale + np.abs(ref)), "float32")
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_swapped_operand_is_read_in_place(dtype, side):
+    x, w = draw((3, 9, 16), dtype, 60), draw((3, 12, 16), dtype, 61)
+    got = back(tt.fuse(lambda x, w: x @ tt.swapaxes(w, -1, -2) * 2.0)(*on(side, x, w)), side)
+    x64, w64 = f64(x, w)
+    wt = np.swapaxes(w64, -1, -2)
+    assert_within(got, 2 * (x64 @ wt), 2 * product_scale(x64, wt), dtype)
+
+
+def test_swapaxes_feeds_matmuls_only():
+    x = np.ones((4, 6), np.float32)
+    with pytest.raises(ValueError, match="matmul operand"):
+        tt.fuse(lambda x: tt.swapaxes(x, 0, 1) + 1.0)(x)
+    with pytest.raises(np.exceptions.AxisError):
+        tt.fuse(lambda x: x @ tt.swapaxes(x, 0, 2))(x)

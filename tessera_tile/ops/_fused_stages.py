@@ -1,0 +1,214 @@
+"""The runner of the composer's hand-written stages (:mod:`tessera_tile._fusion.gemm`): a
+matmul inside ``@tt.fuse`` runs as the matmul ops' :class:`~._matmul_plan.Product`, with the
+stage's generated epilogue in place of an activation; an attention pattern the planner found
+runs as ``ops.attention``'s flash kernel. Importing this module registers the runner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _arrays as arrays
+from .. import profiling
+from .._fusion import gemm
+from .._fusion.lower import TYPE_NAMES
+from .._fusion.plan import StageKind
+from ..kernels.epilogue import ElementEpilogue
+from ..tile_ir import Op
+from ._attention import attention as attention_op
+from ._contract import Value, launch_all
+from ._matmul import _product
+from ._matmul_plan import Product
+
+
+@dataclass(frozen=True)
+class Generated:
+    """What explain shows of a stage: its name and its epilogue's generated source."""
+
+    name: str
+    source: str
+
+
+def _name(leaf) -> str:
+    return f"argument {leaf.arg}" if isinstance(leaf.arg, int) else "an intermediate result"
+
+
+def _record(leaf, records: dict) -> arrays.Arg:
+    """A leaf's record; a swapped view of an argument (``tt.swapaxes``) is made from its
+    strides, read in place."""
+    if leaf.op is not Op.SWAPAXES:
+        return records[leaf.arg]
+    rec = records[leaf.srcs[0].arg]
+    shape, strides = list(rec.shape), list(rec.strides)
+    i, j = leaf.arg
+    shape[i], shape[j], strides[i], strides[j] = shape[j], shape[i], strides[j], strides[i]
+    return rec._replace(shape=tuple(shape), strides=tuple(strides))
+
+
+def _key(leaf):
+    return leaf.srcs[0].arg if leaf.op is Op.SWAPAXES else leaf.arg
+
+
+@dataclass
+class GemmBound:
+    """A GEMM stage bound to a call's array layouts: its product, and where its arrays are."""
+
+    stage: object
+    product: Product
+    keys: tuple  # record keys of a, b (the bias), the extras, then the result
+    scalars: tuple  # call positions of the epilogue's scalar arguments
+    generated: Generated
+
+    @property
+    def empty(self) -> bool:
+        return self.product.empty
+
+    def _launches(self):
+        p = self.product
+        return p.plan_launches(p.a, p.b, p._c_record(None))[2]
+
+    def predicted_bytes(self) -> int:
+        """The product's bytes (operands per tile, C once) and each array the epilogue reads,
+        once per C element (every lane reads its own)."""
+        p = self.product
+        launches = self._launches()
+        config = launches[0][3].config if launches else p.tile_config()
+        elements = math.prod(p.batch) * p.m * p.n
+        return p.predicted_bytes(config) + sum(elements * r.dtype.itemsize for r in p.extras)
+
+    def flops(self) -> int:
+        return self.product.flops()
+
+    def describe(self) -> str:
+        ops = gemm.parts(self.stage).ops
+        head = f"matmul + {ops}-op epilogue in one kernel" if ops else "matmul"
+        launches = self._launches()
+        if not launches:
+            return f"{head}: nothing to compute"
+        p = self.product
+        body = p.stage_text(launches)[0].split(": ", 1)[1]
+        epi = "+ bias" if p.bias is not None else ""
+        if p.epilogue is not None:
+            epi = f"{epi} then generated {self.generated.name}".strip()
+        body = body.replace("epilogue + bias", "epilogue").replace("epilogue none", "epilogue")
+        body = body.replace("epilogue in registers", f"epilogue {epi or 'none'} in registers")
+        return f"{head}: {body}"
+
+    def launch(self, records: dict) -> StageLaunches:
+        *inputs, result = self.records_of(records)
+        return StageLaunches(self, tuple(self.product.launches(inputs, result)))
+
+    def records_of(self, records: dict) -> list:
+        parts = gemm.parts(self.stage)
+        operands = [parts.a, parts.b] + ([parts.bias] if parts.bias is not None else [])
+        leaves = [_record(n, records) for n in (*operands, *parts.extras)]
+        return [*leaves, records[self.keys[-1]]]
+
+
+@dataclass
+class FlashBound:
+    """An attention stage bound to a call's layouts: ``ops.attention``'s validated call."""
+
+    stage: object
+    call: object  # ops._attention.Attention
+    keys: tuple  # record keys of q, k, v, then the result
+    generated: Generated
+    scalars: tuple = ()
+
+    @property
+    def empty(self) -> bool:
+        return self.call.empty
+
+    def predicted_bytes(self) -> int:
+        return self.call.report().bytes_fused
+
+    def flops(self) -> int:
+        return self.call.flops()
+
+    def describe(self) -> str:
+        return "attention pattern -> flash kernel: " + self.call.report().stages[0]
+
+    def launch(self, records: dict) -> StageLaunches:
+        *inputs, result = (records[k] for k in self.keys)
+        return StageLaunches(self, tuple(self.call.launches(inputs, result)))
+
+
+@dataclass(frozen=True)
+class StageLaunches:
+    """A hand-written stage in a launch plan: its kernel launches, made once per layout."""
+
+    bound: object
+    launches: tuple
+
+    def run(self, handles: dict, place) -> None:
+        b = self.bound
+        params = [handles[k] for k in b.keys] + [handles[pos] for pos in b.scalars]
+        prof = profiling.active()
+        if prof is None:
+            launch_all(self.launches, params, place.stream)
+            return
+
+        def run():
+            launch_all(self.launches, params, place.stream)
+
+        kernel = self.launches[0].kernel
+        prof.launch(b.generated.name, b.predicted_bytes(), b.flops(), run, place.stream, kernel)
+
+    def signatures(self) -> list[tuple]:
+        return [(k.kernel, k.signature, k.threads, k.shared) for k in self.launches]
+
+
+class Runner:
+    """Binds hand-written stages (registered with :func:`tessera_tile._fusion.gemm.set_runner`)."""
+
+    def bind(self, stage, records: dict, math_mode: str, precision: str | None):
+        if stage.kind is StageKind.ATTENTION:
+            return self.bind_attention(stage, records)
+        return self.bind_gemm(stage, records, math_mode, precision)
+
+    @staticmethod
+    def bind_attention(stage, records: dict) -> FlashBound:
+        ((node, dest),) = stage.outputs
+        q, k, v = (records[n.arg] for n in node.srcs)
+        call = attention_op._plan(q, k, v, scale=node.arg)
+        keys = (*(n.arg for n in node.srcs), dest)
+        return FlashBound(stage, call, keys, Generated("flash_attention", "# ops.attention\n"))
+
+    @staticmethod
+    def bind_gemm(stage, records: dict, math_mode: str, precision: str | None) -> GemmBound:
+        parts = gemm.parts(stage)
+        ((_, dest),) = stage.outputs
+        a, b = _record(parts.a, records), _record(parts.b, records)
+        bias = records[parts.bias.arg] if parts.bias is not None else None
+        product = _product(
+            a, b, (_name(parts.a), _name(parts.b)), "matmul", None, bias, None,
+            _name(parts.bias) if bias is not None else "bias", precision,
+        )  # fmt: skip
+        if any(r.value is None for r in (a, b)):  # host inputs' copies: nothing yet to time
+            product = dataclasses.replace(product, config=product.tuner.expected(a, b))
+        name, source = gemm.epilogue_source(stage, math_mode)
+        if parts.result is not parts.x:
+            fn = gemm.epilogue_function(stage.key, source, name)
+            # a, b, the bias, the extras, the result, then the scalars
+            first = len(parts.extras) + 3 + (bias is not None)
+            product = dataclasses.replace(
+                product,
+                epilogue=ElementEpilogue(fn, name),
+                extras=tuple(records[n.arg] for n in parts.extras),
+                scalars=tuple(Value(first + j) for j in range(len(parts.scalars))),
+                scalar_types=tuple(TYPE_NAMES[np.dtype(n.dtype)] for n in parts.scalars),
+            )
+        else:
+            name, source = f"{product.name}_product", "# no epilogue: C = a @ b (+ bias)\n"
+        operands = (parts.a, parts.b) if bias is None else (parts.a, parts.b, parts.bias)
+        keys = (*(_key(n) for n in operands), *(n.arg for n in parts.extras), dest)
+        return GemmBound(
+            stage, product, keys, tuple(n.arg for n in parts.scalars), Generated(name, source)
+        )
+
+
+gemm.set_runner(Runner())
