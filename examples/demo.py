@@ -30,6 +30,7 @@ EXAMPLES = [
     "fused_softmax",
     "ops_demo",
     "bf16_mlp_block",
+    "algebraic_fusion",
 ]
 
 

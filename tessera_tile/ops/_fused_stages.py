@@ -91,9 +91,10 @@ class GemmBound:
             return f"{head}: nothing to compute"
         p = self.product
         body = p.stage_text(launches)[0].split(": ", 1)[1]
-        epi = "+ bias" if p.bias is not None else ""
-        if p.epilogue is not None:
-            epi = f"{epi} then generated {self.generated.name}".strip()
+        steps = ["+ bias"] * (p.bias is not None) + [f"generated {self.generated.name}"] * (
+            p.epilogue is not None
+        )
+        epi = " then ".join(steps)
         body = body.replace("epilogue + bias", "epilogue").replace("epilogue none", "epilogue")
         body = body.replace("epilogue in registers", f"epilogue {epi or 'none'} in registers")
         return f"{head}: {body}"
