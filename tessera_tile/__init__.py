@@ -16,8 +16,8 @@ import importlib  # noqa: E402
 
 from ._fusion import gemm as _gemm  # noqa: E402
 
-# GEMM stages of fused functions run on the matmul ops' kernels, a layer above the composer:
-# their runner is loaded when a fused function first launches or explains one.
+# GEMM and attention stages of fused functions run on the ops' kernels, a layer above the
+# composer: their runner is loaded when a fused function first launches or explains one.
 _gemm.set_runner(loader=lambda: importlib.import_module("tessera_tile.ops._fused_stages"))
 
 from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in

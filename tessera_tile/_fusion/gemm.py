@@ -15,9 +15,9 @@ on the edge elements they do not store too, so its reads are guarded by the arra
 A bias (``p + b``, ``b`` of shape ``(N,)``, the product's only use) takes the kernels' own bias
 path, as ``ops.linear``'s does: staged or shuffled per column, added to ``x`` before the call.
 
-The kernels and the matmul plan sit above the composer (``tessera_tile.kernels``, ``ops``): the
-package registers their runner of GEMM stages here (:func:`set_runner`), and the runtime asks
-:func:`runner` for it.
+The kernels and the matmul and attention plans sit above the composer (``tessera_tile.kernels``,
+``ops``): the package registers their runner of GEMM and attention stages here
+(:func:`set_runner`), and the runtime asks :func:`runner` for it.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import tile_ir as ir
 from ..tile_ir import Node, Op
+from .compile import _namespace
 from .lower import TYPE_NAMES, compute_dtype, emit_approx, emit_elementwise, literal, load_cast
 
 
@@ -111,7 +112,8 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
             env[n.key] = value if n.weak else f"{TYPE_NAMES[compute_dtype(n.dtype)]}({value})"
             continue
         args = [env[s.key] for s in n.srcs]
-        fast = math == "fast" and n.op in (Op.SIGMOID, Op.SILU) and n.dtype.kind == "f"
+        # the numerics policy's one rcp.approx per sigmoid and silu (schedule.approximated)
+        fast = math == "fast" and n.op in (Op.SIGMOID, Op.SILU)
         fast = fast and compute_dtype(n.dtype) == np.dtype(np.float32)
         lines.append(f"    t{count} = {(emit_approx if fast else emit_elementwise)(n, args)}")
         env[n.key] = f"t{count}"
@@ -121,18 +123,17 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
 
 
 @functools.cache
-def epilogue_function(stage_key: str, source: str, name: str):
-    """The device function of an epilogue's source, made once per stage and math mode."""
+def epilogue_function(source: str, name: str):
+    """The device function of an epilogue's source, made once per source."""
     from numba import cuda
-
-    from .compile import _namespace
 
     namespace = _namespace()
     exec(compile(source, f"<tessera_tile generated {name}>", "exec"), namespace)  # noqa: S102
     return cuda.jit(device=True)(namespace[name])
 
 
-# The runner of GEMM stages (ops' matmul plan), registered by the package: see the module doc.
+# The runner of GEMM and attention stages (ops' plans), registered by the package: see the
+# module doc.
 _runner = None
 _loader = None
 

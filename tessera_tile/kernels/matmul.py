@@ -120,7 +120,9 @@ def simt_matmul(
     async_copy: bool = True,
     vector_store: bool = True,
 ):
-    """The kernel ``kernel(a, b, bias, c)`` for these choices (memoised; see the module doc).
+    """The kernel ``kernel(a, b, bias, c)`` for these choices (memoised; see the module doc);
+    with an :class:`~.epilogue.ElementEpilogue` as ``activation``, ``kernel(a, b, bias, c,
+    extras)``.
 
     ``copy_a`` / ``copy_b``: bytes per ``cp.async`` of each operand (16 needs 16-byte aligned
     rows and batches and a contiguous inner axis; 4 takes any strides). ``async_copy=False``

@@ -121,7 +121,8 @@ def tensor_core_matmul(
 ):
     """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` in
     float16 (or, with ``bf16``, bfloat16, every array its ``uint16`` bits) with float32
-    accumulation on the tensor cores (memoised per configuration).
+    accumulation on the tensor cores (memoised per configuration); with an
+    :class:`~.epilogue.ElementEpilogue` as ``activation``, ``kernel(a, b, bias, c, extras)``.
 
     ``async_copy=True`` (default): ``cp.async`` pipeline of ``num_stages`` stages, which needs
     :func:`aligned_rows`; ``False``: synchronous guarded loads, any layout. See the module doc

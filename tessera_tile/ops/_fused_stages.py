@@ -193,7 +193,7 @@ class Runner:
             product = dataclasses.replace(product, config=product.tuner.expected(a, b))
         name, source = gemm.epilogue_source(stage, math_mode)
         if parts.result is not parts.x:
-            fn = gemm.epilogue_function(stage.key, source, name)
+            fn = gemm.epilogue_function(source, name)
             # a, b, the bias, the extras, the result, then the scalars
             first = len(parts.extras) + 3 + (bias is not None)
             product = dataclasses.replace(
