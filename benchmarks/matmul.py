@@ -263,7 +263,6 @@ def fused() -> None:
     )
 
 
-
 def gpu() -> None:
     from numba import cuda
 
