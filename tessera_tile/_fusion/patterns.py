@@ -1,4 +1,5 @@
-"""Rewrites the planner makes before it splits a graph: attention found from its algebra.
+"""Rewrites the planner makes before it splits a graph: attention found from its algebra, and
+scalar factors of matmul operands moved onto the product.
 
 ``softmax(q @ tt.swapaxes(k, -1, -2) * scale, axis=-1) @ v``, with the softmax written as
 ``e / tt.sum(e, axis=-1, keepdims=True)`` of ``e = tt.exp(s - tt.max(s, axis=-1,
@@ -7,10 +8,16 @@ becomes one ``ATTENTION`` node: the flash kernel runs it and the ``Sq x Sk`` sco
 written. The scale is a constant (``* c`` or ``/ c``; none is 1). Anything else (another softmax
 axis, a scale passed at run time, a mask) is left as it is: GEMM stages and the composer's
 kernels compute it.
+
+The second: ``(c * a) @ b`` and ``a @ (b * c)``, ``c`` a constant or a scalar argument that
+keeps the operand's dtype, become ``c * (a @ b)``: the factor is applied to the accumulator in
+the GEMM's epilogue instead of by a kernel that writes the scaled operand (the operand is not
+rounded after scaling, as the composer rounds once where it stores).
 """
 
 from __future__ import annotations
 
+from .. import tile_ir as ir
 from ..tile_ir import Node, Op
 
 
@@ -72,6 +79,35 @@ def attention(o: Node) -> Node | None:
     return Node(Op.ATTENTION, o.dtype, operands, scale, o.shape)
 
 
+def _factor(operand: Node) -> tuple[Node, Node] | None:
+    """``(array, scalar)`` of ``scalar * array`` or ``array * scalar`` of the array's dtype."""
+    if operand.op is not Op.MUL:
+        return None
+    a, c = operand.srcs
+    if a.op in (Op.CONST, Op.SCALAR):
+        a, c = c, a
+    if c.op not in (Op.CONST, Op.SCALAR) or c.ndim or operand.dtype != a.dtype:
+        return None
+    return a, c
+
+
+def scaled_product(n: Node) -> Node | None:
+    """``c * (a @ b)`` for a matmul ``n`` of an operand scaled by ``c``, or None."""
+    if n.op is not Op.MATMUL:
+        return None
+    for i, operand in enumerate(n.srcs):
+        found = _factor(operand)
+        if found is None:
+            continue
+        array, c = found
+        srcs = list(n.srcs)
+        srcs[i] = array
+        product = ir.matmul(*srcs)
+        scaled = ir.elementwise(Op.MUL, product, c)
+        return scaled if scaled.dtype == n.dtype else None
+    return None
+
+
 def rewrite(outputs) -> tuple[tuple[Node, ...], list[str]]:
     """``outputs`` with every attention pattern replaced, and a reason for each."""
     memo: dict[int, Node] = {}
@@ -82,12 +118,19 @@ def rewrite(outputs) -> tuple[tuple[Node, ...], list[str]]:
         if got is not None:
             return got
         found = attention(n)
+        scaled = scaled_product(n) if found is None else None
         if found is not None:
             reasons.append(
                 f"attention pattern -> flash kernel: softmax(q @ swapaxes(k) * {found.arg:g}) "
                 "@ v in one kernel, the score matrix never written"
             )
             out = found
+        elif scaled is not None:
+            reasons.append(
+                "a scalar factor of a matmul operand is applied to the product in the GEMM's "
+                "epilogue: (c * a) @ b = c * (a @ b)"
+            )
+            out = visit(scaled)
         elif n.srcs:
             srcs = tuple(visit(s) for s in n.srcs)
             same = all(a is b for a, b in zip(srcs, n.srcs, strict=True))

@@ -151,6 +151,20 @@ def test_epilogues_run_in_the_gemm_kernel(dtype, side):
         assert_within(got, ref, err_scale, dtype)
 
 
+@pytest.mark.parametrize("side", SIDES)
+def test_a_scalar_factor_of_an_operand_moves_onto_the_product(side):
+    x, w, r = (draw(s, "float32", 70 + i) for i, s in enumerate(((2, 9, 16), (16, 12), (9, 12))))
+    fn = tt.fuse(lambda x, w, r, s: (x * s) @ (0.5 * w) + r)
+    report = fn.explain(x, w, r, 3.0)
+    assert report.kernels == 1
+    assert any("(c * a) @ b = c * (a @ b)" in reason for reason in report.reasons)
+    x64, w64, r64 = f64(x, w, r)
+    got = back(fn(*on(side, x, w, r), 3.0), side)
+    assert_within(
+        got, 1.5 * (x64 @ w64) + r64, 2 * product_scale(x64, w64) + np.abs(r64), "float32"
+    )
+
+
 def test_inputs_are_never_modified_and_out_is_written_in_place():
     shapes = ((9, 16), (16, 12), (12,), (9, 12))
     x, w, b, r = (draw(s, "float32", 9 + i) for i, s in enumerate(shapes))
@@ -205,8 +219,8 @@ def wider(x, w):
 
 
 @tt.fuse
-def scaled_operand(x, w):
-    return (x * 2.0) @ w
+def computed_operand(x, w):
+    return tt.tanh(x) @ w
 
 
 # function, arguments taken, kernels, the reason's words; float32 operands, so that a product
@@ -216,7 +230,7 @@ SPLITS = [
     (row_sums, 2, 2, "a reduction of a product"),
     (product_and_relu, 2, 2, "several results"),
     (wider, 2, 2, "a float64 result of a float32 product"),
-    (scaled_operand, 2, 2, "a matmul operand that is computed"),
+    (computed_operand, 2, 2, "a matmul operand that is computed"),
 ]
 
 
@@ -231,7 +245,7 @@ def split_references(fn, x, w, w3) -> list:
         row_sums: lambda: [(p.sum(-1), (s + np.abs(p)).sum(-1))],
         product_and_relu: lambda: [(p, s), (np.maximum(p, 0), s)],
         wider: lambda: [(p * 2, 2 * s)],
-        scaled_operand: lambda: [((x64 * 2) @ w64, 2 * s)],
+        computed_operand: lambda: [(np.tanh(x64) @ w64, s + np.abs(x64) @ np.abs(w64))],
     }[fn]()
 
 
