@@ -263,6 +263,10 @@ class Product(HandWritten):
         )  # fmt: skip
         return as_matrix(full, self.batch, None)
 
+    def _extra_matrices(self) -> list[Matrix]:
+        """The arrays a generated epilogue reads, as stacks over the batch, broadcast."""
+        return [as_matrix(_broadcast_to(r, self.out_shape), self.batch, None) for r in self.extras]
+
     def _c_record(self, out: arrays.Arg | None) -> arrays.Arg:
         """A stand-in for the result's layout (a new result is C-contiguous, device-aligned)."""
         if out is not None and out.kind == arrays.DEVICE:
@@ -286,10 +290,11 @@ class Product(HandWritten):
             as_matrix(b, self.batch, self.b_vector),
             self._c_matrix(c),
         ]
-        extra_mats = [as_matrix(_broadcast_to(r, self.out_shape), self.batch, None)
-                      for r in self.extras]  # fmt: skip
+        extra_mats = self._extra_matrices()
         geo = geometry(self.batch, mats + extra_mats)
-        act = self.epilogue or epilogue.activation_function(self.activation)
+        act = self.epilogue
+        if act is None:
+            act = epilogue.activation_function(self.activation)
         bias_type = array_type(  # without a bias, a 1-element float32 dummy
             np.dtype(np.float32) if self.bias is None else self.bias.dtype,
             1, "C" if self.bias is None or self.bias.contiguous else "A",
@@ -362,8 +367,7 @@ class Product(HandWritten):
         bias = View(2, dtype=kind) if self.bias is not None else Unused(np.dtype(np.float32))
         arrays_of = (0, 1, len(records))  # A, B and C among the call's arrays
         first_extra = 2 + (self.bias is not None)  # the extras follow them in records
-        extra_mats = [as_matrix(_broadcast_to(r, self.out_shape), self.batch, None)
-                      for r in self.extras]  # fmt: skip
+        extra_mats = self._extra_matrices()
         out = []
         for index, _z0, count, choice in planned:
             va, vb, vc = (
