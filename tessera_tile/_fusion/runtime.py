@@ -300,7 +300,7 @@ def bind(
 ) -> Bound:  # fmt: skip
     """``records`` maps a leaf's ``arg`` (position, ``("temp", k)``, ``("out", k)``) to its
     record on the device; ``math`` is ``"fast"`` or ``"ieee"``, ``precision`` a GEMM stage's
-    (see ``tt.fuse``). A GEMM stage binds through its runner (:mod:`.gemm`)."""
+    (see ``tt.fuse``). A GEMM or attention stage binds through its runner (:mod:`.gemm`)."""
     if stage.kind.hand_written:
         return gemm.runner().bind(stage, records, math, precision)
     leaves = [records[n.arg] for n in stage.leaves]
