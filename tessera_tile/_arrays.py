@@ -457,13 +457,14 @@ def exportable(host: np.ndarray) -> np.ndarray:
 def host_to_device(host, stream=0):
     """A numba device copy of a host array, contiguous, of the same dtype (bfloat16 too)."""
     host = np.asarray(host, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
-    copy = cuda.to_device(exportable(host), stream=stream)
-    return copy if copy.dtype == host.dtype else as_dtype(copy, host.dtype)
+    return as_dtype(cuda.to_device(exportable(host), stream=stream), host.dtype)
 
 
 def as_dtype(handle, dtype):
     """A numba device array as another dtype of its item size (its bits: numba's own ``view``
     refuses a 0-d array, TypeError: unhashable type: 'list', seen on an H200)."""
+    if handle.dtype == np.dtype(dtype):
+        return handle
     return view(handle, handle.shape, handle.strides, 0, dtype)
 
 

@@ -49,7 +49,7 @@ from ..memory import aligned16, load16_shared, store16
 from ..pipeline import SHARED_ALIGN, ring_buffer
 from ..tile_config import CANDIDATES, TileConfig
 from .epilogue import ACTIVATIONS, ElementEpilogue, identity
-from .tc_tiles import INLINE
+from .tc_tiles import INLINE, entry_point
 
 __all__ = ["KV", "activation_name", "simt_matmul"]
 
@@ -251,16 +251,7 @@ def simt_matmul(
                 for h in range(tn // 4):
                     store_row(cz, row, n0 + h * span_n + tx * 4, n, acc, i, h * 4)
 
-    # one body (inlined) for both entry points: the epilogue's extras are an argument or ()
-    if extras:
-
-        def kernel(a, b, bias, c, extra_args):
-            body(a, b, bias, c, extra_args)
-
-    else:
-
-        def kernel(a, b, bias, c):
-            body(a, b, bias, c, ())
+    kernel = entry_point(body, extras)
 
     parts = [
         f"matmul_{tile_m}x{tile_n}x{tile_k}_w{config.num_warps}_s{stages}",
@@ -271,6 +262,7 @@ def simt_matmul(
         parts.append("bias")
     if not vector_store:
         parts.append("scalar_store")
+    kernel.__module__ = __name__
     kernel.__name__ = kernel.__qualname__ = "_".join(parts)
     return cuda.jit(kernel)  # lazy: an eager signature would ask for a GPU at import time
 

@@ -90,7 +90,7 @@ from ..pipeline import (
 )
 from .epilogue import ElementEpilogue
 from .matmul_tc_plan import Plan, aligned_rows, check_operands, plan
-from .tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, tile_copies
+from .tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, entry_point, tile_copies
 
 __all__ = [
     "ANCHOR",
@@ -489,16 +489,7 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
         row_base = m0 + wm0 + (2 * (lane & 3) if tf32 else (lane >> 2))
         epilogue(acc, c, bias, bz, row_base, col_base, m, c.shape[2], extra_args)
 
-    # one body (inlined) for both entry points: the epilogue's extras are an argument or ()
-    if extras:
-
-        def kernel(a, b, bias, c, extra_args):
-            body(a, b, bias, c, extra_args)
-
-    else:
-
-        def kernel(a, b, bias, c):
-            body(a, b, bias, c, ())
+    kernel = entry_point(body, extras)
 
     kernel.__module__ = module
     kernel.__name__ = kernel.__qualname__ = (

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_SHARED",
     "WARP_SIZE",
     "TensorCoreConfig",
+    "entry_point",
     "TileCopies",
     "tile_copies",
 ]
@@ -49,6 +50,23 @@ class TileCopies(NamedTuple):
     lines: int  # rows per 128-byte line (swizzle)
     period: int  # XOR period in chunks (swizzle)
     bits: int  # log2(period)
+
+
+def entry_point(body, extras: bool):
+    """The kernel function of a matmul ``body(a, b, bias, c, extra_args)`` (a device function,
+    inlined): ``kernel(a, b, bias, c, extra_args)`` for an ElementEpilogue's extras, else
+    ``kernel(a, b, bias, c)`` passing ``()``."""
+    if extras:
+
+        def kernel(a, b, bias, c, extra_args):
+            body(a, b, bias, c, extra_args)
+
+    else:
+
+        def kernel(a, b, bias, c):
+            body(a, b, bias, c, ())
+
+    return kernel
 
 
 def tile_copies(rows: int, chunks: int, threads: int) -> TileCopies:

@@ -89,15 +89,7 @@ class GemmBound:
         launches = self._launches()
         if not launches:
             return f"{head}: nothing to compute"
-        p = self.product
-        body = p.stage_text(launches)[0].split(": ", 1)[1]
-        steps = ["+ bias"] * (p.bias is not None) + [f"generated {self.generated.name}"] * (
-            p.epilogue is not None
-        )
-        epi = " then ".join(steps)
-        body = body.replace("epilogue + bias", "epilogue").replace("epilogue none", "epilogue")
-        body = body.replace("epilogue in registers", f"epilogue {epi or 'none'} in registers")
-        return f"{head}: {body}"
+        return f"{head}: " + self.product.stage_text(launches)[0].split(": ", 1)[1]
 
     def launch(self, records: dict) -> StageLaunches:
         *inputs, result = self.records_of(records)
@@ -191,8 +183,9 @@ class Runner:
         )  # fmt: skip
         if any(r.value is None for r in (a, b)):  # host inputs' copies: nothing yet to time
             product = dataclasses.replace(product, config=product.tuner.expected(a, b))
-        name, source = gemm.epilogue_source(stage, math_mode)
+        name, source = f"{product.name}_product", "# no epilogue: C = a @ b (+ bias)\n"
         if parts.result is not parts.x:
+            name, source = gemm.epilogue_source(stage, math_mode)
             fn = gemm.epilogue_function(source, name)
             # a, b, the bias, the extras, the result, then the scalars
             first = len(parts.extras) + 3 + (bias is not None)
@@ -203,8 +196,6 @@ class Runner:
                 scalars=tuple(Value(first + j) for j in range(len(parts.scalars))),
                 scalar_types=tuple(TYPE_NAMES[np.dtype(n.dtype)] for n in parts.scalars),
             )
-        else:
-            name, source = f"{product.name}_product", "# no epilogue: C = a @ b (+ bias)\n"
         operands = (parts.a, parts.b) if bias is None else (parts.a, parts.b, parts.bias)
         keys = (*(_key(n) for n in operands), *(n.arg for n in parts.extras), dest)
         return GemmBound(

@@ -433,7 +433,9 @@ class Product(HandWritten):
         )  # fmt: skip
         names = sorted({choice.kernel.py_func.__name__ for *_, choice in launches})
         epi = ["+ bias" if self.bias is not None else "", self.activation or ""]
-        epi_text = " ".join(x for x in epi if x) or "none"
+        generated = f"generated {self.epilogue.name}" if self.epilogue is not None else ""
+        steps = (" ".join(x for x in epi if x), generated)  # a composer's epilogue comes last
+        epi_text = " then ".join(s for s in steps if s) or "none"
         return [
             f"{name}: {self.name} ({self.m} x {self.k}) @ ({self.k} x {self.n}) over batch "
             f"{self.batch or '()'} in {len(launches)} launch(es); tile {cfg}; epilogue "

@@ -500,3 +500,23 @@ def test_swapaxes_feeds_matmuls_only():
         tt.fuse(lambda x: tt.swapaxes(x, 0, 1) + 1.0)(x)
     with pytest.raises(np.exceptions.AxisError):
         tt.fuse(lambda x: x @ tt.swapaxes(x, 0, 2))(x)
+
+
+def test_device_calls_copy_nothing_and_allocate_only_results():
+    """A GEMM stage and an attention stage on device arrays: no host copies; one allocation,
+    the result (the gated MLP's second GEMM reads the first's temporary: two)."""
+    from numba import cuda
+
+    shapes = ((16, 32), (32, 24), (24,), (16, 24))
+    x, w, b, r = (cuda.to_device(draw(s, "float16", 80 + i)) for i, s in enumerate(shapes))
+    q, k, v = (cuda.to_device(draw((2, 16, 32), "float16", 90 + i)) for i in range(3))
+    for fn, args, allocations in (
+        (linear_gelu_times, (x, w, b, r), 1),
+        (gated, (x, w, w), 2),
+        (attention, (q, k, v), 1),
+    ):
+        fn(*args)  # compiled outside the count
+        with tt.sim.transfers() as counts:
+            got = fn(*args)
+        assert counts == {"to_device": 0, "copy_to_host": 0, "device_array": allocations}
+        assert type(got) is type(x)
