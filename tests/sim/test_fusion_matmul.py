@@ -520,3 +520,26 @@ def test_device_calls_copy_nothing_and_allocate_only_results():
             got = fn(*args)
         assert counts == {"to_device": 0, "copy_to_host": 0, "device_array": allocations}
         assert type(got) is type(x)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_and_infinities_follow_ieee_as_numpy(dtype, side):
+    """A NaN in a row of x makes its row NaN; an infinity gives ±inf, or NaN where +inf meets
+    -inf in the sum; a residual's infinity passes through the epilogue; values near the
+    dtype's largest stay finite where NumPy's do."""
+    x, w, r = draw((6, 16), dtype, 100), draw((16, 8), dtype, 101, 0.25), draw((6, 8), dtype, 102)
+    big = float(ml_dtypes.finfo(DTYPES[dtype]).max) / 64
+    x[0, 3], x[1, 5], x[2, :] = np.nan, np.inf, 1.0
+    w[:, 0] = np.abs(w[:, 0])  # row 1's +inf meets only positive weights in column 0
+    r[3, 2], r[4, 4], r[5, 1] = np.inf, -np.inf, big
+    fn = tt.fuse(lambda x, w, r: tt.relu(x @ w) + r)
+    got = np.asarray(back(fn(*on(side, x, w, r)), side), np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = np.maximum(np.matmul(*f64(x, w)), 0) + np.float64(r)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(ref))
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(ref))
+    finite = np.isfinite(ref)
+    scale = product_scale(*f64(x, w)) + 2 * np.abs(ref)
+    assert_within(got[finite], ref[finite], scale[finite], dtype)
