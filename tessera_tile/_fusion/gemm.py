@@ -1,19 +1,24 @@
 """GEMM stages: a matmul inside ``@tt.fuse``, with the elementwise epilogue the planner pulls in.
 
-The planner makes a GEMM stage of one product ``p = a @ b`` (both read from memory) and one
-result ``e``: an elementwise function of ``p``, of other arrays that broadcast into ``p``'s
-shape (a bias, a residual), of constants and of scalar arguments, with ``p``'s shape and dtype.
+The planner makes a GEMM stage of one product ``p = a @ b`` (both read from memory) and its
+results: elementwise functions of ``p``, of other arrays that broadcast into ``p``'s shape (a
+bias, a residual), of constants and of scalar arguments, each of ``p``'s shape, in any dtype.
 It runs on the matmul ops' kernels (their tiles, pipelines and tuner), with an epilogue
 generated here from the composer's expression tables::
 
     epilogue(x, z, row, col, extras) -> float32
 
-gives ``e`` at ``C[z, row, col]`` from ``x``, the float32 accumulator of ``p`` there (as the
-composer holds a float16 or bfloat16 value: unrounded, rounded once where it is stored);
-``extras`` holds the other arrays, as ``(z, M, N)`` views, then the scalars. The kernels call it
-on the edge elements they do not store too, so its reads are guarded by the arrays' bounds.
-A bias (``p + b``, ``b`` of shape ``(N,)``, the product's only use) takes the kernels' own bias
-path, as ``ops.linear``'s does: staged or shuffled per column, added to ``x`` before the call.
+gives the *stored* result at ``C[z, row, col]`` from ``x``, the float32 accumulator of ``p``
+there (as the composer holds a float16 or bfloat16 value: unrounded, rounded once where it is
+stored), and writes the other results itself, each once, into its own array at the same place
+(the *side* results). ``extras`` holds the arrays read, as ``(z, M, N)`` views, then the side
+results' arrays, then the scalars. The kernel stores the first result of ``p``'s dtype with its
+own (paired) stores; when no result has that dtype (a cast: ``(x @ w).astype(np.float32)``),
+the kernel stores nothing and every result is a side result. The kernels call the epilogue on
+the edge elements they do not store too, so its reads and writes are guarded by the arrays'
+bounds. A bias (``p + b``, ``b`` of shape ``(N,)``, the product's only use) takes the kernels'
+own bias path, as ``ops.linear``'s does: staged or shuffled per column, added to ``x`` before
+the call.
 
 The kernels and the matmul and attention plans sit above the composer (``tessera_tile.kernels``,
 ``ops``): the package registers their runner of GEMM and attention stages here
@@ -31,13 +36,23 @@ import numpy as np
 from .. import tile_ir as ir
 from ..tile_ir import Node, Op
 from .compile import _namespace
-from .lower import TYPE_NAMES, compute_dtype, emit_approx, emit_elementwise, literal, load_cast
+from .lower import (
+    TYPE_NAMES,
+    compute_dtype,
+    emit_approx,
+    emit_elementwise,
+    literal,
+    load_cast,
+    store_cast,
+)
 
 
 @dataclass(frozen=True)
 class Parts:
     """A GEMM stage's roles: the product, its operands, the arrays and scalars its epilogue
-    reads (leaves in the order the kernel takes them) and the result."""
+    reads (leaves in the order the kernel takes them), and the results: the one the kernel
+    stores (``stored``; None when no result has the product's dtype) and the ``sides`` the
+    epilogue writes."""
 
     product: Node
     a: Node
@@ -45,18 +60,30 @@ class Parts:
     bias: Node | None  # the kernels' bias, added to the accumulator
     extras: tuple[Node, ...]
     scalars: tuple[Node, ...]
-    result: Node
+    stored: Node | None
+    sides: tuple[Node, ...]
     x: Node  # the value the epilogue starts from: the product, or product + bias
+    # positions in stage.outputs: of the stored result (None: none), of the sides
+    stored_at: int | None
+    sides_at: tuple[int, ...]
+
+    @property
+    def generated(self) -> bool:
+        """Whether the stage needs an epilogue beyond the kernels' own (bias, store)."""
+        return bool(self.sides) or self.stored is not self.x
 
     @property
     def ops(self) -> int:
         """Elementwise ops the kernel runs on the accumulator (the bias add included)."""
-        return sum(1 for n in ir.walk([self.result]) if n.op in ir.ELEMENTWISE)
+        results = [n for n in (self.stored, *self.sides) if n is not None]
+        return sum(1 for n in ir.walk(results) if n.op in ir.ELEMENTWISE)
 
 
 def _bias(stage, product: Node) -> Node | None:
     """The ADD of the product and a ``(N,)`` array of its dtype, where it is the product's
-    only user (the kernels add their bias to the accumulator itself)."""
+    only use (the kernels add their bias to the accumulator itself)."""
+    if any(n is product for n, _ in stage.outputs):
+        return None
     users = [n for n in stage.nodes if any(s is product for s in n.srcs)]
     if len(users) != 1 or users[0].op is not Op.ADD or users[0].dtype != product.dtype:
         return None
@@ -68,11 +95,13 @@ def _bias(stage, product: Node) -> Node | None:
 
 
 def parts(stage) -> Parts:
-    ((result, _dest),) = stage.outputs
+    results = [n for n, _ in stage.outputs]
     product = next(n for n in stage.nodes if n.op is Op.MATMUL)
-    add = _bias(stage, product) if result is not product else None
+    add = _bias(stage, product)
     bias = next(s for s in add.srcs if s is not product) if add is not None else None
     x = add if add is not None else product
+    stored_at = next((i for i, n in enumerate(results) if n.dtype == product.dtype), None)
+    sides_at = tuple(i for i in range(len(results)) if i != stored_at)
     # leaves the epilogue itself reads (an operand may be one too: x @ w + x), each once
     read = {id(s) for n in stage.nodes if n is not product and n is not add for s in n.srcs}
 
@@ -81,7 +110,10 @@ def parts(stage) -> Parts:
         return tuple(found.values())
 
     a, b = product.srcs
-    return Parts(product, a, b, bias, leaves({Op.INPUT}), leaves({Op.SCALAR}), result, x)
+    extras, scalars = leaves({Op.INPUT}), leaves({Op.SCALAR})
+    stored = results[stored_at] if stored_at is not None else None
+    sides = tuple(results[i] for i in sides_at)
+    return Parts(product, a, b, bias, extras, scalars, stored, sides, x, stored_at, sides_at)
 
 
 def epilogue_source(stage, math: str) -> tuple[str, str]:
@@ -92,11 +124,13 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
     lines = [f"def {name}(x, z, row, col, extras):"]
     env = {p.x.key: "x"}  # the accumulator (+ bias), as the composer holds the product's dtype
     lines += [f"    e{i} = extras[{i}]" for i in range(len(p.extras))]
+    lines += [f"    o{i} = extras[{len(p.extras) + i}]" for i in range(len(p.sides))]
     for j, leaf in enumerate(p.scalars):
         env[leaf.key] = f"s{j}"
-        lines.append(f"    s{j} = extras[{len(p.extras) + j}]")
-    if p.extras:  # an edge element past C's end: nothing to read, nothing stored
-        lines.append("    if row >= e0.shape[1] or col >= e0.shape[2]:")
+        lines.append(f"    s{j} = extras[{len(p.extras) + len(p.sides) + j}]")
+    first = "e0" if p.extras else "o0" if p.sides else None
+    if first:  # an edge element past C's end: nothing to read or write, nothing stored
+        lines.append(f"    if row >= {first}.shape[1] or col >= {first}.shape[2]:")
         lines.append("        return x")
     for i, leaf in enumerate(p.extras):  # unsigned indices: no negative-index wraparound code
         env[leaf.key] = f"v{i}"
@@ -104,7 +138,8 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
         lines.append(f"    v{i} = {load_cast(leaf.dtype, at)}")
     count = 0
     below = {id(n) for n in ir.walk([p.x])}  # the product (and bias): the kernel's part
-    for n in ir.walk([p.result]):
+    results = [n for n in (p.stored, *p.sides) if n is not None]
+    for n in ir.walk(results):
         if n.key in env or id(n) in below or n.op is Op.INPUT:
             continue
         if n.op is Op.CONST:
@@ -118,7 +153,10 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
         lines.append(f"    t{count} = {(emit_approx if fast else emit_elementwise)(n, args)}")
         env[n.key] = f"t{count}"
         count += 1
-    lines.append(f"    return float32({env[p.result.key]})")
+    for i, side in enumerate(p.sides):  # each side result written once, in its own dtype
+        at = f"o{i}[uint64(z), uint64(row), uint64(col)]"
+        lines.append(f"    {at} = {store_cast(side, env[side.key])}")
+    lines.append(f"    return float32({env[p.stored.key] if p.stored is not None else 'x'})")
     return name, "\n".join(lines) + "\n"
 
 

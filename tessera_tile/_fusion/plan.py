@@ -314,8 +314,8 @@ class _Planner:
     @staticmethod
     def gemm_problem(outputs, nodes, products):
         """What keeps a group with a matmul from being one GEMM stage (one product, its
-        operands in memory, one result: an elementwise epilogue of the product's shape and
-        dtype), or None."""
+        operands in memory, results that are elementwise epilogues of the product, of its
+        shape, in any dtype), or None."""
         for p in products:
             for s in p.srcs:
                 if s.op is Op.SWAPAXES and s.srcs[0].op is not Op.INPUT:
@@ -337,39 +337,34 @@ class _Planner:
                 "one matmul per kernel: an earlier GEMM "
                 "writes the other product, the last one's epilogue reads it",
             )
-        if len(outputs) > 1:
-            using = [(n, d) for n, d in outputs if any(m is p for m in ir.walk([n]))]
-            if len(using) == 1:
-                return (using[0][1], using[0][0], "a matmul's result gets a GEMM kernel of its own")
-            return (
-                "materialize",
-                p,
-                "a product with several results: a GEMM kernel writes it once, the results read it",
-            )
-        result = outputs[0][0]
-        if result is p:
+        uses = {id(n) for n, _ in outputs if any(m is p for m in ir.walk([n]))}
+        for n, dest in outputs:
+            if id(n) not in uses:
+                return (dest, n, "a result that does not read the product gets a kernel of its own")
+        if len(outputs) == 1 and outputs[0][0] is p:
             return None
-        if any(_is_reduce(n) for n in nodes):
+        for r in (n for n in nodes if _is_reduce(n)):
+            if any(m is p for m in ir.walk([r])):
+                return (
+                    "materialize",
+                    p,
+                    "a reduction of a product: the GEMM writes the product, "
+                    "the reduction runs in a kernel of its own",
+                )
             return (
                 "materialize",
-                p,
-                "a reduction of a product: the GEMM writes the product, "
-                "the reduction runs in a kernel of its own",
+                r,
+                "a reduction in a GEMM's epilogue runs in an earlier kernel; the epilogue "
+                "reads its result",
             )
-        if tuple(result.shape) != tuple(p.shape):
-            return (
-                "materialize",
-                p,
-                f"a result of shape {result.shape} from a product of "
-                f"shape {p.shape}: the epilogue runs in a kernel of its own",
-            )
-        if result.dtype != p.dtype:
-            return (
-                "materialize",
-                p,
-                f"a {result.dtype} result of a {p.dtype} product: the "
-                "epilogue runs in a kernel of its own (a GEMM stores its product's dtype)",
-            )
+        for result, _ in outputs:
+            if tuple(result.shape) != tuple(p.shape):
+                return (
+                    "materialize",
+                    p,
+                    f"a result of shape {result.shape} from a product of "
+                    f"shape {p.shape}: the epilogue runs in a kernel of its own",
+                )
         if any(s.ndim < 2 for s in p.srcs):
             return (
                 "materialize",

@@ -89,11 +89,14 @@ ACTIVATIONS = {name: globals()[name] for name in ir.ACTIVATIONS}
 
 class ElementEpilogue(NamedTuple):
     """A device function ``fn(x, z, row, col, extras) -> value`` of one C element (the module
-    doc); ``name`` tags the kernels built with it. The composer guards each array read of
-    ``fn`` by the array's own bounds: the kernels call it on edge elements they do not store."""
+    doc); ``name`` tags the kernels built with it. The composer guards each array access of
+    ``fn`` by the array's own bounds: the kernels call it on edge elements they do not store.
+    ``stores=False``: the kernel stores nothing (``fn`` writes every result itself; ``c`` gives
+    the result's shape only)."""
 
     fn: object
     name: str
+    stores: bool = True
 
 
 def activation_function(name):

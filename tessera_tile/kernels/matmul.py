@@ -150,6 +150,8 @@ def simt_matmul(
     bias_len = tile_n if has_bias else 1
     ahead = stages - 1
     extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
+    # rows of C this thread stores: none where the epilogue writes every result itself
+    stored_rows = tm if not extras or activation.stores else 0
     if extras:
         finish = _unrolled_epilogue(activation.fn, tm, tn, threads_m, span_n, has_bias)
     else:
@@ -245,7 +247,7 @@ def simt_matmul(
                 for j in range(4):
                     bv[h * 4 + j] = v[j]
         finish(acc, bv, z, m0, n0, ty, tx, extra_args)
-        for i in range(tm):
+        for i in range(stored_rows):
             row = m0 + ty + i * threads_m
             if row < m:
                 for h in range(tn // 4):

@@ -165,6 +165,7 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     has_bias, async_copy = cfg.has_bias, cfg.async_copy
     extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
     act = _identity if activation is None else activation.fn if extras else activation
+    stores = not extras or activation.stores
     # Flat shared rings: stage s of A is sa[s * a_stage:], row-major tile_m x tile_k (swizzled).
     a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
     a_ring = stages * a_stage
@@ -178,12 +179,20 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
 
     if cfg.bf16:
         epilogue = _epilogue(
-            mt, nt, has_bias, async_copy, act, store_bf16x2, bf16=True, extras=extras
+            mt,
+            nt,
+            has_bias,
+            async_copy,
+            act,
+            store_bf16x2,
+            bf16=True,
+            extras=extras,
+            stores=stores,
         )
     else:
         epilogue = _epilogue(
             mt, nt, has_bias, async_copy, act, store_f32x2 if tf32 else store_f16x2,
-            swapped=tf32, extras=extras,
+            swapped=tf32, extras=extras, stores=stores,
         )  # fmt: skip
 
     @cuda.jit(device=True)
@@ -503,7 +512,7 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
 
 def _epilogue(
     mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pair=store_f16x2,
-    bf16: bool = False, swapped: bool = False, extras: bool = False,
+    bf16: bool = False, swapped: bool = False, extras: bool = False, stores: bool = True,
 ):  # fmt: skip
     """``epilogue(acc, c, bias, bz, row_base, col_base, m, n, extra_args)``: ``act(acc + bias)``
     (``extras``: ``act(acc + bias, bz, row, col, extra_args)``, an ElementEpilogue's) stored,
@@ -519,6 +528,7 @@ def _epilogue(
     ``row_base + 16 i + 8 jb + q % 2``, column ``col_base + 16 I + q // 2`` (``row_base`` at
     ``2t``, ``col_base`` at ``2g``), so the pairs are ``q, q + 2`` and the lanes of a group
     share columns; else row ``row_base + 16 i + 8 (q // 2)``, column ``col_base + 8 j + q % 2``.
+    ``stores=False``: ``act`` writes the results itself; nothing is stored to ``c``.
     """
     widen, narrow = ("bf16_to_f32", "f32_to_bf16") if bf16 else ("float32", "")
     lines = [
@@ -545,7 +555,7 @@ def _epilogue(
             ])
             for j in range(nt)
         ]  # fmt: skip
-    for offset, stores in columns:
+    for offset, pairs_here in columns:
         lines.append(f"    col = col_base + {offset}")
         if has_bias:  # 4 lanes read the pair; shuffles give it to the others
             lines += [
@@ -558,13 +568,15 @@ def _epilogue(
                 f"    b0 = cuda.shfl_sync(FULL_MASK, b0, {source})",
                 f"    b1 = cuda.shfl_sync(FULL_MASK, b1, {source})",
             ]
-        for row_offset, *values in stores:
+        for row_offset, *values in pairs_here:
             lines.append(f"    row = row_base + {row_offset}")
             pairs = zip(("v0", "v1"), ("b0", "b1"), values, strict=True)
             for h, (v, b, (i, j, q)) in enumerate(pairs):
                 bias_term = f" + {b}" if has_bias else ""
                 where = f", bz, row, col + {h}, extra_args" if extras else ""
                 lines.append(f"    {v} = act(acc[{i}, {j}, {q}]{bias_term}{where})")
+            if not stores:
+                continue
             lines.append("    if row < m and col < n:")
             if async_copy:  # N a multiple of the chunk: the pair is inside and aligned
                 lines.append("        store_pair(c, (bz, row, col), v0, v1)")

@@ -72,20 +72,28 @@ class GemmBound:
         return p.plan_launches(p.a, p.b, p._c_record(None))[2]
 
     def predicted_bytes(self) -> int:
-        """The product's bytes (operands per tile, C once) and each array the epilogue reads,
-        once per C element (every lane reads its own)."""
+        """The product's bytes (operands per tile, C once unless the epilogue writes every
+        result) and each array the epilogue reads or writes, once per C element (every lane
+        its own)."""
         p = self.product
         launches = self._launches()
         config = launches[0][3].config if launches else p.tile_config()
         elements = math.prod(p.batch) * p.m * p.n
-        return p.predicted_bytes(config) + sum(elements * r.dtype.itemsize for r in p.extras)
+        unstored = 0 if p.epilogue is None or p.epilogue.stores else elements * p.dtype.itemsize
+        extras = sum(elements * r.dtype.itemsize for r in p.extras)
+        return p.predicted_bytes(config) - unstored + extras
 
     def flops(self) -> int:
         return self.product.flops()
 
     def describe(self) -> str:
-        ops = gemm.parts(self.stage).ops
-        head = f"matmul + {ops}-op epilogue in one kernel" if ops else "matmul"
+        parts = gemm.parts(self.stage)
+        head = f"matmul + {parts.ops}-op epilogue in one kernel" if parts.ops else "matmul"
+        results = len(parts.sides) + (parts.stored is not None)
+        if results > 1:
+            head += f", {results} results each written once from the accumulator tile"
+        elif parts.stored is None:
+            head += ", its result written by the epilogue (no result of the product's dtype)"
         launches = self._launches()
         if not launches:
             return f"{head}: nothing to compute"
@@ -99,7 +107,8 @@ class GemmBound:
         parts = gemm.parts(self.stage)
         operands = [parts.a, parts.b] + ([parts.bias] if parts.bias is not None else [])
         leaves = [_record(n, records) for n in (*operands, *parts.extras)]
-        return [*leaves, records[self.keys[-1]]]
+        first_side = len(operands) + len(parts.extras)
+        return [*leaves, *(records[k] for k in self.keys[first_side:])]
 
 
 @dataclass
@@ -174,7 +183,10 @@ class Runner:
     @staticmethod
     def bind_gemm(stage, records: dict, math_mode: str, precision: str | None) -> GemmBound:
         parts = gemm.parts(stage)
-        ((_, dest),) = stage.outputs
+        dests = [d for _, d in stage.outputs]
+        sides = tuple(dests[i] for i in parts.sides_at)
+        # C: the stored result, else (the epilogue writes them all) the first, for its shape
+        dest = dests[parts.stored_at if parts.stored_at is not None else 0]
         a, b = _record(parts.a, records), _record(parts.b, records)
         bias = records[parts.bias.arg] if parts.bias is not None else None
         product = _product(
@@ -184,20 +196,20 @@ class Runner:
         if any(r.value is None for r in (a, b)):  # host inputs' copies: nothing yet to time
             product = dataclasses.replace(product, config=product.tuner.expected(a, b))
         name, source = f"{product.name}_product", "# no epilogue: C = a @ b (+ bias)\n"
-        if parts.result is not parts.x:
+        if parts.generated:
             name, source = gemm.epilogue_source(stage, math_mode)
             fn = gemm.epilogue_function(source, name)
-            # a, b, the bias, the extras, the result, then the scalars
-            first = len(parts.extras) + 3 + (bias is not None)
+            # a, b, the bias, the extras, the sides, the result, then the scalars
+            first = len(parts.extras) + len(sides) + 3 + (bias is not None)
             product = dataclasses.replace(
                 product,
-                epilogue=ElementEpilogue(fn, name),
-                extras=tuple(records[n.arg] for n in parts.extras),
+                epilogue=ElementEpilogue(fn, name, stores=parts.stored is not None),
+                extras=tuple(records[k] for k in (*(n.arg for n in parts.extras), *sides)),
                 scalars=tuple(Value(first + j) for j in range(len(parts.scalars))),
                 scalar_types=tuple(TYPE_NAMES[np.dtype(n.dtype)] for n in parts.scalars),
             )
         operands = (parts.a, parts.b) if bias is None else (parts.a, parts.b, parts.bias)
-        keys = (*(_key(n) for n in operands), *(n.arg for n in parts.extras), dest)
+        keys = (*(_key(n) for n in operands), *(n.arg for n in parts.extras), *sides, dest)
         return GemmBound(
             stage, product, keys, tuple(n.arg for n in parts.scalars), Generated(name, source)
         )

@@ -369,10 +369,11 @@ class Product(HandWritten):
         first_extra = 2 + (self.bias is not None)  # the extras follow them in records
         extra_mats = self._extra_matrices()
         out = []
+        kinds = (kind, kind, view_dtype(result.dtype))  # C: a generated epilogue's first result
         for index, _z0, count, choice in planned:
             va, vb, vc = (
-                matrix_view(i, m, index, count, z, kind)
-                for i, m, z in zip(arrays_of, mats, geo.z_strides[:3], strict=True)
+                matrix_view(i, m, index, count, z, k)
+                for i, m, z, k in zip(arrays_of, mats, geo.z_strides[:3], kinds, strict=True)
             )
             grid = choice.grid(self.m, self.n, count)
             params = (va, vb, bias, vc)

@@ -24,6 +24,12 @@ def residual_block(x, w, b, r, scale):
     return tt.gelu(x @ w + b) * scale + r
 
 
+@tt.fuse
+def fan_out(x, w, b):
+    y = x @ w + b
+    return y, tt.gelu(y), (y * 2).astype(np.float32)
+
+
 def instructions(report) -> int:
     return sum(report.histogram.values())
 
@@ -42,6 +48,20 @@ def test_generated_epilogue_kernels_keep_to_registers(dtype, arch, record_proper
     record_property(
         "resources",
         f"{arch} GEMM stage {dtype} gelu(x @ w + b) * s + r: {report.registers} registers, "
+        f"{instructions(report)} instructions",
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_several_results_from_one_accumulator_keep_to_registers(dtype, arch, record_property):
+    x, w, b = arrays(dtype, (M, K), (K, N), (N,))
+    (report,) = fan_out.inspect(x, w, b, arch=arch)
+    assert report.spill_stores == report.spill_loads == 0
+    assert report.stack_bytes == 0
+    record_property(
+        "resources",
+        f"{arch} GEMM stage {dtype} y, gelu(y), float32(2 y): {report.registers} registers, "
         f"{instructions(report)} instructions",
     )
 

@@ -194,6 +194,91 @@ def test_traffic_is_the_plan_and_the_result_is_written_once(dtype):
 
 
 # --------------------------------------------------------------------------------------------
+# several results, and casts, from one accumulator tile
+
+
+@tt.fuse
+def fan_out(x, w, b, r):
+    y = x @ w + b
+    return y, tt.gelu(y) * r, y > 0, (y * 2).astype(np.float64)
+
+
+@tt.fuse
+def product_and_relu(x, w):
+    p = x @ w
+    return p, tt.relu(p)
+
+
+def cast_of(dtype):
+    """The product cast to another float dtype: no result of the product's dtype."""
+    to = np.float16 if dtype == "float32" else np.float32
+    return tt.fuse(lambda x, w: (x @ w).astype(to)), np.dtype(to)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_several_results_and_casts_come_from_one_gemm_kernel(dtype, side):
+    m, k, n = 37, 24, 40
+    x, w = draw((2, m, k), dtype, 31), draw((k, n), dtype, 32, k**-0.5)
+    b, r = draw((n,), dtype, 33), draw((m, n), dtype, 34)
+    x64, w64, b64, r64 = f64(x, w, b, r)
+    p, scale = x64 @ w64, product_scale(x64, w64)
+    y = p + b64
+    cast, to = cast_of(dtype)
+    half = "float16" if to == np.float16 else dtype  # the cast's rounding, where it narrows
+    cases = [
+        (fan_out, (x, w, b, r), [
+            (y, DTYPES[dtype], scale + 1, dtype),
+            (gelu64(y) * r64, DTYPES[dtype], (scale + 2) * (np.abs(r64) + 1), dtype),
+            (y > 0, np.dtype(bool), scale + 1, None),
+            (y * 2, np.dtype(np.float64), 2 * scale + 2, dtype),
+        ]),
+        (product_and_relu, (x, w), [
+            (p, DTYPES[dtype], scale, dtype), (np.maximum(p, 0), DTYPES[dtype], scale, dtype),
+        ]),
+        (cast, (x, w), [(p, to, scale, half)]),
+    ]  # fmt: skip
+    for fn, args, refs in cases:
+        report = fn.explain(*args)
+        assert report.kernels == 1, (fn, report.reasons)
+        got = fn(*on(side, *args))
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(got) == len(refs)
+        for g, (ref, kind, err_scale, rounding) in zip(got, refs, strict=True):
+            g = back(g, side)
+            assert g.dtype == kind
+            if rounding is None:  # a comparison: exact wherever the value is clear of 0
+                clear = np.abs(y) > U[dtype] * np.abs(y) + EPS32 * SLACK * err_scale
+                np.testing.assert_array_equal(g[clear], ref[clear])
+            else:
+                assert_within(g, ref, err_scale, rounding)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_several_results_traffic_is_the_plan_each_written_once(dtype):
+    from numba import cuda
+
+    m, k, n = 48, 32, 72
+    arrays = [draw(s, dtype, 40 + i) for i, s in enumerate(((m, k), (k, n), (n,), (m, n)))]
+    args = (
+        [cuda.to_device(a) for a in arrays]
+        if dtype != "bfloat16"
+        else [tt.to_device(a) for a in arrays]
+    )
+    cast, to = cast_of(dtype)
+    for fn, fn_args, written in [
+        (fan_out, args, m * n * (2 * DTYPES[dtype].itemsize + 1 + 8)),
+        (cast, args[:2], m * n * to.itemsize),
+    ]:
+        fn(*fn_args)  # compiled
+        planned = fn.explain(*fn_args).bytes_fused
+        with tt.sim.profile() as prof:
+            fn(*fn_args)
+        assert prof.bytes_read + prof.bytes_written == planned
+        assert prof.bytes_written == written
+
+
+# --------------------------------------------------------------------------------------------
 # what does not fuse: more kernels, a reason each, the same results
 
 
@@ -208,14 +293,13 @@ def row_sums(x, w):
 
 
 @tt.fuse
-def product_and_relu(x, w):
-    p = x @ w
-    return p, tt.relu(p)
+def product_and_exp(x, w, r):
+    return x @ w, tt.exp(r)
 
 
 @tt.fuse
-def wider(x, w):
-    return (x @ w).astype(np.float64) * 2.0
+def row_scaled(x, w):
+    return (x @ w) / tt.sum(x * x, axis=-1, keepdims=True)
 
 
 @tt.fuse
@@ -228,8 +312,8 @@ def computed_operand(x, w):
 SPLITS = [
     (gated, 3, 2, "one matmul per kernel"),
     (row_sums, 2, 2, "a reduction of a product"),
-    (product_and_relu, 2, 2, "several results"),
-    (wider, 2, 2, "a float64 result of a float32 product"),
+    (product_and_exp, 3, 2, "a result that does not read the product"),
+    (row_scaled, 2, 2, "a reduction in a GEMM's epilogue"),
     (computed_operand, 2, 2, "a matmul operand that is computed"),
 ]
 
@@ -243,8 +327,13 @@ def split_references(fn, x, w, w3) -> list:
     return {
         gated: lambda: [(silu * p3, (1.1 * s + np.abs(silu)) * np.abs(p3) + s3 * np.abs(silu))],
         row_sums: lambda: [(p.sum(-1), (s + np.abs(p)).sum(-1))],
-        product_and_relu: lambda: [(p, s), (np.maximum(p, 0), s)],
-        wider: lambda: [(p * 2, 2 * s)],
+        product_and_exp: lambda: [(p, s), (np.exp(w364), np.exp(w364))],
+        row_scaled: lambda: [
+            (
+                p / (x64 * x64).sum(-1, keepdims=True),
+                (s + np.abs(p) * 24) / (x64 * x64).sum(-1, keepdims=True),
+            )
+        ],
         computed_operand: lambda: [(np.tanh(x64) @ w64, s + np.abs(x64) @ np.abs(w64))],
     }[fn]()
 
@@ -252,7 +341,7 @@ def split_references(fn, x, w, w3) -> list:
 @pytest.mark.parametrize("side", SIDES)
 @pytest.mark.parametrize(("fn", "arity", "kernels", "reason"), SPLITS)
 def test_what_cannot_fuse_splits_with_a_reason(fn, arity, kernels, reason, side):
-    x, w, w3 = (draw(s, "float32", 20 + i) for i, s in enumerate(((20, 16), (16, 24), (16, 24))))
+    x, w, w3 = (draw(s, "float32", 20 + i) for i, s in enumerate(((16, 16), (16, 24), (16, 24))))
     args = (x, w, w3)[:arity]
     report = fn.explain(*args)
     assert report.kernels == kernels
