@@ -20,6 +20,14 @@ bounds. A bias (``p + b``, ``b`` of shape ``(N,)``, the product's only use) take
 own bias path, as ``ops.linear``'s does: staged or shuffled per column, added to ``x`` before
 the call.
 
+A *dual* stage has two products of one left operand, ``p = a @ b`` and ``p2 = a @ b2`` (``b2``
+of ``b``'s shape and dtype: a gated MLP's ``silu(x @ w1) * (x @ w3)``). Its kernel reads each
+tile of ``a`` once for both, and its epilogue takes both accumulators::
+
+    epilogue(x, x2, z, row, col, extras) -> float32
+
+with ``b2`` the first of ``extras`` (the epilogue's own start one further). It has no bias path.
+
 The kernels and the matmul and attention plans sit above the composer (``tessera_tile.kernels``,
 ``ops``): the package registers their runner of GEMM and attention stages here
 (:func:`set_runner`), and the runtime asks :func:`runner` for it.
@@ -57,6 +65,8 @@ class Parts:
     product: Node
     a: Node
     b: Node
+    b2: Node | None  # a dual stage's second right operand (its product: product2)
+    product2: Node | None
     bias: Node | None  # the kernels' bias, added to the accumulator
     extras: tuple[Node, ...]
     scalars: tuple[Node, ...]
@@ -82,7 +92,7 @@ class Parts:
 def _bias(stage, product: Node) -> Node | None:
     """The ADD of the product and a ``(N,)`` array of its dtype, where it is the product's
     only use (the kernels add their bias to the accumulator itself)."""
-    if any(n is product for n, _ in stage.outputs):
+    if any(n is product for n, _ in stage.outputs) or dual(stage):
         return None
     users = [n for n in stage.nodes if any(s is product for s in n.srcs)]
     if len(users) != 1 or users[0].op is not Op.ADD or users[0].dtype != product.dtype:
@@ -94,26 +104,34 @@ def _bias(stage, product: Node) -> Node | None:
     return add if tuple(other.shape) == tuple(product.shape[-1:]) else None
 
 
+def dual(stage) -> bool:
+    return sum(n.op is Op.MATMUL for n in stage.nodes) == 2
+
+
 def parts(stage) -> Parts:
     results = [n for n, _ in stage.outputs]
-    product = next(n for n in stage.nodes if n.op is Op.MATMUL)
+    product, product2 = [n for n in stage.nodes if n.op is Op.MATMUL] + [None] * (not dual(stage))
     add = _bias(stage, product)
     bias = next(s for s in add.srcs if s is not product) if add is not None else None
     x = add if add is not None else product
     stored_at = next((i for i, n in enumerate(results) if n.dtype == product.dtype), None)
     sides_at = tuple(i for i in range(len(results)) if i != stored_at)
     # leaves the epilogue itself reads (an operand may be one too: x @ w + x), each once
-    read = {id(s) for n in stage.nodes if n is not product and n is not add for s in n.srcs}
+    kernel = (product, product2, add)  # what the kernel computes itself
+    read = {id(s) for n in stage.nodes if all(n is not k for k in kernel) for s in n.srcs}
 
     def leaves(ops) -> tuple[Node, ...]:
         found = {n.key: n for n in stage.nodes if n.op in ops and id(n) in read}
         return tuple(found.values())
 
     a, b = product.srcs
+    b2 = product2.srcs[1] if product2 is not None else None
     extras, scalars = leaves({Op.INPUT}), leaves({Op.SCALAR})
     stored = results[stored_at] if stored_at is not None else None
     sides = tuple(results[i] for i in sides_at)
-    return Parts(product, a, b, bias, extras, scalars, stored, sides, x, stored_at, sides_at)
+    return Parts(
+        product, a, b, b2, product2, bias, extras, scalars, stored, sides, x, stored_at, sides_at
+    )
 
 
 def epilogue_source(stage, math: str) -> tuple[str, str]:
@@ -121,13 +139,17 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
     p = parts(stage)
     digest = hashlib.blake2b(f"{stage.key}{math}".encode(), digest_size=4).hexdigest()
     name = f"epilogue_{digest}"
-    lines = [f"def {name}(x, z, row, col, extras):"]
+    second = p.product2 is not None
+    lines = [f"def {name}(x, {'x2, ' if second else ''}z, row, col, extras):"]
     env = {p.x.key: "x"}  # the accumulator (+ bias), as the composer holds the product's dtype
-    lines += [f"    e{i} = extras[{i}]" for i in range(len(p.extras))]
-    lines += [f"    o{i} = extras[{len(p.extras) + i}]" for i in range(len(p.sides))]
+    if second:
+        env[p.product2.key] = "x2"
+    at = int(second)  # a dual kernel's b2 comes first
+    lines += [f"    e{i} = extras[{at + i}]" for i in range(len(p.extras))]
+    lines += [f"    o{i} = extras[{at + len(p.extras) + i}]" for i in range(len(p.sides))]
     for j, leaf in enumerate(p.scalars):
         env[leaf.key] = f"s{j}"
-        lines.append(f"    s{j} = extras[{len(p.extras) + len(p.sides) + j}]")
+        lines.append(f"    s{j} = extras[{at + len(p.extras) + len(p.sides) + j}]")
     first = "e0" if p.extras else "o0" if p.sides else None
     if first:  # an edge element past C's end: nothing to read or write, nothing stored
         lines.append(f"    if row >= {first}.shape[1] or col >= {first}.shape[2]:")
@@ -137,7 +159,8 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
         at = f"e{i}[uint64(z), uint64(row), uint64(col)]"
         lines.append(f"    v{i} = {load_cast(leaf.dtype, at)}")
     count = 0
-    below = {id(n) for n in ir.walk([p.x])}  # the product (and bias): the kernel's part
+    # the products (and bias): the kernel's part
+    below = {id(n) for n in ir.walk([p.x, *([p.product2] if second else [])])}
     results = [n for n in (p.stored, *p.sides) if n is not None]
     for n in ir.walk(results):
         if n.key in env or id(n) in below or n.op is Op.INPUT:

@@ -108,6 +108,15 @@ class Plan:
     reasons: list[str]
 
 
+def _dual(products) -> bool:
+    """Two products one kernel computes together: the same left operand, right operands of
+    one shape and dtype (a gated MLP's ``x @ w1`` and ``x @ w3``)."""
+    if len(products) != 2:
+        return False
+    (a, b), (a2, b2) = (p.srcs for p in products)
+    return a.key == a2.key and b.shape == b2.shape and b.dtype == b2.dtype
+
+
 def _is_reduce(n: Node) -> bool:
     return n.op in ir.REDUCE
 
@@ -330,21 +339,22 @@ class _Planner:
                         "earlier kernel (the GEMM reads its operands from memory)",
                     )
         p = products[-1]
-        if len(products) > 1:
+        if len(products) > 1 and not _dual(products):
             return (
                 "materialize",
                 products[0],
-                "one matmul per kernel: an earlier GEMM "
-                "writes the other product, the last one's epilogue reads it",
+                "one matmul per kernel, or two of one left operand and same-shaped right "
+                "operands: an earlier GEMM writes the other product, the last one's epilogue "
+                "reads it",
             )
-        uses = {id(n) for n, _ in outputs if any(m is p for m in ir.walk([n]))}
+        uses = {id(n) for n, _ in outputs if any(m is q for m in ir.walk([n]) for q in products)}
         for n, dest in outputs:
             if id(n) not in uses:
                 return (dest, n, "a result that does not read the product gets a kernel of its own")
         if len(outputs) == 1 and outputs[0][0] is p:
             return None
         for r in (n for n in nodes if _is_reduce(n)):
-            if any(m is p for m in ir.walk([r])):
+            if any(m is q for m in ir.walk([r]) for q in products):
                 return (
                     "materialize",
                     p,
@@ -365,7 +375,7 @@ class _Planner:
                     f"a result of shape {result.shape} from a product of "
                     f"shape {p.shape}: the epilogue runs in a kernel of its own",
                 )
-        if any(s.ndim < 2 for s in p.srcs):
+        if any(s.ndim < 2 for q in products for s in q.srcs):
             return (
                 "materialize",
                 p,

@@ -94,15 +94,18 @@ else:
         )
 
 
-def _unrolled_epilogue(fn, tm: int, tn: int, threads_m: int, span_n: int, has_bias: bool):
-    """``finish(acc, bv, z, m0, n0, ty, tx, extra_args)``: an ElementEpilogue's ``fn`` on every
-    accumulator (plus the bias), written out statement by statement (generated source,
-    inlined): as a loop around a large ``fn``, LLVM keeps it rolled and the accumulators go
-    through local memory."""
-    lines = ["def finish(acc, bv, z, m0, n0, ty, tx, extra_args):"]
+def _unrolled_epilogue(
+    fn, tm: int, tn: int, threads_m: int, span_n: int, has_bias: bool, dual: bool
+):
+    """``finish(acc, acc2, bv, z, m0, n0, ty, tx, extra_args)``: an ElementEpilogue's ``fn`` on
+    every accumulator (plus the bias; ``dual``: and the second product's), written out
+    statement by statement (generated source, inlined): as a loop around a large ``fn``, LLVM
+    keeps it rolled and the accumulators go through local memory."""
+    lines = ["def finish(acc, acc2, bv, z, m0, n0, ty, tx, extra_args):"]
     for i in range(tm):
         for j in range(tn):
             x = f"acc[{i}, {j}]" + (f" + bv[{j}]" if has_bias else "")
+            x += f", acc2[{i}, {j}]" if dual else ""
             row, col = f"m0 + ty + {i * threads_m}", f"n0 + tx * 4 + {(j // 4) * span_n + j % 4}"
             lines.append(f"    acc[{i}, {j}] = fn({x}, z, {row}, {col}, extra_args)")
     namespace = {"fn": fn}
@@ -119,10 +122,13 @@ def simt_matmul(
     copy_b: int = 16,
     async_copy: bool = True,
     vector_store: bool = True,
+    dual: bool = False,
 ):
     """The kernel ``kernel(a, b, bias, c)`` for these choices (memoised; see the module doc);
     with an :class:`~.epilogue.ElementEpilogue` as ``activation``, ``kernel(a, b, bias, c,
-    extras)``.
+    extras)``; ``dual``: also ``a @ b2``, ``b2`` the first of ``extras`` (B's layout), staged in
+    a second ring and fed by the same A values (the epilogue's ``fn(x, x2, z, row, col,
+    extras)``).
 
     ``copy_a`` / ``copy_b``: bytes per ``cp.async`` of each operand (16 needs 16-byte aligned
     rows and batches and a contiguous inner axis; 4 takes any strides). ``async_copy=False``
@@ -150,15 +156,19 @@ def simt_matmul(
     bias_len = tile_n if has_bias else 1
     ahead = stages - 1
     extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
+    if dual and not extras:
+        raise ValueError("a dual product needs an ElementEpilogue (b2 is its first extra)")
+    b2_shape = b_shape if dual else (1, 1, 1)
+    acc2_shape = (tm, tn) if dual else (1, 1)
     # rows of C this thread stores: none where the epilogue writes every result itself
     stored_rows = tm if not extras or activation.stores else 0
     if extras:
-        finish = _unrolled_epilogue(activation.fn, tm, tn, threads_m, span_n, has_bias)
+        finish = _unrolled_epilogue(activation.fn, tm, tn, threads_m, span_n, has_bias, dual)
     else:
         act = activation
 
         @cuda.jit(device=True, **INLINE)
-        def finish(acc, bv, z, m0, n0, ty, tx, extra_args):
+        def finish(acc, acc2, bv, z, m0, n0, ty, tx, extra_args):
             for i in range(tm):
                 for j in range(tn):
                     x = acc[i, j]
@@ -177,13 +187,15 @@ def simt_matmul(
                     c[row, col + j] = acc[i, j0 + j]
 
     @cuda.jit(device=True, **INLINE)
-    def body(a, b, bias, c, extra_args):
+    def body(a, b, bias, c, extra_args, b2):
         sa = cuda.shared.array(a_shape, float32, alignment=SHARED_ALIGN)
         sb = cuda.shared.array(b_shape, float32, alignment=SHARED_ALIGN)
+        sb2 = cuda.shared.array(b2_shape, float32, alignment=SHARED_ALIGN)
         sbias = cuda.shared.array(bias_len, float32, alignment=SHARED_ALIGN)
         # Local arrays indexed only by constants (loops over constants, which LLVM unrolls)
         # become registers: the compile tier checks there is no local memory.
         acc = cuda.local.array((tm, tn), float32)
+        acc2 = cuda.local.array(acc2_shape, float32)
         av = cuda.local.array((tm, KV), float32)
         bv = cuda.local.array(tn, float32)
         z = cuda.blockIdx.z
@@ -199,6 +211,9 @@ def simt_matmul(
         for i in range(tm):
             for j in range(tn):
                 acc[i, j] = ZERO
+        for i in range(acc2_shape[0]):
+            for j in range(acc2_shape[1]):
+                acc2[i, j] = ZERO
         if has_bias:  # the block's bias row, once; the first wait_tile or the sync below orders it
             if threads >= tile_n:  # a compile-time choice: one element per thread, no loop
                 if tid < tile_n:
@@ -210,11 +225,14 @@ def simt_matmul(
                     t += threads
         a_panel = a[z, m0 : m0 + tile_m, :]  # the rows of A this block needs
         b_panel = b[z, :, n0 : n0 + tile_n]  # the columns of B this block needs
+        b2_panel = b2[z, :, n0 : n0 + tile_n]
         tiles = ring_a.num_tiles(a_panel)
 
         for k in range(ahead):  # prologue: one cp.async group per tile, A and B together
             ring_a.load_tile(sa, a_panel, k)
             ring_b.load_tile(sb, b_panel, k)
+            if dual:
+                ring_b.load_tile(sb2, b2_panel, k)
             ring_a.commit()
 
         kt = 0
@@ -223,6 +241,8 @@ def simt_matmul(
             s = uint32(ring_a.wait_tile(kt))
             ring_a.load_tile(sa, a_panel, kt + ahead)  # refill the stage kt - 1 used
             ring_b.load_tile(sb, b_panel, kt + ahead)  # (no copy past the last tile)
+            if dual:
+                ring_b.load_tile(sb2, b2_panel, kt + ahead)
             ring_a.commit()
             for kk in range(0, tile_k, KV):
                 for i in range(tm):  # A[row, kk .. kk+3]: a quarter-warp reads one vector
@@ -237,6 +257,14 @@ def simt_matmul(
                     for i in range(tm):
                         for j in range(tn):
                             acc[i, j] += av[i, q] * bv[j]
+                    if dual:  # B2's row kk + q, on the same A values
+                        for h in range(tn // 4):
+                            v = read16_shared(sb2, s, uint32(kk + q), bcol + uint32(h * span_n))
+                            for j in range(4):
+                                bv[h * 4 + j] = v[j]
+                        for i in range(tm):
+                            for j in range(tn):
+                                acc2[i, j] += av[i, q] * bv[j]
             kt += 1
         # Copies past the last tile were never issued: nothing to drain.
 
@@ -246,14 +274,14 @@ def simt_matmul(
                 v = load16_shared(sbias, h * span_n + tx * 4)
                 for j in range(4):
                     bv[h * 4 + j] = v[j]
-        finish(acc, bv, z, m0, n0, ty, tx, extra_args)
+        finish(acc, acc2, bv, z, m0, n0, ty, tx, extra_args)
         for i in range(stored_rows):
             row = m0 + ty + i * threads_m
             if row < m:
                 for h in range(tn // 4):
                     store_row(cz, row, n0 + h * span_n + tx * 4, n, acc, i, h * 4)
 
-    kernel = entry_point(body, extras)
+    kernel = entry_point(body, extras, dual)
 
     parts = [
         f"matmul_{tile_m}x{tile_n}x{tile_k}_w{config.num_warps}_s{stages}",
@@ -262,6 +290,8 @@ def simt_matmul(
     ]
     if has_bias:
         parts.append("bias")
+    if dual:
+        parts.append("dual")
     if not vector_store:
         parts.append("scalar_store")
     kernel.__module__ = __name__

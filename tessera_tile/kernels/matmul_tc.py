@@ -118,6 +118,7 @@ def tensor_core_matmul(
     *,
     async_copy: bool = True,
     bf16: bool = False,
+    dual: bool = False,
 ):
     """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` in
     float16 (or, with ``bf16``, bfloat16, every array its ``uint16`` bits) with float32
@@ -127,10 +128,15 @@ def tensor_core_matmul(
     ``async_copy=True`` (default): ``cp.async`` pipeline of ``num_stages`` stages, which needs
     :func:`aligned_rows`; ``False``: synchronous guarded loads, any layout. See the module doc
     for the launch and the layouts; :func:`plan` gives grid, block and global bytes.
+
+    ``dual=True`` (with an ElementEpilogue): two products of A in one kernel, ``a @ b`` and
+    ``a @ b2``, ``b2`` the first of ``extras`` (B's shape and layout): every A fragment
+    feeds both, and the epilogue's function takes both accumulators,
+    ``fn(x, x2, z, row, col, extras)``.
     """
     cfg = TensorCoreConfig(
         tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(async_copy),
-        bf16=bool(bf16),
+        bf16=bool(bf16), dual=bool(dual),
     )  # fmt: skip
     cfg.validate(activation)
     return build_kernel(cfg, activation)
@@ -166,9 +172,11 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
     act = _identity if activation is None else activation.fn if extras else activation
     stores = not extras or activation.stores
+    dual = cfg.dual
     # Flat shared rings: stage s of A is sa[s * a_stage:], row-major tile_m x tile_k (swizzled).
     a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
-    a_ring = stages * a_stage
+    a_ring, b_ring = stages * a_stage, stages * b_stage
+    acc2_shape = (mt, nt, 4) if dual else (1, 1, 1)  # the second product's accumulators
     ck_a, ck_b = tile_k // CHUNK, tile_n // CHUNK  # chunks per shared row
     cp_a, cp_b = tile_copies(tile_m, ck_a, threads), tile_copies(tile_k, ck_b, threads)
     lines_a, period_a, shift_a = cp_a.lines, cp_a.period, 3 - cp_a.bits
@@ -177,23 +185,11 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     q_b, step_b, passes_b, exact_b = cp_b.per_row, cp_b.row_step, cp_b.passes, cp_b.exact
     per_a, per_b = ck_a // q_a, ck_b // q_b  # chunks per thread and pass
 
-    if cfg.bf16:
-        epilogue = _epilogue(
-            mt,
-            nt,
-            has_bias,
-            async_copy,
-            act,
-            store_bf16x2,
-            bf16=True,
-            extras=extras,
-            stores=stores,
-        )
-    else:
-        epilogue = _epilogue(
-            mt, nt, has_bias, async_copy, act, store_f32x2 if tf32 else store_f16x2,
-            swapped=tf32, extras=extras, stores=stores,
-        )  # fmt: skip
+    store = store_bf16x2 if cfg.bf16 else store_f32x2 if tf32 else store_f16x2
+    epilogue = _epilogue(
+        mt, nt, has_bias, async_copy, act, store, bf16=cfg.bf16, swapped=tf32, extras=extras,
+        stores=stores, dual=dual,
+    )  # fmt: skip
 
     @cuda.jit(device=True)
     def reverse3(v):
@@ -259,9 +255,11 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
 
     @cuda.jit(device=True, **INLINE)
     def load_tile(
-        sa, sb, a, b, bz, m0, n0, kt, stage, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c
-    ):
-        """This thread's chunks of k-tile ``kt`` of the A and B panels into ``stage``."""
+        sa, sb, sb2, a, b, b2, bz, m0, n0, kt, stage, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r,
+        b_c,
+    ):  # fmt: skip
+        """This thread's chunks of k-tile ``kt`` of the A and B (and B2) panels into
+        ``stage``."""
         k0 = kt * tile_k
         k = a.shape[2]
         # k-columns of this thread's first A chunk left in the tile: a 32-bit count, so the
@@ -283,6 +281,11 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
                         sb, stage * b_stage + b_dst[p, i], b, bz, kb,
                         n0 + (b_c + q_b * i) * CHUNK, b_ok[i] and kb < k,
                     )  # fmt: skip
+                    if dual:  # B2 has B's shape and layout: the same chunks
+                        copy_chunk(
+                            sb2, stage * b_stage + b_dst[p, i], b2, bz, kb,
+                            n0 + (b_c + q_b * i) * CHUNK, b_ok[i] and kb < k,
+                        )  # fmt: skip
 
     @cuda.jit(device=True)
     def commit():
@@ -328,14 +331,9 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
                         acc[i, j, q] = d[q]
 
     @cuda.jit(device=True, **INLINE)
-    def k_step_tf32(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
-        """One k8 step of the warp tile: A by ldmatrix (per 16 rows, two 8 x 8 B fragments of
-        the swapped mma), B by two LDS.64 per 16 columns (rows t and t + 4, columns 2g, 2g + 1:
-        one A fragment of the swapped mma, no register moves), then the swapped mma."""
-        for i in range(mt):
-            f = ldmatrix_x4(sa, a_base + a_off[ks] + 16 * tile_k * i)
-            for q in range(4):
-                fa[i, q] = f[q]
+    def b_step_tf32(sb, b_base, ks, fa, fb, acc, b_off):
+        """B of one k8 step by two LDS.64 per 16 columns (rows t and t + 4, columns 2g,
+        2g + 1: one A fragment of the swapped mma, no register moves), then the swapped mma."""
         for blk in range(nt2):
             for h in range(2):
                 row = tile_n * (8 * ks + 4 * h)
@@ -345,12 +343,8 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
         multiply_tf32(fa, fb, acc)
 
     @cuda.jit(device=True, **INLINE)
-    def k_step_f16(sa, sb, a_base, b_base, ks, fa, fb, acc, a_off, b_off):
-        """One k16 step of the warp tile: A and B fragments by ldmatrix, then mt x nt mma."""
-        for i in range(mt):
-            f = ldmatrix_x4(sa, a_base + a_off[ks] + 16 * tile_k * i)
-            for q in range(4):
-                fa[i, q] = f[q]
+    def b_step_f16(sb, b_base, ks, fa, fb, acc, b_off):
+        """B fragments of one k16 step by ldmatrix.trans, then mt x nt mma."""
         for j in range(nt2):
             f = ldmatrix_x4_trans(sb, b_base + b_off[j] + 16 * tile_n * ks)
             fb[2 * j, 0] = f[0]
@@ -359,7 +353,20 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
             fb[2 * j + 1, 1] = f[3]
         multiply(fa, fb, acc)
 
-    k_step = k_step_tf32 if tf32 else k_step_f16
+    b_step = b_step_tf32 if tf32 else b_step_f16
+
+    @cuda.jit(device=True, **INLINE)
+    def k_step(sa, sb, sb2, a_base, b_base, ks, fa, fb, acc, acc2, a_off, b_off):
+        """One k step of the warp tile: A fragments by ldmatrix (TF32: per 16 rows, two 8 x 8
+        B fragments of the swapped mma), then B's fragments and their mma (dual: B2's too,
+        on the same A fragments)."""
+        for i in range(mt):
+            f = ldmatrix_x4(sa, a_base + a_off[ks] + 16 * tile_k * i)
+            for q in range(4):
+                fa[i, q] = f[q]
+        b_step(sb, b_base, ks, fa, fb, acc, b_off)
+        if dual:
+            b_step(sb2, b_base, ks, fa, fb, acc2, b_off)
 
     # This lane's B offsets in a stage (the swizzle repeats every 8 rows, so the k-step terms
     # are constants added to these).
@@ -384,36 +391,38 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     b_offsets = b_offsets_tf32 if tf32 else b_offsets_f16
 
     @cuda.jit(device=True, **INLINE)
-    def tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, s, fa, fb, acc, a_off, b_off, a_dst,
-                  a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c):  # fmt: skip
+    def tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, kt, tiles, s, fa, fb, acc, acc2, a_off,
+                  b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c):  # fmt: skip
         """k-tile ``kt`` (in stage ``s``, a constant): wait for it, refill the stage tile
         ``kt - 1`` used with tile ``kt + stages - 1``, multiply tile ``kt``."""
         wait_tile()  # tile kt landed; every warp is done with kt - 1
         if int32(kt + ahead) < tiles:
-            load_tile(sa, sb, a, b, bz, m0, n0, kt + ahead, (s + ahead) % stages,
+            load_tile(sa, sb, sb2, a, b, b2, bz, m0, n0, kt + ahead, (s + ahead) % stages,
                       a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
         commit()
         # The k steps written out (LLVM does not unroll a loop this large) and inlined, so
         # the fragments and accumulators stay constant-indexed registers.
         a_base = s * a_stage
         b_base = s * b_stage
-        k_step(sa, sb, a_base, b_base, 0, fa, fb, acc, a_off, b_off)
+        k_step(sa, sb, sb2, a_base, b_base, 0, fa, fb, acc, acc2, a_off, b_off)
         if ksteps > 1:
-            k_step(sa, sb, a_base, b_base, 1, fa, fb, acc, a_off, b_off)
+            k_step(sa, sb, sb2, a_base, b_base, 1, fa, fb, acc, acc2, a_off, b_off)
         if ksteps > 2:
-            k_step(sa, sb, a_base, b_base, 2, fa, fb, acc, a_off, b_off)
+            k_step(sa, sb, sb2, a_base, b_base, 2, fa, fb, acc, acc2, a_off, b_off)
         if ksteps > 3:
-            k_step(sa, sb, a_base, b_base, 3, fa, fb, acc, a_off, b_off)
+            k_step(sa, sb, sb2, a_base, b_base, 3, fa, fb, acc, acc2, a_off, b_off)
 
     @cuda.jit(device=True, **INLINE)
-    def body(a, b, bias, c, extra_args):
+    def body(a, b, bias, c, extra_args, b2):
         # Dynamic shared memory (the launch gives both rings: Plan.shared), so
         # that tiles may pass the 48 KiB static arrays are held to.
         smem = cuda.shared.array(0, elem, alignment=SHARED_ALIGN)
         sa = smem[:a_ring]
-        sb = smem[a_ring:]
+        sb = smem[a_ring : a_ring + b_ring]
+        sb2 = smem[a_ring + b_ring :] if dual else sb
         # Local arrays indexed only by constants (loops over constants, unrolled): registers.
         acc = cuda.local.array((mt, nt, 4), float32)
+        acc2 = cuda.local.array(acc2_shape, float32)
         fa = cuda.local.array((mt, 4), uint32)
         fb = cuda.local.array((nt, 2), frag_b)
         a_off = cuda.local.array(ksteps, int32)
@@ -436,6 +445,10 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
             for j in range(nt):
                 for q in range(4):
                     acc[i, j, q] = ZERO
+        for i in range(acc2_shape[0]):
+            for j in range(acc2_shape[1]):
+                for q in range(acc2_shape[2]):
+                    acc2[i, j, q] = ZERO
 
         # This thread's copy targets (swizzled offsets inside a stage) and row guards.
         a_r = tid // q_a
@@ -468,44 +481,47 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
         for kt in range(ahead):  # prologue: tiles 0 .. stages-2 in flight, a group each
             if kt < tiles:
                 load_tile(
-                    sa, sb, a, b, bz, m0, n0, kt, kt, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c
-                )
+                    sa, sb, sb2, a, b, b2, bz, m0, n0, kt, kt, a_dst, a_ok, b_dst, b_ok, a_r,
+                    a_c, b_r, b_c,
+                )  # fmt: skip
             commit()
 
         # Steady state, unrolled over the stages so that every stage offset is a constant
         # (ldmatrix and cp.async addresses become register + immediate).
         kt = int32(0)
         while kt < tiles:  # a run-time bound: `while`, not range()
-            tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 0, fa, fb, acc, a_off, b_off, a_dst,
-                      a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+            tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, kt, tiles, 0, fa, fb, acc, acc2, a_off,
+                      b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
             kt = int32(kt + 1)
             if kt < tiles:
-                tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 1, fa, fb, acc, a_off, b_off,
-                          a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+                tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, kt, tiles, 1, fa, fb, acc, acc2,
+                          a_off, b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
                 kt = int32(kt + 1)
                 if stages > 2 and kt < tiles:
-                    tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 2, fa, fb, acc, a_off,
-                              b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+                    tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, kt, tiles, 2, fa, fb, acc, acc2,
+                              a_off, b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r,
+                              b_c)  # fmt: skip
                     kt = int32(kt + 1)
                     if stages > 3 and kt < tiles:
-                        tile_step(sa, sb, a, b, bz, m0, n0, kt, tiles, 3, fa, fb, acc, a_off,
-                                  b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+                        tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, kt, tiles, 3, fa, fb, acc,
+                                  acc2, a_off, b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r,
+                                  b_c)  # fmt: skip
                         kt = int32(kt + 1)
 
         # Epilogue: lane (g, t) holds rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile
         # (TF32, swapped: rows 2t, 2t + 1 and columns 2g, 2g + 1).
         col_base = n0 + wn0 + 2 * ((lane >> 2) if tf32 else (lane & 3))
         row_base = m0 + wm0 + (2 * (lane & 3) if tf32 else (lane >> 2))
-        epilogue(acc, c, bias, bz, row_base, col_base, m, c.shape[2], extra_args)
+        epilogue(acc, acc2, c, bias, bz, row_base, col_base, m, c.shape[2], extra_args)
 
-    kernel = entry_point(body, extras)
+    kernel = entry_point(body, extras, dual)
 
     kernel.__module__ = module
     kernel.__name__ = kernel.__qualname__ = (
         f"matmul_{'tf32' if tf32 else 'bf16' if cfg.bf16 else 'tc'}_{tile_m}x{tile_n}x{tile_k}"
         f"_w{cfg.num_warps}_s{stages}"
         f"{'_bias' if has_bias else ''}{'' if async_copy else '_sync'}"
-        f"{'_' + activation.name if extras else ''}"
+        f"{'_dual' if dual else ''}{'_' + activation.name if extras else ''}"
     )
     return cuda.jit(kernel)
 
@@ -513,8 +529,10 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
 def _epilogue(
     mt: int, nt: int, has_bias: bool, async_copy: bool, act, store_pair=store_f16x2,
     bf16: bool = False, swapped: bool = False, extras: bool = False, stores: bool = True,
+    dual: bool = False,
 ):  # fmt: skip
-    """``epilogue(acc, c, bias, bz, row_base, col_base, m, n, extra_args)``: ``act(acc + bias)``
+    """``epilogue(acc, acc2, c, bias, bz, row_base, col_base, m, n, extra_args)``:
+    ``act(acc + bias)``
     (``extras``: ``act(acc + bias, bz, row, col, extra_args)``, an ElementEpilogue's) stored,
     masked, for every accumulator of the warp tile (``store_pair``: two columns in one store,
     ``store_f16x2`` / ``store_bf16x2`` rounding to the half type or ``store_f32x2``, where rows
@@ -528,11 +546,12 @@ def _epilogue(
     ``row_base + 16 i + 8 jb + q % 2``, column ``col_base + 16 I + q // 2`` (``row_base`` at
     ``2t``, ``col_base`` at ``2g``), so the pairs are ``q, q + 2`` and the lanes of a group
     share columns; else row ``row_base + 16 i + 8 (q // 2)``, column ``col_base + 8 j + q % 2``.
-    ``stores=False``: ``act`` writes the results itself; nothing is stored to ``c``.
+    ``stores=False``: ``act`` writes the results itself; nothing is stored to ``c``. ``dual``:
+    ``act(acc + bias, acc2, bz, row, col, extra_args)``, the second product's accumulator too.
     """
     widen, narrow = ("bf16_to_f32", "f32_to_bf16") if bf16 else ("float32", "")
     lines = [
-        "def epilogue(acc, c, bias, bz, row_base, col_base, m, n, extra_args):",
+        "def epilogue(acc, acc2, c, bias, bz, row_base, col_base, m, n, extra_args):",
         "    lane = cuda.laneid",
     ]
     # per column offset: its (row offset, (i, j, q) of each of the pair's two values)
@@ -574,6 +593,8 @@ def _epilogue(
             for h, (v, b, (i, j, q)) in enumerate(pairs):
                 bias_term = f" + {b}" if has_bias else ""
                 where = f", bz, row, col + {h}, extra_args" if extras else ""
+                if dual:
+                    where = f", acc2[{i}, {j}, {q}]{where}"
                 lines.append(f"    {v} = act(acc[{i}, {j}, {q}]{bias_term}{where})")
             if not stores:
                 continue

@@ -85,16 +85,19 @@ def tf32_matmul(
     num_stages: int = 3,
     activation=None,
     has_bias: bool = False,
+    dual: bool = False,
 ):
     """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` for
-    float32 operands on TF32 tensor cores, float32 accumulation (memoised per configuration).
+    float32 operands on TF32 tensor cores, float32 accumulation (memoised per configuration);
+    ``dual``: two products of ``a``, as :func:`~.matmul_tc.tensor_core_matmul`'s.
 
     ``tile_k`` 8, 16 or 32; ``tile_n`` at least 32; warp tiles multiples of 16 x 16. Needs
     :func:`aligned_rows`. See the module doc for the launch, the layouts and the precision.
     """
     cfg = TensorCoreConfig(
-        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), True, True
-    )
+        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), True, True,
+        dual=bool(dual),
+    )  # fmt: skip
     cfg.validate(activation)
     return build_kernel(cfg, activation, __name__)
 

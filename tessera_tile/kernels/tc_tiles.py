@@ -52,19 +52,25 @@ class TileCopies(NamedTuple):
     bits: int  # log2(period)
 
 
-def entry_point(body, extras: bool):
-    """The kernel function of a matmul ``body(a, b, bias, c, extra_args)`` (a device function,
-    inlined): ``kernel(a, b, bias, c, extra_args)`` for an ElementEpilogue's extras, else
-    ``kernel(a, b, bias, c)`` passing ``()``."""
-    if extras:
+def entry_point(body, extras: bool, dual: bool = False):
+    """The kernel function of a matmul ``body(a, b, bias, c, extra_args, b2)`` (a device
+    function, inlined): ``kernel(a, b, bias, c, extra_args)`` for an ElementEpilogue's extras
+    (``dual``: ``b2`` is their first), else ``kernel(a, b, bias, c)`` passing ``()``; ``b2`` is
+    ``b`` where there is none (never read)."""
+    if dual:
 
         def kernel(a, b, bias, c, extra_args):
-            body(a, b, bias, c, extra_args)
+            body(a, b, bias, c, extra_args, extra_args[0])
+
+    elif extras:
+
+        def kernel(a, b, bias, c, extra_args):
+            body(a, b, bias, c, extra_args, b)
 
     else:
 
         def kernel(a, b, bias, c):
-            body(a, b, bias, c, ())
+            body(a, b, bias, c, (), b)
 
     return kernel
 
@@ -100,6 +106,9 @@ class TensorCoreConfig(NamedTuple):
     async_copy: bool = True
     tf32: bool = False
     bf16: bool = False  # bfloat16 operands (their uint16 bits) with mma .bf16, else float16
+    # two products of one A, ``a @ b`` and ``a @ b2`` (b2 the first of the epilogue's extras):
+    # each A fragment feeds both, a second B ring and accumulator
+    dual: bool = False
 
     @property
     def itemsize(self) -> int:
@@ -146,7 +155,8 @@ class TensorCoreConfig(NamedTuple):
 
     @property
     def shared_bytes(self) -> int:
-        ring = self.num_stages * (self.tile_m * self.tile_k + self.tile_k * self.tile_n)
+        b_tiles = 2 if self.dual else 1
+        ring = self.num_stages * (self.tile_m * self.tile_k + b_tiles * self.tile_k * self.tile_n)
         return self.itemsize * ring
 
     def validate(self, activation=None) -> None:
@@ -189,6 +199,8 @@ class TensorCoreConfig(NamedTuple):
                 f"{self.tile_k}x{self.tile_n} {what} tiles need {self.shared_bytes} B of shared "
                 f"memory; no architecture gives a block more than {MAX_SHARED} B"
             )
+        if self.dual and not isinstance(activation, ElementEpilogue):
+            raise ValueError("a dual product needs an ElementEpilogue (b2 is its first extra)")
         fn = activation.fn if isinstance(activation, ElementEpilogue) else activation
         if activation is not None and not compat.is_device_function(fn):
             raise TypeError(

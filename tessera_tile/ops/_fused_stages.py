@@ -22,7 +22,7 @@ from ..tile_ir import Op
 from ._attention import attention as attention_op
 from ._contract import Value, launch_all
 from ._matmul import _product
-from ._matmul_plan import Product
+from ._matmul_plan import DUAL, Product
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ class GemmBound:
     def records_of(self, records: dict) -> list:
         parts = gemm.parts(self.stage)
         operands = [parts.a, parts.b] + ([parts.bias] if parts.bias is not None else [])
+        operands += [parts.b2] if parts.b2 is not None else []
         leaves = [_record(n, records) for n in (*operands, *parts.extras)]
         first_side = len(operands) + len(parts.extras)
         return [*leaves, *(records[k] for k in self.keys[first_side:])]
@@ -193,14 +194,19 @@ class Runner:
             a, b, (_name(parts.a), _name(parts.b)), "matmul", None, bias, None,
             _name(parts.bias) if bias is not None else "bias", precision,
         )  # fmt: skip
-        if any(r.value is None for r in (a, b)):  # host inputs' copies: nothing yet to time
+        if parts.b2 is not None:  # its own tile (twice the accumulators), not tuned
+            kind = product.tuner.expected(a, b).dtype
+            b2 = _record(parts.b2, records)
+            product = dataclasses.replace(product, b2=b2, config=DUAL[kind])
+        elif any(r.value is None for r in (a, b)):  # host inputs' copies: nothing to time yet
             product = dataclasses.replace(product, config=product.tuner.expected(a, b))
         name, source = f"{product.name}_product", "# no epilogue: C = a @ b (+ bias)\n"
         if parts.generated:
             name, source = gemm.epilogue_source(stage, math_mode)
             fn = gemm.epilogue_function(source, name)
-            # a, b, the bias, the extras, the sides, the result, then the scalars
+            # a, b, the bias, b2, the extras, the sides, the result, then the scalars
             first = len(parts.extras) + len(sides) + 3 + (bias is not None)
+            first += parts.b2 is not None
             product = dataclasses.replace(
                 product,
                 epilogue=ElementEpilogue(fn, name, stores=parts.stored is not None),
@@ -208,7 +214,8 @@ class Runner:
                 scalars=tuple(Value(first + j) for j in range(len(parts.scalars))),
                 scalar_types=tuple(TYPE_NAMES[np.dtype(n.dtype)] for n in parts.scalars),
             )
-        operands = (parts.a, parts.b) if bias is None else (parts.a, parts.b, parts.bias)
+        operands = (parts.a, parts.b) + ((parts.bias,) if bias is not None else ())
+        operands += (parts.b2,) if parts.b2 is not None else ()
         keys = (*(_key(n) for n in operands), *(n.arg for n in parts.extras), *sides, dest)
         return GemmBound(
             stage, product, keys, tuple(n.arg for n in parts.scalars), Generated(name, source)

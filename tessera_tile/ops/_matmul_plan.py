@@ -81,12 +81,21 @@ TC_UNALIGNED = TileConfig(128, 128, 32, 8, 2, dtype="float16")
 # float16 or precision="tf32" on operands the tensor-core kernels cannot take (a strided inner
 # axis; for TF32 also rows not 16-byte aligned): the float32 SIMT kernel's shipped default tile
 SIMT_FALLBACK = CANDIDATES[0]
+# Two products of one A in a kernel (a gated MLP's x @ w1 and x @ w3, a composer's stage): the
+# accumulators double, so the tiles give each thread half the usual count (tensor cores: 8
+# warps of 64 x 32; SIMT: 4 warps of 8 x 8 per thread over 128 x 64); one tile per kind, not
+# tuned (the compile tier checks each keeps to registers).
+DUAL = {
+    "float16": TileConfig(128, 128, 32, 8, 3, dtype="float16"),
+    "tf32": TileConfig(128, 128, 16, 8, 3, dtype="tf32"),
+    "float32": TileConfig(128, 64, 8, 4, 3),
+}
 
 
 def choose_kernel(
     dtype: np.dtype, config: TileConfig, activation, has_bias: bool, copy_a: int, copy_b: int,
     vector_store: bool, types: tuple, names: tuple[str, str] = ("a", "b"),
-    tensor_rows: str | None = None,
+    tensor_rows: str | None = None, dual: bool = False,
 ) -> KernelChoice:  # fmt: skip
     """The kernel and launch of one call.
 
@@ -98,31 +107,39 @@ def choose_kernel(
     where ``copy_a``/``copy_b`` say the rows allow them; with a tf32 ``config``
     (``precision="tf32"``) on the TF32 tensor-core kernel where ``tensor_rows`` is
     ``"aligned"``, else exactly on the SIMT kernel with :data:`SIMT_FALLBACK` (a reason says so);
-    float16 with a float16 ``config`` on a strided inner axis runs on that tile too.
+    float16 with a float16 ``config`` on a strided inner axis runs on that tile too. ``dual``:
+    the kernels' two-product variant (:data:`DUAL` in place of the SIMT fallback's tile).
     """
     reasons = []
+    simt_fallback = DUAL["float32"] if dual else SIMT_FALLBACK
+
+    def ring_bytes(c: TileConfig) -> int:  # the tensor-core kernels' dynamic shared memory
+        b2 = c.num_stages * c.tile_k * c.tile_n * c.staged_itemsize if dual else 0
+        return c.shared_bytes + b2
+
     if config.dtype == "tf32":
         if tensor_rows == "aligned":
             c = config
             kernel = tf32.tf32_matmul(
-                c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias
-            )
+                c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
+                dual,
+            )  # fmt: skip
             reasons.append(
                 "precision='tf32': float32 on TF32 tensor cores (mma m16n8k8; each input read "
                 "with 10 mantissa bits, the low 13 ignored; float32 accumulation)"
             )
             signature = f"void({', '.join(types)})"
             return KernelChoice(
-                kernel, config, config.threads, signature, tuple(reasons), config.shared_bytes
+                kernel, config, config.threads, signature, tuple(reasons), ring_bytes(config)
             )
         reasons.append(
             "precision='tf32' asked for, but "
             + ("an operand's inner axis is strided" if tensor_rows is None else
                "rows are not 16-byte aligned (K or N not a multiple of 4, or an offset view)")
             + ": the exact float32 SIMT kernel instead (TF32 is an opt-in to speed; the "
-            f"fallback computes exactly, tile {SIMT_FALLBACK})"
+            f"fallback computes exactly, tile {simt_fallback})"
         )  # fmt: skip
-        config = SIMT_FALLBACK
+        config = simt_fallback
     if dtype == BFLOAT16 and tensor_rows is None:
         raise ValueError(
             "bfloat16 runs on the tensor cores only, which need every operand's last axis "
@@ -138,11 +155,11 @@ def choose_kernel(
         c = config
         kernel = tc.tensor_core_matmul(
             c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
-            async_copy=tensor_rows == "aligned", bf16=dtype == BFLOAT16,
+            async_copy=tensor_rows == "aligned", bf16=dtype == BFLOAT16, dual=dual,
         )  # fmt: skip
         signature = f"void({', '.join(types)})"
         return KernelChoice(
-            kernel, config, config.threads, signature, tuple(reasons), config.shared_bytes
+            kernel, config, config.threads, signature, tuple(reasons), ring_bytes(config)
         )
     if dtype == np.float16:
         reasons.append(
@@ -150,12 +167,12 @@ def choose_kernel(
             "once at the store): "
             + ("a float32 TileConfig was given" if config.dtype == "float32" else
                "an operand's inner axis is strided, which the tensor-core kernel cannot take "
-               f"(tile {SIMT_FALLBACK})")
+               f"(tile {simt_fallback})")
         )  # fmt: skip
         if config.dtype != "float32":
-            config = SIMT_FALLBACK
+            config = simt_fallback
         kernel = simt.simt_matmul(
-            config, activation, has_bias, 4, 4, async_copy=False, vector_store=False
+            config, activation, has_bias, 4, 4, async_copy=False, vector_store=False, dual=dual
         )
     else:
         for name, width in zip(names, (copy_a, copy_b), strict=True):
@@ -165,7 +182,7 @@ def choose_kernel(
                     "copies, read in place"
                 )
         kernel = simt.simt_matmul(
-            config, activation, has_bias, copy_a, copy_b, vector_store=vector_store
+            config, activation, has_bias, copy_a, copy_b, vector_store=vector_store, dual=dual
         )
     signature = f"void({', '.join(types)})"
     return KernelChoice(kernel, config, config.threads, signature, tuple(reasons))
@@ -220,6 +237,9 @@ class Product(HandWritten):
     extras: tuple = ()
     scalars: tuple = ()
     scalar_types: tuple = ()
+    # a second right operand (b's shape, dtype and batch): the dual kernel computes a @ b2 on
+    # the same A tiles, its accumulator the epilogue's second argument
+    b2: arrays.Arg | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -279,7 +299,7 @@ class Product(HandWritten):
         config = self.tile_config()
         key = (
             config, self.precision, self.activation, self.names[:2], self.batch, self.a_vector,
-            self.b_vector, *(_layout(r) for r in (a, b, self.bias, c)), self.epilogue,
+            self.b_vector, *(_layout(r) for r in (a, b, self.bias, c, self.b2)), self.epilogue,
             self.scalar_types, *(_layout(r) for r in self.extras),
         )  # fmt: skip
         return _LAUNCH_PLANS.get(key, lambda: self._plan_launches(a, b, c, config))
@@ -290,8 +310,11 @@ class Product(HandWritten):
             as_matrix(b, self.batch, self.b_vector),
             self._c_matrix(c),
         ]
+        b2 = self.b2
+        dual = [(b2, as_matrix(b2, self.batch, self.b_vector))] if b2 is not None else []
         extra_mats = self._extra_matrices()
-        geo = geometry(self.batch, mats + extra_mats)
+        geo = geometry(self.batch, mats + [m for _, m in dual] + extra_mats)
+        z_extras = geo.z_strides[3 + len(dual) :]
         act = self.epilogue
         if act is None:
             act = epilogue.activation_function(self.activation)
@@ -304,17 +327,20 @@ class Product(HandWritten):
             (ma, mb, mc), (za, zb, zc) = mats, geo.z_strides[:3]
             one = count == 1  # a single matrix: its batch stride is never used
             copy_a = copy_bytes(ma, 0 if one else za, first_address(a, ma, index), a.dtype)
-            copy_b = copy_bytes(mb, 0 if one else zb, first_address(b, mb, index), b.dtype)
+            copy_b = min(
+                copy_bytes(mx, 0 if one else zx, first_address(r, mx, index), r.dtype)
+                for r, mx, zx in [(b, mb, zb), *((r, m, geo.z_strides[3]) for r, m in dual)]
+            )
             vector_store = self.dtype == np.float32 and (mc.cols <= 1 or mc.col_stride == 4)
             tensor_rows = None
-            if all(inner_contiguous(x) for x in mats):
-                addresses = (first_address(a, ma, index), first_address(b, mb, index),
-                             first_address(c, mc, index))  # fmt: skip
-                z = (0, 0, 0) if one else (za, zb, zc)
+            tiled = [(a, ma, za), (b, mb, zb), (c, mc, zc)]
+            tiled += [(r, m, geo.z_strides[3]) for r, m in dual]
+            if all(inner_contiguous(x) for _, x, _ in tiled):
                 chunk = 16 // self.dtype.itemsize  # elements per 16-byte cp.async
                 aligned = all(
-                    rows_aligned(x, zs, ad) and x.cols % chunk == 0
-                    for x, zs, ad in zip(mats, z, addresses, strict=True)
+                    rows_aligned(x, 0 if one else zs, first_address(r, x, index))
+                    and x.cols % chunk == 0
+                    for r, x, zs in tiled
                 )
                 tensor_rows = "aligned" if aligned else "contiguous"
             types = (
@@ -325,8 +351,10 @@ class Product(HandWritten):
             )
             if self.epilogue is not None:
                 parts = [
+                    array_type(r.dtype, 3, layout(mx, count, geo.z_strides[3])) for r, mx in dual
+                ] + [
                     array_type(r.dtype, 3, layout(mx, count, zx))
-                    for r, mx, zx in zip(self.extras, extra_mats, geo.z_strides[3:], strict=True)
+                    for r, mx, zx in zip(self.extras, extra_mats, z_extras, strict=True)
                 ]
                 types = (
                     *types,
@@ -343,6 +371,7 @@ class Product(HandWritten):
                 types,
                 self.names[:2],
                 tensor_rows,
+                bool(dual),
             )
             launches.append((index, z0, count, choice))
         return geo, mats, launches
@@ -366,8 +395,11 @@ class Product(HandWritten):
         kind = view_dtype(self.dtype)
         bias = View(2, dtype=kind) if self.bias is not None else Unused(np.dtype(np.float32))
         arrays_of = (0, 1, len(records))  # A, B and C among the call's arrays
-        first_extra = 2 + (self.bias is not None)  # the extras follow them in records
+        b2_at = 2 + (self.bias is not None)  # then B2 (dual), then the extras
+        first_extra = b2_at + (self.b2 is not None)
         extra_mats = self._extra_matrices()
+        mb2 = as_matrix(self.b2, self.batch, self.b_vector) if self.b2 is not None else None
+        z_extras = geo.z_strides[3 + (mb2 is not None) :]
         out = []
         kinds = (kind, kind, view_dtype(result.dtype))  # C: a generated epilogue's first result
         for index, _z0, count, choice in planned:
@@ -381,9 +413,11 @@ class Product(HandWritten):
                 views = tuple(
                     matrix_view(first_extra + j, mx, index, count, zx, view_dtype(r.dtype))
                     for j, (r, mx, zx) in enumerate(
-                        zip(self.extras, extra_mats, geo.z_strides[3:], strict=True)
+                        zip(self.extras, extra_mats, z_extras, strict=True)
                     )
                 )
+                if mb2 is not None:
+                    views = (matrix_view(b2_at, mb2, index, count, geo.z_strides[3], kind), *views)
                 params = (*params, Extras((*views, *self.scalars)))
             out.append(
                 KernelLaunch(
@@ -404,6 +438,8 @@ class Product(HandWritten):
         if not (m and n):
             return 0
         nbytes = traffic_bytes(m, n, k, z, cfg, self.dtype.itemsize)
+        if self.b2 is not None:  # B2 read as B is, once per row of C tiles
+            nbytes += z * rows * k * n * self.dtype.itemsize
         if self.bias is not None:
             reads = 1
             if cfg.dtype != "float32":  # the tensor-core kernels' epilogue
@@ -413,7 +449,7 @@ class Product(HandWritten):
         return nbytes
 
     def flops(self) -> int:
-        return 2 * math.prod(self.batch) * self.m * self.n * self.k
+        return 2 * (1 + (self.b2 is not None)) * math.prod(self.batch) * self.m * self.n * self.k
 
     def unfused_bytes(self, fused: int) -> int:
         """The same product (``fused`` bytes), then the bias add and the activation as
@@ -435,10 +471,13 @@ class Product(HandWritten):
         names = sorted({choice.kernel.py_func.__name__ for *_, choice in launches})
         epi = ["+ bias" if self.bias is not None else "", self.activation or ""]
         generated = f"generated {self.epilogue.name}" if self.epilogue is not None else ""
+        what = f"({self.m} x {self.k}) @ ({self.k} x {self.n})"
+        if self.b2 is not None:
+            what += " and a second product of the same A tiles"
         steps = (" ".join(x for x in epi if x), generated)  # a composer's epilogue comes last
         epi_text = " then ".join(s for s in steps if s) or "none"
         return [
-            f"{name}: {self.name} ({self.m} x {self.k}) @ ({self.k} x {self.n}) over batch "
+            f"{name}: {self.name} {what} over batch "
             f"{self.batch or '()'} in {len(launches)} launch(es); tile {cfg}; epilogue "
             f"{epi_text} in registers before the one store; {waves_text(e)}"
             for name in names

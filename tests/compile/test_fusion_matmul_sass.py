@@ -30,6 +30,11 @@ def fan_out(x, w, b):
     return y, tt.gelu(y), (y * 2).astype(np.float32)
 
 
+@tt.fuse
+def gated(x, w1, w3):
+    return tt.silu(x @ w1) * (x @ w3)
+
+
 def instructions(report) -> int:
     return sum(report.histogram.values())
 
@@ -80,4 +85,31 @@ def test_linear_written_in_algebra_is_ops_linear(dtype, arch, record_property):
         "resources",
         f"{arch} {dtype} gelu(x @ w + b): {instructions(ours)} instructions, ops.linear "
         f"{instructions(linear)}",
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    ("dtype", "precision"),
+    [(DTYPES[0], None), (DTYPES[1], None), (DTYPES[2], None), (DTYPES[2], "tf32")],
+    ids=["float16", "bfloat16", "float32", "tf32"],
+)
+def test_two_products_of_x_share_its_fragments(dtype, precision, arch, record_property):
+    """The gated MLP's kernel: 0 spills and no local memory; on the tensor cores each A
+    fragment loaded (ldmatrix, non-transposed) feeds the mma of both products: one load per
+    2 x 4 mma (8 warps of 64 x 32: 4 n8 tiles per product), half the single product's rate."""
+    x, w1, w3 = arrays(dtype, (M, K), (K, N), (K, N))
+    fn = tt.fuse(gated.fn, precision=precision) if precision else gated
+    (report,) = fn.inspect(x, w1, w3, arch=arch)
+    assert report.spill_stores == report.spill_loads == 0
+    assert report.stack_bytes == 0
+    hist = report.histogram
+    mma = sum(v for op, v in hist.items() if op.startswith("HMMA"))
+    if dtype != np.float32 or precision:
+        assert mma == 2 * 4 * hist["LDSM.16.M88.4"]
+    record_property(
+        "resources",
+        f"{arch} gated MLP {precision or dtype}: {report.registers} registers, "
+        f"{instructions(report)} instructions, {mma} HMMA, "
+        f"{hist.get('LDSM.16.M88.4', 0)} A ldmatrix",
     )

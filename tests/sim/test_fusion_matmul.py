@@ -279,12 +279,71 @@ def test_several_results_traffic_is_the_plan_each_written_once(dtype):
 
 
 # --------------------------------------------------------------------------------------------
-# what does not fuse: more kernels, a reason each, the same results
+# two products of one left operand in one kernel (a gated MLP)
 
 
 @tt.fuse
 def gated(x, w1, w3):
     return tt.silu(x @ w1) * (x @ w3)
+
+
+def gated_reference(x, w1, w3):
+    x64, w164, w364 = f64(x, w1, w3)
+    p, s = x64 @ w164, product_scale(x64, w164)
+    p3, s3 = x64 @ w364, product_scale(x64, w364)
+    silu = p / (1 + np.exp(-p))
+    return silu * p3, (1.1 * s + np.abs(silu)) * np.abs(p3) + s3 * np.abs(silu)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize(
+    ("dtype", "precision"),
+    [("float16", None), ("bfloat16", None), ("float32", None), ("float32", "tf32")],
+)
+def test_gated_mlp_is_one_kernel_of_two_products(dtype, precision, side):
+    m, k, n = 37, 40, 48  # rows aligned: the cp.async kernels
+    x, w1, w3 = draw((2, m, k), dtype, 50), draw((k, n), dtype, 51), draw((k, n), dtype, 52)
+    fn = tt.fuse(gated.fn, precision=precision) if precision else gated
+    report = fn.explain(x, w1, w3)
+    assert report.kernels == 1, report.reasons
+    assert "second product of the same A tiles" in report.stages[0]
+    ref, scale = gated_reference(x, w1, w3)
+    got = back(fn(*on(side, x, w1, w3)), side)
+    assert got.dtype == DTYPES[dtype]
+    if precision:  # TF32: each input read with 10 mantissa bits (docs/matmul.md)
+        scale = scale * 2.0**13
+    assert_within(got, ref, scale, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_gated_mlp_reads_x_once_per_tile_pair(dtype):
+    """Traffic equals the plan, and x is read once per column of C tiles for both products
+    (two GEMM kernels would read it twice, and write and read the first product)."""
+    from numba import cuda
+
+    from tessera_tile.ops._matmul_plan import DUAL
+
+    m, k, n = 136, 16, 72  # two row tiles of x
+    args = [cuda.to_device(draw(s, dtype, 60 + i)) for i, s in enumerate(((m, k), (k, n), (k, n)))]
+    gated(*args)  # compiled
+    planned = gated.explain(*args).bytes_fused
+    with tt.sim.profile() as prof:
+        gated(*args)
+    assert prof.bytes_read + prof.bytes_written == planned
+    tile = DUAL["float16" if dtype == "float16" else "float32"]
+    rows, cols = -(-m // tile.tile_m), -(-n // tile.tile_n)
+    size = DTYPES[dtype].itemsize
+    assert prof.bytes_read == size * (m * k * cols + 2 * k * n * rows)
+    assert prof.bytes_written == size * m * n
+
+
+# --------------------------------------------------------------------------------------------
+# what does not fuse: more kernels, a reason each, the same results
+
+
+@tt.fuse
+def two_lefts(x, w, w3):
+    return (x @ w) * (tt.swapaxes(x, -1, -2) @ w3)
 
 
 @tt.fuse
@@ -310,7 +369,7 @@ def computed_operand(x, w):
 # function, arguments taken, kernels, the reason's words; float32 operands, so that a product
 # written by one kernel and read by the next is the same float32 value
 SPLITS = [
-    (gated, 3, 2, "one matmul per kernel"),
+    (two_lefts, 3, 2, "one matmul per kernel, or two of one left operand"),
     (row_sums, 2, 2, "a reduction of a product"),
     (product_and_exp, 3, 2, "a result that does not read the product"),
     (row_scaled, 2, 2, "a reduction in a GEMM's epilogue"),
@@ -322,10 +381,9 @@ def split_references(fn, x, w, w3) -> list:
     """``(reference, error scale)`` of each result."""
     x64, w64, w364 = f64(x, w, w3)
     p, s = x64 @ w64, product_scale(x64, w64)
-    p3, s3 = x64 @ w364, product_scale(x64, w364)
-    silu = p / (1 + np.exp(-p))
+    pt, st3 = x64.T @ w364, product_scale(x64.T, w364)
     return {
-        gated: lambda: [(silu * p3, (1.1 * s + np.abs(silu)) * np.abs(p3) + s3 * np.abs(silu))],
+        two_lefts: lambda: [(p * pt, s * np.abs(pt) + st3 * np.abs(p) + s * st3)],
         row_sums: lambda: [(p.sum(-1), (s + np.abs(p)).sum(-1))],
         product_and_exp: lambda: [(p, s), (np.exp(w364), np.exp(w364))],
         row_scaled: lambda: [
@@ -374,7 +432,7 @@ BINARY = {
     "maximum": (tt.maximum, np.maximum),
     "minimum": (tt.minimum, np.minimum),
 }
-LEAVES = ["p", "p", "bias", "residual", "scalar", 0.5, 3.0]
+LEAVES = ["p", "p", "p2", "bias", "residual", "scalar", 0.5, 3.0]  # p2 = x @ w2: a dual stage
 
 
 def trees():
@@ -394,12 +452,14 @@ def count_ops(tree) -> int:
 
 
 def has_product(tree) -> bool:
-    return tree == "p" or isinstance(tree, tuple) and any(has_product(t) for t in tree[1:])
+    if not isinstance(tree, tuple):
+        return tree in ("p", "p2")
+    return any(has_product(t) for t in tree[1:])
 
 
 def has_array(tree) -> bool:
     if not isinstance(tree, tuple):
-        return tree in ("p", "bias", "residual")
+        return tree in ("p", "p2", "bias", "residual")
     return any(has_array(t) for t in tree[1:])
 
 
@@ -466,16 +526,24 @@ def reference(tree, env):
     tree=("maximum", ("tanh", "p"), ("neg", ("sigmoid", "bias"))),
     dtype="float32", m=129, n=65, k=9, batch=(), side="device",
 )  # fmt: skip
+@example(  # two products of x past the dual tile (128 x 128) both ways, on the tensor cores
+    tree=("mul", ("silu", "p"), ("add", "p2", "bias")),
+    dtype="float16", m=129, n=130, k=40, batch=(), side="device",
+)  # fmt: skip
 def test_random_epilogue_trees_match_numpy(tree, dtype, m, n, k, batch, side):
     x, w = draw((*batch, m, k), dtype, m), draw((k, n), dtype, n, k**-0.5)
+    w2 = draw((k, n), dtype, n + 1, k**-0.5)
     b, r = draw((n,), dtype, k), draw((m, n), dtype, m + n)
     scalar = 0.75
     fn = tt.fuse(
-        lambda x, w, b, r, s: build(tree, {"p": x @ w, "bias": b, "residual": r, "scalar": s})
+        lambda x, w, w2, b, r, s: build(
+            tree, {"p": x @ w, "p2": x @ w2, "bias": b, "residual": r, "scalar": s}
+        )
     )
-    x64, w64, b64, r64 = f64(x, w, b, r)
+    x64, w64, w264, b64, r64 = f64(x, w, w2, b, r)
     env = {
         "p": (x64 @ w64, product_scale(x64, w64)),
+        "p2": (x64 @ w264, product_scale(x64, w264)),
         "bias": (b64, 0.0),
         "residual": (r64, 0.0),
         "scalar": (scalar, 0.0),
@@ -483,8 +551,8 @@ def test_random_epilogue_trees_match_numpy(tree, dtype, m, n, k, batch, side):
     ref, scale = reference(tree, env)
     ref = np.broadcast_to(ref, (*batch, m, n))
     assume(np.all(np.abs(ref) < 2.0**-4 * float(ml_dtypes.finfo(DTYPES[dtype]).max)))
-    assert fn.explain(x, w, b, r, scalar).kernels == 1
-    got = back(fn(*on(side, x, w, b, r), scalar), side)
+    assert fn.explain(x, w, w2, b, r, scalar).kernels == 1
+    got = back(fn(*on(side, x, w, w2, b, r), scalar), side)
     assert_within(got, ref, np.broadcast_to(scale, ref.shape), dtype)
 
 
@@ -592,8 +660,8 @@ def test_swapaxes_feeds_matmuls_only():
 
 
 def test_device_calls_copy_nothing_and_allocate_only_results():
-    """A GEMM stage and an attention stage on device arrays: no host copies; one allocation,
-    the result (the gated MLP's second GEMM reads the first's temporary: two)."""
+    """GEMM stages (one product, two of one x, several results) and an attention stage on
+    device arrays: no host copies; one allocation per result, no temporaries."""
     from numba import cuda
 
     shapes = ((16, 32), (32, 24), (24,), (16, 24))
@@ -601,14 +669,17 @@ def test_device_calls_copy_nothing_and_allocate_only_results():
     q, k, v = (cuda.to_device(draw((2, 16, 32), "float16", 90 + i)) for i in range(3))
     for fn, args, allocations in (
         (linear_gelu_times, (x, w, b, r), 1),
-        (gated, (x, w, w), 2),
+        (gated, (x, w, w), 1),
+        (fan_out, (x, w, b, r), 4),
         (attention, (q, k, v), 1),
     ):
         fn(*args)  # compiled outside the count
         with tt.sim.transfers() as counts:
             got = fn(*args)
         assert counts == {"to_device": 0, "copy_to_host": 0, "device_array": allocations}
-        assert type(got) is type(x)
+        results = got if isinstance(got, tuple) else (got,)
+        assert len(results) == allocations
+        assert all(type(g) is type(x) for g in results)
 
 
 @pytest.mark.parametrize("side", SIDES)
