@@ -52,7 +52,7 @@ __all__ = ["ARCHS", "CompileReport", "Loop", "compile", "occupancy"]
 class ArchLimits:
     """Per-SM limits of one architecture (CUDA occupancy calculator figures)."""
 
-    cc: tuple[int, int]
+    cc: tuple  # (major, minor), and "a" for the arch-specific target
     max_warps: int
     max_blocks: int
     registers: int
@@ -68,6 +68,9 @@ ARCHS: dict[str, ArchLimits] = {
     "sm_89": ArchLimits((8, 9), max_warps=48, max_blocks=24, registers=65536, max_shared=102400),
     "sm_90": ArchLimits((9, 0), max_warps=64, max_blocks=32, registers=65536, max_shared=233472),
 }
+# What numba-cuda builds for a device of compute capability 9.0: sm_90 with Hopper's
+# arch-specific instructions (wgmma); the same limits.
+ARCHS["sm_90a"] = dataclasses.replace(ARCHS["sm_90"], cc=(9, 0, "a"))
 
 DEFAULT_BLOCK = 256
 

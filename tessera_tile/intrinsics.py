@@ -46,3 +46,17 @@ def element_pointer(context, builder, array_type, array, index_type, index):
     )
     struct = context.make_array(array_type)(context, builder, value=array)
     return cgutils.get_item_pointer(context, builder, array_type, struct, indices)
+
+
+def target_compute_capability() -> tuple[int, int] | None:
+    """Codegen: the compute capability numba-cuda compiles for, where it can be known: the
+    current GPU, or the target of an offline compile made inside
+    ``sim.compat.current_device_answered``; ``None`` where neither answers (no GPU, and
+    ``cuda.compile_ptx`` called directly)."""
+    import numba.cuda.dispatcher as dispatcher
+
+    try:
+        cc = dispatcher.get_current_device().compute_capability
+    except Exception:  # no driver, no device: the target is not known here
+        return None
+    return int(cc[0]), int(cc[1])

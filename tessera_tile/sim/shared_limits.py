@@ -27,6 +27,7 @@ BLOCK_LIMIT = {  # bytes a block may opt into, per architecture
     "sm_87": 163 * 1024,
     "sm_89": 99 * 1024,
     "sm_90": 227 * 1024,
+    "sm_90a": 227 * 1024,  # sm_90 with its arch-specific instructions (wgmma)
 }
 MAX_BLOCK_LIMIT = max(BLOCK_LIMIT.values())  # no architecture gives a block more
 ARCH = ["sm_90"]  # the simulated device's architecture (a list: simulated_arch() changes it)
