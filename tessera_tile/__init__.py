@@ -12,13 +12,13 @@ from .sim import _auto_install
 
 _auto_install()
 
-import importlib  # noqa: E402
+import importlib as _importlib  # noqa: E402
 
 from ._fusion import gemm as _gemm  # noqa: E402
 
 # GEMM and attention stages of fused functions run on the ops' kernels, a layer above the
 # composer: their runner is loaded when a fused function first launches or explains one.
-_gemm.set_runner(loader=lambda: importlib.import_module("tessera_tile.ops._fused_stages"))
+_gemm.set_runner(loader=lambda: _importlib.import_module("tessera_tile.ops._fused_stages"))
 
 from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in
 from ._arrays import host_to_device as to_device  # noqa: E402 - bfloat16 too, unlike numba's
@@ -71,10 +71,14 @@ from .fusion import (  # noqa: E402
 )
 from .tile_config import TileConfig  # noqa: E402 - the schedule of the matmul ops
 
+# A fused function called with Dask arrays goes to tessera_tile.dask (the optional extra).
+fusion.set_dask_loader(lambda: _importlib.import_module("tessera_tile.dask"))
+
 # Submodules reachable as attributes (tt.inspect, tt.memory...), imported on first use: the
 # compile-only and primitive modules cost nothing to a user who only fuses.
 _LAZY = (
-    "inspect", "kernels", "memory", "mma", "ops", "pipeline", "sim", "tile_ir", "tuned", "warp",
+    "dask", "inspect", "kernels", "memory", "mma", "ops", "pipeline", "sim", "tile_ir", "tuned",
+    "warp",
 )  # fmt: skip
 
 
@@ -88,9 +92,7 @@ def profile(device: str = "h100"):
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
-        return importlib.import_module(f".{name}", __name__)
+        return _importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'tessera_tile' has no attribute {name!r}")
 
 

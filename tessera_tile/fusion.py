@@ -111,6 +111,26 @@ class Explain:
         return "\n".join(lines)
 
 
+# Calls on Dask arrays go to tessera_tile.dask, a layer above this one: the package registers
+# a loader of it (set_dask_loader).
+_dask_loader = None
+
+
+def set_dask_loader(loader) -> None:
+    global _dask_loader
+    _dask_loader = loader
+
+
+def _dask():
+    return _dask_loader()
+
+
+def _on_dask(args, kwargs) -> bool:
+    return _dask_loader is not None and builtins.any(  # `any` is tt.any here
+        type(a).__module__.startswith("dask.") for a in (*args, *kwargs.values())
+    )
+
+
 class FusedFunction:
     """A function of arrays compiled into as few kernels as the data allows."""
 
@@ -229,8 +249,11 @@ class FusedFunction:
     def explain(self, *args, **kwargs) -> Explain:
         """The plan for these arguments: kernels, IR, generated source, predicted traffic.
 
-        Nothing is allocated or launched; NumPy arrays may stand in for device arrays.
+        Nothing is allocated or launched; NumPy arrays may stand in for device arrays. On Dask
+        arrays: :func:`tessera_tile.dask.explain`'s report (per chunk, and between chunks).
         """
+        if _on_dask(args, kwargs):
+            return _dask().explain(self, *args, **kwargs)
         _, program, shapes, stages = self._bound(args, kwargs)
         return Explain(
             kernels=len(stages),
@@ -296,6 +319,10 @@ class FusedFunction:
                 self._programs.hits += 1
                 ready[0].launch_plans.hits += 1
                 return runtime.run_ready(*ready, args, stream)
+        if _on_dask(args, kwargs):  # a lazy Dask array, chunk by chunk (tessera_tile.dask)
+            if out is not None or stream is not None:
+                raise TypeError("out= and stream= are not taken with Dask arrays")
+            return _dask().apply(self, *args, **kwargs)
         call = self._call(args, kwargs, out)
         program = self._program(call)
         if program.plan.stages and not _config.SIMULATED and not _config.gpu_present():

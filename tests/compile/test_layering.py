@@ -19,7 +19,7 @@ LAYERS = {
     "_vector_access": 4, "_mma_twins": 4, "bfloat16": 4, "_carve": 4,
     "_fusion": 5, "fusion": 5,
     "kernels": 6, "ops": 6,
-    "cli": 7, "__main__": 7, "_roofline": 7, "_bench_ref": 7, "tuned": 7,
+    "cli": 7, "__main__": 7, "_roofline": 7, "_bench_ref": 7, "tuned": 7, "dask": 7,
 }  # fmt: skip
 
 
