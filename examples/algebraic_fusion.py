@@ -3,8 +3,9 @@
 * ``linear_residual``: ``gelu(x @ w + b) * scale + r``: one GEMM kernel, the bias added to the
   accumulator, gelu, the scale (a run-time argument) and the residual in its epilogue; the
   product is never written.
-* ``gated_mlp``: ``silu(x @ w1) * (x @ w3)``, a gated MLP's hidden layer: two kernels, one per
-  product; the second's epilogue reads the first's result.
+* ``gated_mlp``: ``silu(x @ w1) * (x @ w3)``, a gated MLP's hidden layer: one kernel computes
+  both products on the same tiles of ``x`` (read once for the two) and applies silu and the
+  product in its epilogue; neither product is written.
 * ``attention``: ``softmax(q @ tt.swapaxes(k, -1, -2) * scale) @ v``: found from its algebra
   and run by the flash-attention kernel; the score matrix is never written.
 

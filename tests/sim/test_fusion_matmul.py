@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import tessera_tile as tt
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+PROFILER = pytest.mark.sim_only(reason="the profiler exists only in the simulator")
 DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32)}
 U = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24}  # unit roundoff, stored
 TINY = {"float16": 2.0**-25, "bfloat16": 2.0**-134, "float32": 2.0**-150}  # half a subnormal
@@ -178,6 +179,7 @@ def test_inputs_are_never_modified_and_out_is_written_in_place():
         np.testing.assert_array_equal(a, c)
 
 
+@PROFILER
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_traffic_is_the_plan_and_the_result_is_written_once(dtype):
     from numba import cuda
@@ -254,6 +256,7 @@ def test_several_results_and_casts_come_from_one_gemm_kernel(dtype, side):
                 assert_within(g, ref, err_scale, rounding)
 
 
+@PROFILER
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_several_results_traffic_is_the_plan_each_written_once(dtype):
     from numba import cuda
@@ -315,6 +318,7 @@ def test_gated_mlp_is_one_kernel_of_two_products(dtype, precision, side):
     assert_within(got, ref, scale, dtype)
 
 
+@PROFILER
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_gated_mlp_reads_x_once_per_tile_pair(dtype):
     """Traffic equals the plan, and x is read once per column of C tiles for both products
@@ -612,6 +616,7 @@ def test_attention_pattern_runs_on_the_flash_kernel(fn, dtype, side):
     assert_within(got, ref, flash, dtype)
 
 
+@PROFILER
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_attention_writes_only_its_result(dtype):
     from numba import cuda
