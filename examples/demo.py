@@ -31,6 +31,7 @@ EXAMPLES = [
     "ops_demo",
     "bf16_mlp_block",
     "algebraic_fusion",
+    "dask_layer_norm",
 ]
 
 

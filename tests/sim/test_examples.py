@@ -70,3 +70,8 @@ def test_algebraic_fusion_example_matches_numpy_in_the_kernels_it_promises():
     assert example.attention.explain(q, k, v).kernels == 1
     for _, check in example.checks():
         assert check() < 4 * 2.0**-11
+
+
+def test_dask_example_matches_numpy_on_a_cluster():
+    pytest.importorskip("distributed", reason="distributed is not installed (tessera_tile[dask])")
+    assert load_example("dask_layer_norm").run() < 1e-5
