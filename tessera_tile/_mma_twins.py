@@ -685,7 +685,30 @@ def _commit_done(wg, record):
     wg.uncommitted = []
 
 
+# The per-thread state of tessera_tile.pipeline's cp.async twins: copies issued and not yet
+# waited for (``pending``, then ``committed`` groups of them), each ``(dst, dst_run, ...)``.
+_CP_ASYNC_STATE = "tessera_tile.pipeline.cp_async"
+
+
+def _copies_in_flight(window) -> np.ndarray:
+    """``(n, 2)`` window byte ranges ``[start, end)`` of the cp.async copies into shared
+    memory that the block's threads have issued and not waited for. The cp.async twins land a
+    copy at its thread's wait_group; on a GPU it may land any time after its issue."""
+    ranges = []
+    for t in window.block.threads:
+        copies = t.state.get(_CP_ASYNC_STATE)
+        if copies is None:
+            continue
+        for dst, run, *_ in (*copies.pending, *(c for g in copies.committed for c in g)):
+            last = run[-1]
+            host = sim.element_address(dst, (*run[:-1], last.start))
+            start = window.address(host)
+            ranges.append((start, start + (last.stop - last.start) * dst.itemsize))
+    return np.array(ranges, np.int64).reshape(-1, 2)
+
+
 def _retire(op: _Op) -> None:
+    in_flight = None
     for window, addresses, words, what in op.reads:
         now = window.read_u16(addresses, what)
         if not np.array_equal(now, words):
@@ -694,6 +717,17 @@ def _retire(op: _Op) -> None:
                 f"({what}) was written before wgmma.wait_group retired it; the tensor cores "
                 "read it asynchronously until then"
             )
+        in_flight = _copies_in_flight(window) if in_flight is None else in_flight
+        if len(in_flight):
+            read = np.unique(addresses)
+            hits = np.searchsorted(read, in_flight[:, 1]) - np.searchsorted(read, in_flight[:, 0])
+            if hits.any():
+                raise WgmmaError(
+                    f"wgmma: a cp.async into shared memory that the wgmma.mma_async at "
+                    f"{format_site(op.site)} reads ({what}) is in flight (issued, not waited for) "
+                    "when wgmma.wait_group retires it: it may land while the tensor cores read "
+                    "(or before they read; the simulator lands it at the cp.async wait_group)"
+                )
     op.reads = []
     op.retired = True
 

@@ -174,6 +174,7 @@ from .intrinsics import check_index, element_pointer, target_compute_capability
 from .sim.compat import NumbaTypeError
 
 __all__ = [
+    "fence_proxy_async",
     "ldmatrix_x1",
     "ldmatrix_x1_trans",
     "ldmatrix_x2",
@@ -597,6 +598,30 @@ def wgmma_commit_group(typingctx):
     def codegen(context, builder, sig, args):
         _require_sm90a("wgmma_commit_group")
         _void_wgmma_asm(builder, "wgmma.commit_group.sync.aligned;")
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+def _fence_proxy_async_twin():
+    """The simulator has one view of shared memory (no proxies): nothing to order."""
+
+
+@sim.twin(_fence_proxy_async_twin)
+@intrinsic
+def fence_proxy_async(typingctx):
+    """``fence.proxy.async.shared::cta``: orders this thread's earlier generic-proxy accesses
+    to shared memory (stores, and the ``cp.async`` copies it has waited for) before later
+    async-proxy accesses, such as the operand reads of a ``wgmma_async`` (PTX ISA: "An async
+    proxy fence must be used to establish an ordering between prior writes to shared memory
+    matrices and subsequent reads of the same matrices in a wgmma.mma_async instruction").
+    Per thread; put it between the writes (or their ``cp_async_wait_group``) and the barrier
+    that publishes them to the warpgroups. sm_90 and later; the simulator has one view of
+    shared memory, and its twin does nothing."""
+
+    def codegen(context, builder, sig, args):
+        _require_sm90a("fence_proxy_async")
+        _void_wgmma_asm(builder, "fence.proxy.async.shared::cta;")
         return context.get_dummy_value()
 
     return types.void(), codegen

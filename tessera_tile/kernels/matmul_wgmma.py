@@ -1,0 +1,486 @@
+"""float16 (or bfloat16: ``bf16=True``, every array its ``uint16`` bits) matmul
+``C = act(A @ B + bias)`` on Hopper's warpgroup MMA (``wgmma``, sm_90a): ``cp.async`` copies
+into 128-byte-swizzled shared tiles that the tensor cores read through matrix descriptors, a
+multi-stage ring, float32 accumulators in registers.
+
+:func:`wgmma_matmul` makes the kernel ``kernel(a, b, bias, c)`` of one configuration, with the
+interface of :func:`.matmul_tc.tensor_core_matmul`'s kernels:
+
+* ``a``: ``(batch, M, K)``, ``b``: ``(batch, K, N)``, ``c``: ``(batch, M, N)``, float16 (or
+  bfloat16 bits), the inner dimension contiguous, rows 16-byte aligned (:func:`aligned_rows`:
+  K and N multiples of 8, aligned bases and strides), any batch strides;
+* ``bias``: ``(N,)``, added to every row (ignored unless ``has_bias``: pass a 1-element array);
+  with an :class:`~.epilogue.ElementEpilogue` as ``activation``, ``kernel(a, b, bias, c,
+  extras)``;
+* launch ``grid = (ceil(N / tile_n), ceil(M / tile_m), batch)`` blocks of ``32 * num_warps``
+  threads with ``Plan.shared`` bytes of dynamic shared memory (:func:`plan`;
+  ``plan(...).launch(kernel, a, b, bias, c)`` opts in past 48 KiB and launches). It needs a
+  device of compute capability 9.0 (numba-cuda compiles for sm_90a there); building it for an
+  older target is refused with the wgmma intrinsics' message.
+
+Each block computes a ``tile_m x tile_n`` tile; its warpgroups (4 warps each) split the rows:
+warpgroup ``g`` owns rows ``g * tile_m / warpgroups ..`` in 1 or 2 blocks of 64, each an
+``m64 n{tile_n} k16`` wgmma accumulator of ``tile_n / 2`` float32 per thread. Default: 128 x 128
+x 64, 2 warpgroups of 64 x 128, 4 stages::
+
+    per k-tile kt (stage s = kt % stages, D = stages - 2 tiles of copies ahead):
+      cp.async.wait_group(D - 1)          this thread's copies of tile kt landed
+      fence.proxy.async.shared::cta       ... and are visible to the tensor cores (async proxy)
+      __syncthreads()                     every thread's copies landed; every warpgroup has
+                                          retired its wgmma of tile kt - 2 (see below)
+      cp.async tile kt + D                into the stage tile kt - 2 used; commit
+      wgmma.fence
+      wgmma.mma_async x (tile_k / 16) x m-blocks, chained on the accumulators (descriptors)
+      wgmma.commit_group
+      wgmma.wait_group 1                  tile kt - 1's MMAs retired, tile kt's in flight
+
+    -> per warpgroup and k-tile of 64: 4 HGMMA.64x128x16, no shared loads; one barrier.
+
+A stage is overwritten only after every warpgroup's MMAs that read it have retired: the wait
+with one group in flight retires tile ``kt - 1`` at the end of k-tile ``kt``, and the barrier
+of k-tile ``kt + 1`` is passed only when every warpgroup has done so, so the copies it issues
+may refill the stage of ``kt - 1`` (``(kt + 1) + D`` with ``D = stages - 2``). Hence ``D`` is
+two less than the stages (3 stages: one tile of copies ahead; 4: two). Keeping one group in
+flight lets the tensor cores run k-tile ``kt`` while the warpgroup passes the next barrier and
+issues k-tile ``kt + 1``.
+
+Shared layout (dynamic shared memory, the stages one after another, each A then B; the ring
+starts on a 1024-byte boundary, as the swizzle is a function of the address):
+
+* A, K-major (``trans_a = 0``), one row of ``tile_k`` elements per M row: 128 bytes with
+  ``tile_k = 64`` (128B swizzle: chunk ``c`` of row ``r`` at ``c ^ (r % 8)``), 64 bytes with
+  ``tile_k = 32`` (64B swizzle: ``c ^ ((r // 2) % 4)``); descriptor SBO = 8 rows, a k16 step
+  moves the start address 32 bytes;
+* B, N-major (``trans_b = 1``: B's rows ``[k, n0:n0 + 64]`` as they are in global memory, no
+  transpose on the way): blocks of 64 columns, each ``tile_k`` rows of 128 bytes, chunk ``c`` of
+  row ``k`` at ``c ^ (k % 8)`` (128B swizzle); SBO = 1024 (8 rows of K), LBO = one block
+  (``tile_k * 128`` bytes), a k16 step moves the start 16 rows.
+
+Every ``cp.async`` moves one 16-byte chunk; the threads of a row take its chunks in order, so a
+quarter-warp writes one whole 128-byte row (any chunk permutation inside it is conflict free)
+and reads 128 contiguous global bytes. Rows past M, k-rows past K and columns past N are copies
+of 0 source bytes: zero-filled. Shared memory above 48 KiB needs the opt-in
+(:func:`tessera_tile.dynamic_shared.launch`). ``Plan.shared`` includes 1 KiB of slack to align
+the ring: compiled, the dynamic array is declared ``.align 1024`` and the slack stays unused, but
+the simulator's dynamic shared memory keeps no such alignment, so the kernel finds the boundary
+itself (a few instructions, once).
+
+No warp specialisation: ``cp.async`` completes per thread (``wait_group``), so a producer
+warpgroup would have to signal the consumers through ``mbarrier`` arrivals
+(``cp.async.mbarrier.arrive``) that the library does not have; every thread copies and one
+barrier per k-tile publishes the tile, as in :mod:`.matmul_tc`. A producer warpgroup pays with
+TMA (bulk tensor copies, one thread issuing a whole tile), not with per-thread copies.
+
+Epilogue: the wgmma D fragment is, per warp, :mod:`.matmul_tc`'s 16 x 8 C tiles side by side
+(``docs/tensor_cores.md``), so the accumulators go through that module's generated epilogue
+(``acc (+ bias) -> activation or ElementEpilogue -> paired stores``, masked at the edges), one
+64-row block at a time.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+from numba import boolean, cuda, float32, int32, uint16, uint64
+from numba.types import float16
+
+from ..mma import (
+    SWIZZLE_64B,
+    SWIZZLE_128B,
+    fence_proxy_async,
+    store_bf16x2,
+    store_f16x2,
+    wgmma_async,
+    wgmma_async_bf16,
+    wgmma_commit_group,
+    wgmma_descriptor,
+    wgmma_fence,
+    wgmma_wait_group,
+    wgmma_zeros,
+)
+from ..pipeline import cp_async_cg_16_zfill, cp_async_commit_group, cp_async_wait_group
+from ..sim import compat
+from .epilogue import ElementEpilogue
+from .matmul_tc import _epilogue
+from .matmul_tc_plan import Plan, aligned_rows, check_operands
+from .matmul_tc_plan import plan as _tc_plan
+from .tc_tiles import INLINE, MAX_SHARED, WARP_SIZE, entry_point
+
+__all__ = [
+    "DEFAULT",
+    "MIN_COMPUTE_CAPABILITY",
+    "Plan",
+    "WgmmaConfig",
+    "aligned_rows",
+    "build_kernel",
+    "check_operands",
+    "plan",
+    "wgmma_matmul",
+]
+
+MIN_COMPUTE_CAPABILITY = (9, 0)  # wgmma: sm_90a
+WARPGROUP = 4  # warps
+ALIGN = 1024  # bytes: a 128B swizzle atom (8 rows of 128 bytes)
+CHUNK = 8  # 16-bit elements per 16-byte chunk (one cp.async)
+B_BLOCK = 64  # columns of B per 128-byte swizzle row
+ZERO = float32(0.0)
+
+
+class WgmmaConfig(NamedTuple):
+    """One configuration of the wgmma kernel. It has the fields :func:`.matmul_tc_plan.plan`
+    reads (``tile_m``, ``tile_n``, ``has_bias``, ``warps_m``, ``itemsize``, ``threads``,
+    ``shared_bytes``), so that plan serves it."""
+
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 4
+    has_bias: bool = False
+    bf16: bool = False
+
+    @property
+    def itemsize(self) -> int:
+        return 2
+
+    @property
+    def warpgroups(self) -> int:
+        return self.num_warps // WARPGROUP
+
+    @property
+    def threads(self) -> int:
+        return WARP_SIZE * self.num_warps
+
+    @property
+    def m_blocks(self) -> int:
+        """64-row wgmma accumulators per warpgroup (1 or 2)."""
+        return self.tile_m // self.warpgroups // 64
+
+    @property
+    def warps_m(self) -> int:
+        """How many times a block reads each bias element of its columns: every warp holds
+        all ``tile_n`` columns of 16 rows per 64-row block (the plan's bias bytes)."""
+        return self.tile_m // 16
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.itemsize * self.tile_k * (self.tile_m + self.tile_n)
+
+    @property
+    def shared_bytes(self) -> int:
+        """The ring, plus the slack that lets the kernel start it on a 1024-byte boundary."""
+        return self.num_stages * self.stage_bytes + ALIGN
+
+    @property
+    def hgmma_per_k_tile(self) -> int:
+        """wgmma.mma_async (m64 n{tile_n} k16) a warpgroup issues per k-tile."""
+        return self.m_blocks * self.tile_k // 16
+
+    def validate(self, activation=None) -> None:
+        """Raise ``ValueError`` unless this config makes a kernel, ``TypeError`` unless
+        ``activation`` is ``None``, a CUDA device function or an ElementEpilogue."""
+        for name in ("tile_m", "tile_n", "tile_k", "num_warps", "num_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int | np.integer) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_warps not in (4, 8):
+            raise ValueError(
+                f"num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps}"
+            )
+        if self.num_stages not in (3, 4):
+            raise ValueError(f"num_stages must be 3 or 4, got {self.num_stages}")
+        if self.tile_k not in (32, 64):
+            raise ValueError(
+                f"tile_k must be 32 or 64 (a 64- or 128-byte swizzled row), got {self.tile_k}"
+            )
+        if self.tile_m % (64 * self.warpgroups) or self.m_blocks not in (1, 2):
+            raise ValueError(
+                f"tile_m must be 64 or 128 rows per warpgroup ({self.warpgroups}), got "
+                f"{self.tile_m}"
+            )
+        if self.tile_n % B_BLOCK or not B_BLOCK <= self.tile_n <= 256:
+            raise ValueError(f"tile_n must be 64, 128, 192 or 256, got {self.tile_n}")
+        if self.m_blocks * self.tile_n > 256:
+            raise ValueError(
+                f"{self.m_blocks} accumulators of 64 x {self.tile_n} per warpgroup are "
+                f"{self.m_blocks * self.tile_n // 2} float32 per thread; at most 128 fit"
+            )
+        if self.shared_bytes > MAX_SHARED:
+            raise ValueError(
+                f"{self.num_stages} stages of {self.tile_m}x{self.tile_k} + "
+                f"{self.tile_k}x{self.tile_n} tiles need {self.shared_bytes} B of shared "
+                f"memory; no architecture gives a block more than {MAX_SHARED} B"
+            )
+        fn = activation.fn if isinstance(activation, ElementEpilogue) else activation
+        if activation is not None and not compat.is_device_function(fn):
+            raise TypeError(
+                "activation must be a numba CUDA device function (cuda.jit(device=True)) taking "
+                f"and returning float32, an ElementEpilogue, or None; got {activation!r}"
+            )
+
+
+DEFAULT = WgmmaConfig()  # 128 x 128 x 64, 2 warpgroups of 64 x 128, 4 stages
+
+
+def plan(batch: int, m: int, n: int, k: int, config: WgmmaConfig = DEFAULT) -> Plan:
+    """Grid, block, dynamic shared memory and global bytes of a launch for ``(batch, m, n,
+    k)``: :func:`.matmul_tc_plan.plan` on ``config`` (by default :data:`DEFAULT`)."""
+    return _tc_plan(batch, m, n, k, config)
+
+
+def wgmma_matmul(
+    tile_m: int = 128,
+    tile_n: int = 128,
+    tile_k: int = 64,
+    num_warps: int = 8,
+    num_stages: int = 4,
+    activation=None,
+    has_bias: bool = False,
+    *,
+    bf16: bool = False,
+):
+    """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` in
+    float16 (``bf16``: bfloat16, every array its ``uint16`` bits) with float32 accumulation on
+    the warpgroup MMA of sm_90a (memoised per configuration); with an
+    :class:`~.epilogue.ElementEpilogue` as ``activation``, ``kernel(a, b, bias, c, extras)``.
+
+    ``num_warps``: 4 or 8 (one or two warpgroups). Operands need :func:`aligned_rows`. See the
+    module doc for the launch and the layouts; :func:`plan` gives grid, block and shared bytes.
+    """
+    cfg = WgmmaConfig(
+        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bf16=bool(bf16)
+    )
+    cfg.validate(activation)
+    return build_kernel(cfg, activation)
+
+
+@cuda.jit(device=True)
+def _identity(x):
+    return x
+
+
+def _unpacker(count: int):
+    """``unpack(acc, out)``: the ``count`` float32 of a wgmma accumulator tuple into ``out[0, j,
+    q]`` (``j = i // 4``, ``q = i % 4``: the 16 x 8 tiles :mod:`.matmul_tc`'s epilogue reads),
+    statement by statement so that every index is a constant (registers, no local memory)."""
+    lines = ["def unpack(acc, out):"]
+    lines += [f"    out[0, {i // 4}, {i % 4}] = acc[{i}]" for i in range(count)]
+    namespace: dict = {}
+    exec("\n".join(lines), namespace)  # noqa: S102 - our own generated code
+    return cuda.jit(device=True, **INLINE)(namespace["unpack"])
+
+
+@functools.cache
+def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
+    """The kernel of ``cfg`` (check it first: :meth:`WgmmaConfig.validate`); ``module`` names
+    the module that ships it (its ``__module__``)."""
+    tile_m, tile_n, tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
+    stages, threads = cfg.num_stages, cfg.threads
+    ahead = stages - 2  # k-tiles of copies in flight ahead of the one multiplied
+    lag = ahead - 1  # cp.async groups a k-tile's wait leaves in flight
+    wg_m, m_blocks = tile_m // cfg.warpgroups, cfg.m_blocks
+    ksteps = tile_k // 16
+    nt = tile_n // 8  # 16 x 8 accumulator tiles of a warp, per 64-row block
+    elem = uint16 if cfg.bf16 else float16
+    wgmma = wgmma_async_bf16 if cfg.bf16 else wgmma_async
+    has_bias = cfg.has_bias
+    extras = isinstance(activation, ElementEpilogue)
+    act = _identity if activation is None else activation.fn if extras else activation
+    stores = not extras or activation.stores
+
+    # Shared memory, in 16-bit elements from the aligned base: stage s at s * stage, A then B.
+    a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
+    stage = a_stage + b_stage
+    stage16 = 2 * stage // 16  # a stage in 16-byte units (a descriptor's address field)
+    b_block = tile_k * B_BLOCK  # one 64-column block of B
+    # A: K-major, one swizzle row per M row
+    row_bytes = 2 * tile_k
+    a_chunks = tile_k // CHUNK
+    a_lines = 8 // a_chunks  # rows per 128-byte line: the swizzle's row bits are r // a_lines
+    a_swizzle = SWIZZLE_128B if tile_k == 64 else SWIZZLE_64B
+    a_sbo = 8 * row_bytes
+    a_block16 = 64 * row_bytes // 16  # the next 64 rows (second accumulator)
+    a_step16 = 32 // 16  # one k16 step along the swizzled row
+    # B: N-major, 128B swizzle; SBO = 8 k-rows, LBO = a 64-column block, k16 step = 16 rows
+    b_lbo, b_sbo = 2 * b_block, 1024
+    b_step16 = 16 * 128 // 16
+    b_chunks = tile_n // CHUNK
+    # Copies: the threads of a row take its chunks (one each); rows step by threads / chunks.
+    a_step, b_step = threads // a_chunks, threads // b_chunks
+    a_passes, b_passes = -(-tile_m // a_step), -(-tile_k // b_step)
+    a_exact, b_exact = tile_m % a_step == 0, tile_k % b_step == 0
+
+    store = store_bf16x2 if cfg.bf16 else store_f16x2
+    epilogue = _epilogue(
+        1, nt, has_bias, True, act, store, bf16=cfg.bf16, extras=extras, stores=stores
+    )
+    unpack = _unpacker(tile_n // 2)
+
+    @cuda.jit(device=True)
+    def a_chunk(r, c):
+        """Physical chunk of logical chunk ``c`` of A row ``r`` (128B or 64B swizzle)."""
+        return c ^ ((r // a_lines) % a_chunks)
+
+    @cuda.jit(device=True, **INLINE)
+    def load_tile(smem, a, b, bz, m0, n0, kt, base, a_dst, a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r,
+                  b_c):  # fmt: skip
+        """This thread's chunks of k-tile ``kt`` of the A and B panels into the stage at
+        ``smem[base:]``, zero-filled outside the operands: rows ``a_r`` (``b_r``) and chunk
+        ``a_c`` (``b_c``) of the tiles, then ``a_step`` (``b_step``) rows on per pass; ``b_ok``:
+        that B chunk is inside B."""
+        k0 = kt * tile_k
+        left = int32(a.shape[2] - k0)  # k-columns (B: k-rows) left: 32-bit guards
+        ka = k0 + a_c * CHUNK
+        a_in = int32(a_c * CHUNK) < left  # K is a multiple of the chunk: all in or all out
+        for p in range(a_passes):
+            if a_exact or a_r + p * a_step < tile_m:
+                cp_async_cg_16_zfill(
+                    smem, base + a_dst[p], a, (bz, m0 + a_r + p * a_step, ka),
+                    16 if a_ok[p] and a_in else 0,
+                )  # fmt: skip
+        for p in range(b_passes):
+            if b_exact or b_r + p * b_step < tile_k:
+                cp_async_cg_16_zfill(
+                    smem, base + a_stage + b_dst[p], b, (bz, k0 + b_r + p * b_step,
+                    n0 + b_c * CHUNK), 16 if b_ok and b_k[p] < left else 0,
+                )  # fmt: skip
+
+    @cuda.jit(device=True, **INLINE)
+    def multiply(desc_a, desc_b, acc0, acc1):
+        """One k-tile's wgmma chain (descriptors of its stage): k16 steps, 1 or 2 row blocks."""
+        acc0 = wgmma(desc_a, desc_b, acc0, 1, 1, 1, 0, 1)
+        if m_blocks > 1:
+            acc1 = wgmma(desc_a + uint64(a_block16), desc_b, acc1, 1, 1, 1, 0, 1)
+        for kk in range(1, ksteps):  # constant trip count: unrolled
+            da = desc_a + uint64(kk * a_step16)
+            db = desc_b + uint64(kk * b_step16)
+            acc0 = wgmma(da, db, acc0, 1, 1, 1, 0, 1)
+            if m_blocks > 1:
+                acc1 = wgmma(da + uint64(a_block16), db, acc1, 1, 1, 1, 0, 1)
+        return acc0, acc1
+
+    @cuda.jit(device=True, **INLINE)
+    def tile_step(smem, pad, a, b, bz, m0, n0, kt, tiles, s, desc_a, desc_b, acc0, acc1, a_dst,
+                  a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r, b_c):  # fmt: skip
+        """k-tile ``kt`` in stage ``s`` (a constant): wait for it, refill the stage of tile
+        ``kt - 2`` with tile ``kt + stages - 2``, issue tile ``kt``'s MMAs and retire those of
+        tile ``kt - 1``."""
+        cp_async_wait_group(lag)
+        fence_proxy_async()  # the landed copies, visible to the wgmma reads (async proxy)
+        cuda.syncthreads()
+        if int32(kt + ahead) < tiles:
+            base = pad + ((s + ahead) % stages) * stage
+            load_tile(smem, a, b, bz, m0, n0, kt + ahead, base, a_dst, a_ok, b_dst, b_ok, b_k,
+                      a_r, a_c, b_r, b_c)  # fmt: skip
+        cp_async_commit_group()
+        wgmma_fence()
+        offset = uint64(s * stage16)
+        acc0, acc1 = multiply(desc_a + offset, desc_b + offset, acc0, acc1)
+        wgmma_commit_group()
+        # One group left in flight (tile kt's): tile kt - 1's is retired. Its accumulators are
+        # not passed through (they are in flight: reading them here would stall).
+        wgmma_wait_group(1, (ZERO,))
+        return acc0, acc1
+
+    @cuda.jit(device=True, **INLINE)
+    def body(a, b, bias, c, extra_args, b2):
+        smem = cuda.shared.array(0, elem, alignment=ALIGN)
+        # The ring starts at the first 1024-byte boundary of the dynamic array: the address
+        # bits 4..9 of its start are its descriptor's low 6 bits.
+        probe = wgmma_descriptor(smem, 0, 16, 16, 0)
+        pad = int32(((uint64(64) - (probe & uint64(63))) & uint64(63)) * uint64(CHUNK))
+        accl = cuda.local.array((1, nt, 4), float32)
+        a_dst = cuda.local.array(a_passes, int32)
+        b_dst = cuda.local.array(b_passes, int32)
+        b_k = cuda.local.array(b_passes, int32)
+        a_ok = cuda.local.array(a_passes, boolean)
+        tid = cuda.threadIdx.x
+        lane = tid % WARP_SIZE
+        warp = tid // WARP_SIZE
+        # the warpgroup, from lane 0: warp-uniform for the compiler too, so that descriptors
+        # built from it live in uniform registers (no R2UR per wgmma)
+        group = cuda.shfl_sync(0xFFFFFFFF, warp // WARPGROUP, 0)
+        bz = cuda.blockIdx.z
+        m0 = cuda.blockIdx.y * tile_m
+        n0 = cuda.blockIdx.x * tile_n
+        m = c.shape[1]
+        n = c.shape[2]
+        tiles = int32((a.shape[2] + tile_k - 1) // tile_k)  # 32-bit loop control
+
+        # This thread's copy targets (swizzled offsets inside a stage's A and B) and guards.
+        a_r = tid // a_chunks
+        a_c = tid % a_chunks
+        b_r = tid // b_chunks
+        b_c = tid % b_chunks
+        for p in range(a_passes):
+            r = a_r + p * a_step
+            a_ok[p] = m0 + r < m
+            a_dst[p] = r * tile_k + a_chunk(r, a_c) * CHUNK
+        blk, cc = b_c // 8, b_c % 8
+        for p in range(b_passes):
+            r = b_r + p * b_step
+            b_k[p] = int32(r)
+            b_dst[p] = blk * b_block + r * B_BLOCK + (cc ^ (r % 8)) * CHUNK
+        b_ok = n0 + b_c * CHUNK < n
+
+        # Stage 0's descriptors: this warpgroup's rows of A, all of B.
+        desc_a = wgmma_descriptor(smem, pad + group * wg_m * tile_k, 16, a_sbo, a_swizzle)
+        desc_b = wgmma_descriptor(smem, pad + a_stage, b_lbo, b_sbo, SWIZZLE_128B)
+        acc0 = wgmma_zeros(tile_n)
+        acc1 = wgmma_zeros(tile_n)
+
+        for kt in range(ahead):  # prologue: tiles 0 .. stages - 3 in flight, a group each
+            if kt < tiles:
+                load_tile(smem, a, b, bz, m0, n0, kt, pad + kt * stage, a_dst, a_ok, b_dst,
+                          b_ok, b_k, a_r, a_c, b_r, b_c)  # fmt: skip
+            cp_async_commit_group()
+
+        # Steady state, unrolled over the stages so that every stage offset is a constant.
+        kt = int32(0)
+        while kt < tiles:  # a run-time bound: `while`, not range()
+            acc0, acc1 = tile_step(
+                smem, pad, a, b, bz, m0, n0, kt, tiles, 0, desc_a, desc_b, acc0, acc1, a_dst,
+                a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r, b_c,
+            )  # fmt: skip
+            kt = int32(kt + 1)
+            if kt < tiles:
+                acc0, acc1 = tile_step(
+                    smem, pad, a, b, bz, m0, n0, kt, tiles, 1, desc_a, desc_b, acc0, acc1, a_dst,
+                    a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r, b_c,
+                )  # fmt: skip
+                kt = int32(kt + 1)
+                if kt < tiles:
+                    acc0, acc1 = tile_step(
+                        smem, pad, a, b, bz, m0, n0, kt, tiles, 2, desc_a, desc_b, acc0, acc1,
+                        a_dst, a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r, b_c,
+                    )  # fmt: skip
+                    kt = int32(kt + 1)
+                    if stages > 3 and kt < tiles:
+                        acc0, acc1 = tile_step(
+                            smem, pad, a, b, bz, m0, n0, kt, tiles, 3, desc_a, desc_b, acc0,
+                            acc1, a_dst, a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r, b_c,
+                        )  # fmt: skip
+                        kt = int32(kt + 1)
+
+        # Epilogue: warp w of the warpgroup holds rows 16 w + g (+ 8) of each 64-row block,
+        # columns 8 j + 2 t (+ 1): matmul_tc's 16 x 8 tiles, nt of them.
+        acc0 = wgmma_wait_group(0, acc0)
+        row_base = m0 + group * wg_m + 16 * (warp % WARPGROUP) + (lane >> 2)
+        col_base = n0 + 2 * (lane & 3)
+        unpack(acc0, accl)
+        epilogue(accl, accl, c, bias, bz, row_base, col_base, m, n, extra_args)
+        if m_blocks > 1:
+            acc1 = wgmma_wait_group(0, acc1)
+            unpack(acc1, accl)
+            epilogue(accl, accl, c, bias, bz, row_base + 64, col_base, m, n, extra_args)
+
+    kernel = entry_point(body, extras)
+    kernel.__module__ = module
+    kernel.__name__ = kernel.__qualname__ = (
+        f"matmul_wgmma{'_bf16' if cfg.bf16 else ''}_{tile_m}x{tile_n}x{tile_k}"
+        f"_w{cfg.num_warps}_s{stages}{'_bias' if has_bias else ''}"
+        f"{'_' + activation.name if extras else ''}"
+    )
+    return cuda.jit(kernel)

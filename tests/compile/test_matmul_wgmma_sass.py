@@ -1,0 +1,90 @@
+"""The warpgroup-MMA matmul (kernels.matmul_wgmma) compiled for sm_90a: HGMMA only for the math
+in the main loop, operands read through descriptors (no LDS or LDSM), cp.async copies, one
+barrier per k-tile, no spills, no local memory, no wgmma advisory from ptxas; and refused, with
+our message, for sm_80.
+
+The instructions per k-tile are recorded beside the Triton sm_90a anchor (Triton 3.9, fp16
+GEMM 128 x 128 x 32, 3-stage, 8 warps: 2 HGMMA.64x128x16 per k-tile, no shared loads, 101
+registers, 514 SASS instructions in the kernel; 4 warps: 4 HGMMA per k-tile, 200 registers, 757
+instructions). Static counts from ptxas and nvdisasm, not timings; no count is asserted (they
+change with ptxas).
+"""
+
+import pytest
+from test_wgmma_sass import ptxas_advisories
+
+from tessera_tile import inspect
+from tessera_tile.kernels import epilogue
+from tessera_tile.kernels import matmul_wgmma as wg
+
+F16 = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
+BF16 = "void(uint16[:, :, ::1], uint16[:, :, ::1], uint16[::1], uint16[:, :, ::1])"  # bits
+ANCHOR = {  # Triton sm_90a, 128 x 128 x 32: warps -> (HGMMA per k-tile, registers, instructions)
+    8: (2, 101, 514),
+    4: (4, 200, 757),
+}
+GELU = epilogue.ACTIVATIONS["gelu"]
+
+
+def build(cfg: wg.WgmmaConfig, activation=None):
+    kernel = wg.wgmma_matmul(*cfg[:5], activation=activation, has_bias=cfg.has_bias, bf16=cfg.bf16)
+    return inspect.compile(
+        kernel,
+        BF16 if cfg.bf16 else F16,
+        arch="sm_90a",
+        block=cfg.threads,
+        dynamic_shared=cfg.shared_bytes,
+    )
+
+
+CASES = [
+    ("f16", wg.DEFAULT, None),
+    ("bf16", wg.DEFAULT._replace(bf16=True), None),
+    ("f16 bias gelu", wg.DEFAULT._replace(has_bias=True), GELU),
+    ("bf16 bias gelu", wg.DEFAULT._replace(has_bias=True, bf16=True), GELU),
+    ("f16 128x128x32", wg.DEFAULT._replace(tile_k=32), None),  # the anchor's k-tile
+    ("f16 128x256x64 3 stages", wg.WgmmaConfig(128, 256, 64, 8, 3), None),
+]
+
+
+@pytest.mark.parametrize(("what", "cfg", "activation"), CASES, ids=[c[0] for c in CASES])
+def test_main_loop_is_hgmma_on_descriptors(what, cfg, activation, record_property):
+    report = build(cfg, activation)
+    assert report.spill_stores == report.spill_loads == 0, report
+    assert not report.uses_local_memory, report
+    loop = report.loop_with("HGMMA")
+    per_tile = cfg.hgmma_per_k_tile
+    # the body holds one k-tile per stage (unrolled so that stage offsets are constants)
+    assert loop.count("HGMMA") == cfg.num_stages * per_tile, loop.histogram
+    shape = f"HGMMA.64x{cfg.tile_n}x16.F32{'.BF16' if cfg.bf16 else ''}"
+    assert loop.count(shape) == loop.count("HGMMA"), loop.histogram
+    # the math is HGMMA only; the operands reach it through descriptors, never LDS or LDSM
+    for opcode in ("HMMA", "FFMA", "LDS", "LDSM"):
+        assert loop.count(opcode) == 0, (opcode, loop.histogram)
+    assert report.count("HMMA") == 0 and report.count("LDSM") == 0, report.histogram
+    # every chunk by cp.async, one barrier, one fence and one wait per k-tile
+    chunks = (cfg.tile_m + cfg.tile_n) * cfg.tile_k // 8 // cfg.threads
+    assert loop.count("LDGSTS") == cfg.num_stages * chunks, loop.histogram
+    for opcode in ("BAR.SYNC", "WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR", "FENCE.VIEW.ASYNC.S"):
+        assert loop.count(opcode) == cfg.num_stages, (opcode, loop.histogram)
+    assert ptxas_advisories(report) == []
+    tiles = loop.count("HGMMA") / per_tile
+    hgmma, regs, instr = ANCHOR[cfg.num_warps]
+    record_property(
+        "resources",
+        f"{report.name} sm_90a ({what}): regs {report.registers}, {report.instructions} instr; "
+        f"per k-tile of {cfg.tile_k}: {per_tile} HGMMA per warpgroup, "
+        f"{loop.instructions / tiles:.1f} instr ({loop.instructions / loop.count('HGMMA'):.1f} "
+        f"per HGMMA) | Triton sm_90a anchor, 128x128x32, {cfg.num_warps} warps: {hgmma} "
+        f"HGMMA.64x128x16 per k-tile of 32, no shared loads, regs {regs}, {instr} instr",
+    )
+
+
+def test_sm80_is_refused_with_our_message():
+    # A fresh build (not the memoised kernel): numba-cuda lowers a device function once and
+    # reuses it for every target, so the wgmma intrinsics inside the kernel's device functions
+    # check the target only where they are first lowered.
+    kernel = wg.build_kernel.__wrapped__(wg.DEFAULT, None)
+    with pytest.raises(Exception, match="wgmma needs compute capability 9.0") as info:
+        inspect.compile(kernel, F16, arch="sm_80", block=256)
+    assert "ptxas" not in str(info.value)
