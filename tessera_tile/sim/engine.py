@@ -55,6 +55,12 @@ class Launch:
             self.kernel.extensions,
             (None, arg),
         )
+        if isinstance(arg, np.ndarray) and arg.dtype.kind == "V" and arg.dtype.fields is None:
+            # ml_dtypes' types (bfloat16): a GPU launch passes a host array through DLPack,
+            # which refuses them (seen on an H200, numba-cuda 0.30.4); so does the simulator.
+            raise BufferError(
+                "DLPack only supports signed/unsigned integers, float and complex dtypes."
+            )
         if isinstance(arg, np.ndarray) and arg.ndim > 0 and arg.dtype.fields is None:
             flags = arg.flags
             if not (flags.c_contiguous or flags.f_contiguous):

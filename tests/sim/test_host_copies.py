@@ -29,6 +29,24 @@ def test_numba_cannot_copy_bfloat16_between_host_and_device():
         d.copy_to_host(np.empty(4, BF16))
 
 
+def test_a_kernel_refuses_a_bfloat16_host_argument():
+    """A launch passes host arrays through DLPack, which has no bfloat16 (an H200 refused it);
+    their uint16 bits pass."""
+
+    @cuda.jit
+    def copy(src, dst):
+        i = cuda.grid(1)
+        if i < dst.size:
+            dst[i] = src[i]
+
+    bits = np.arange(4, dtype=np.uint16)
+    with pytest.raises(BufferError, match="DLPack only supports"):
+        copy[1, 4](bits.view(BF16), np.zeros(4, np.uint16))
+    out = np.zeros(4, np.uint16)
+    copy[1, 4](bits, out)
+    np.testing.assert_array_equal(out, bits)
+
+
 # dtype -> an array of it from 16-bit patterns (NaN payloads and infinities included)
 FROM_BITS = {
     "bfloat16": lambda bits: bits.view(BF16),

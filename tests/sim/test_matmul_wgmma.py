@@ -83,7 +83,8 @@ def run(a, b, bias, cfg, *, bf16=False, has_bias=False, activation=None, extras=
     c = np.full((batch, m, n), np.nan, dtype)  # NaN until written
     kernel = wg.wgmma_matmul(*cfg, activation=activation, has_bias=has_bias, bf16=bf16)
     p = wg.plan(batch, m, n, k, wg.WgmmaConfig(*cfg, has_bias=has_bias, bf16=bf16))
-    args = on(side, bits(a), bits(b), bits(bias) if has_bias else np.zeros(1, bias.dtype), bits(c))
+    dummy = np.zeros(1, bias.dtype)  # no bias: a 1-element stand-in, bits too for bfloat16
+    args = on(side, bits(a), bits(b), bits(bias if has_bias else dummy), bits(c))
     p.launch(kernel, *args, *((extras,) if extras else ()))
     got = args[3] if side == "host" else args[3].copy_to_host()
     return got.view(dtype) if bf16 else got
