@@ -159,45 +159,51 @@ class FusedFunction:
         self._fingerprint: str | None | bool = False  # computed at the first miss
 
     def _program(self, call: runtime.Call) -> runtime.Program:
-        def make():
-            key = self._disk_key(call)
-            if key is not None:
-                text = _programs_disk.get(key)
-                if text is not None:
-                    try:
-                        program = persist.load_program(text)
-                    except Exception:  # written by a build this one cannot read: trace again
-                        _programs_disk.unreadable(key)
-                        program = None
-                    if program is not None:
-                        self.loaded += 1
-                        return program
-            traced = trace(self.fn, call.stand_ins(), call.keywords)
-            if call.out is not None:
-                dtypes = [o.dtype for o in call.out]
-                cast_results(traced, dtypes, call.out_names, self.fn.__name__)
-            program = runtime.Program(traced, planner.plan(traced))
-            self.traced += 1
-            if key is not None:
+        program = self._programs.get(call.signature, lambda: self._make(call, call.signature))
+        if program.trace.reads_shapes:  # numbers of this call's shapes are in the program
+            shapes = tuple(a.shape for a in call.args if a.is_array)
+            exact = (*call.signature, ("shapes", shapes))
+            program = self._programs.get(exact, lambda: self._make(call, exact))
+        return program
+
+    def _make(self, call: runtime.Call, signature: tuple) -> runtime.Program:
+        key = self._disk_key(signature)
+        if key is not None:
+            text = _programs_disk.get(key)
+            if text is not None:
                 try:
-                    text = persist.dump_program(program)
-                except Exception:  # a program that does not pickle stays in memory only
-                    text = None
-                if text is not None:
-                    _programs_disk.put(key, text)
-            return program
+                    program = persist.load_program(text)
+                except Exception:  # written by a build this one cannot read: trace again
+                    _programs_disk.unreadable(key)
+                    program = None
+                if program is not None:
+                    self.loaded += 1
+                    return program
+        traced = trace(self.fn, call.stand_ins(), call.keywords)
+        if call.out is not None:
+            dtypes = [o.dtype for o in call.out]
+            cast_results(traced, dtypes, call.out_names, self.fn.__name__)
+        program = runtime.Program(traced, planner.plan(traced))
+        self.traced += 1
+        if key is not None:
+            try:
+                text = persist.dump_program(program)
+            except Exception:  # a program that does not pickle stays in memory only
+                text = None
+            if text is not None:
+                _programs_disk.put(key, text)
+        return program
 
-        return self._programs.get(call.signature, make)
-
-    def _disk_key(self, call: runtime.Call) -> dict | None:
-        """The persistent key of this call's program; None when ``fn`` cannot be fingerprinted."""
+    def _disk_key(self, signature: tuple) -> dict | None:
+        """The persistent key of a program for ``signature``; None when ``fn`` cannot be
+        fingerprinted."""
         if self._fingerprint is False:
             self._fingerprint = persist.fingerprint_function(self.fn)
         if self._fingerprint is None:
             return None
         return {
             "function": [self.fn.__module__, self.fn.__qualname__, self._fingerprint],
-            "signature": call.signature,
+            "signature": signature,
             "math": self.math,
         }
 

@@ -29,6 +29,9 @@ class Trace:
     outputs: tuple[Node, ...]
     single: bool  # the function returned one value, not a tuple
     counts: dict[int, tuple[Node, tuple[int, ...]]] = field(default_factory=dict)
+    # the function read a traced value's shape or size: its program holds those numbers, so
+    # it serves calls with these exact shapes only (the program cache keys it by them)
+    reads_shapes: bool = False
 
     @property
     def nodes(self) -> list[Node]:
@@ -55,13 +58,18 @@ class Traced:
         self.node = node
 
     # introspection ------------------------------------------------------------------------
-    shape = property(lambda self: self.node.shape)
     dtype = property(lambda self: self.node.dtype)
-    ndim = property(lambda self: self.node.ndim)
+    ndim = property(lambda self: self.node.ndim)  # part of every program's key
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if _tracing.current is not None:
+            _tracing.current.reads_shapes = True
+        return self.node.shape
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.node.shape))
+        return int(np.prod(self.shape))
 
     def __repr__(self) -> str:
         return f"Traced({self.node.op.name.lower()}, {self.dtype}, shape={self.shape})"

@@ -273,3 +273,23 @@ def test_math_option_selects_ieee_or_fast_kernels():
         np.testing.assert_allclose(fn(x), ref, rtol=2e-4)
     with pytest.raises(ValueError, match="math must be one of"):
         tt.fuse(softmax, math="approximate")
+
+
+@pytest.mark.parametrize("side", ["host", "device"])
+def test_a_function_reading_shapes_is_traced_per_shape(side):
+    """A fused function that reads ``x.shape`` or ``x.size`` holds those numbers: a call with
+    other shapes (of the same rank, dtype and layout) traces again instead of reusing them."""
+    from numba import cuda
+
+    fn = tt.fuse(lambda x: x / x.shape[-1] + x.size)
+    plain = tt.fuse(lambda x: x * 2.0)
+    for cols in (4, 8, 8, 4):
+        x = np.ones((3, cols), np.float32)
+        got = fn(cuda.to_device(x) if side == "device" else x)
+        got = got.copy_to_host() if side == "device" else got
+        np.testing.assert_array_equal(got, x / cols + x.size)
+        plain(x)
+    # programs made (traced, or read from the disk cache): the first signature, then each
+    # exact shape once; one for every size where no shape is read
+    assert fn.traced + fn.loaded == 3
+    assert plain.traced + plain.loaded == 1
