@@ -66,6 +66,7 @@ from .fusion import (  # noqa: E402
     sum,
     swapaxes,
     tanh,
+    tri,
     var,
     where,
 )
@@ -145,6 +146,7 @@ __all__ = [
     "sum",
     "swapaxes",
     "tanh",
+    "tri",
     "var",
     "where",
 ]

@@ -67,6 +67,7 @@ from ._fusion.trace import (
 )
 from ._fusion.trace import matmul as _matmul
 from ._fusion.trace import swapaxes as _swapaxes
+from ._fusion.trace import tri as _tri
 from .tile_ir import Op
 
 __all__ = [
@@ -491,6 +492,15 @@ def swapaxes(x, axis1, axis2):
     (``q @ tt.swapaxes(k, -1, -2)``: read in place, through its strides) or the attention
     pattern (docs/fusion.md)."""
     return _swapaxes(x, axis1, axis2)
+
+
+def tri(N, M=None, k=0, dtype=float):  # noqa: N803 - NumPy's parameter names
+    """``numpy.tri``: an ``(N, M)`` array, one (True) where ``column <= row + k``, else zero;
+    ``dtype`` float64 by default, as NumPy's. Inside a fused function it is computed from its
+    indices by a kernel of its own; as the mask of the causal attention pattern,
+    ``tt.where(tt.tri(Sq, Sk, Sk - Sq, bool), q @ tt.swapaxes(k, -1, -2) * c, -np.inf)``, it
+    is the flash kernel's causal mask and is never written (docs/fusion.md)."""
+    return _tri(N, M, k, dtype)
 
 
 def clip(x, lo, hi):

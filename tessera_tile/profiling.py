@@ -72,7 +72,7 @@ DEVICES = {
 def node_flops(node: ir.Node, elements: int, reduced: int) -> int:
     """FLOPs of one node evaluated over ``elements`` values (``reduced``: a reduction's input
     size)."""
-    if node.op in ir.LEAF or node.op is ir.Op.CAST:
+    if node.op in ir.LEAF or node.op in ir.GENERATED or node.op is ir.Op.CAST:
         return 0
     return reduced if node.op in ir.REDUCE else elements
 

@@ -110,9 +110,13 @@ class Op(Enum):
     MATMUL = auto()
     # a view of an argument: numpy.swapaxes (arg: the two axes), read in place by a GEMM
     SWAPAXES = auto()
-    # softmax(q @ swapaxes(k) * scale, axis=-1) @ v, found by the planner (arg: the scale):
-    # srcs (q, k, v), run by the flash-attention kernel
+    # softmax(q @ swapaxes(k) * scale, axis=-1) @ v, found by the planner (arg: (the scale, the
+    # causal mask's shape or None)): srcs (q, k, v), run by the flash-attention kernel
     ATTENTION = auto()
+    # numpy.tri(n, m, k): true (one) at and below diagonal k, a function of its indices alone
+    # (arg: (n, m, k)); a kernel of its own writes it, or the attention pattern takes it as
+    # its causal mask
+    TRI = auto()
 
 
 LEAF = frozenset({Op.INPUT, Op.CONST, Op.SCALAR, Op.COUNT})
@@ -136,6 +140,7 @@ REDUCE = frozenset({Op.SUM, Op.PROD, Op.MAX, Op.MIN, Op.ARGMAX, Op.ARGMIN, Op.AN
 INDEX_REDUCE = frozenset({Op.ARGMAX, Op.ARGMIN})
 CONTRACT = frozenset({Op.MATMUL})
 VIEW = frozenset({Op.SWAPAXES})
+GENERATED = frozenset({Op.TRI})  # arrays made from their indices: no operands, not on the host
 # the dtypes the matmul kernels take (both operands one dtype: tt.matmul casts to the result's)
 MATMUL_DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
 
@@ -397,7 +402,12 @@ def operands_shape(op: Op, srcs, shapes, arg=None) -> tuple[int, ...]:
         return tuple(out)
     if op is Op.ATTENTION:
         q, k, v = shapes
+        mask = arg[1]  # a causal mask's (Sq, Sk), as traced: NumPy's error where it differs
+        if mask is not None and tuple(mask) != (q[-2], k[-2]):
+            broadcast_shapes(tuple(mask), (q[-2], k[-2]))
         return (*broadcast_shapes(q[:-2], k[:-2], v[:-2]), q[-2], v[-1])
+    if op is Op.TRI:
+        return tuple(arg[:2])
     return broadcast_operands(op, srcs, shapes)
 
 
@@ -499,6 +509,20 @@ def swapaxes(x: Node, axis1, axis2) -> Node:
     )
 
 
+def tri(n, m=None, k=0, dtype=float) -> Node:
+    """``numpy.tri(n, m, k, dtype)``: ``(n, m)``, one where ``j <= i + k``, else zero."""
+    m = n if m is None else m
+    for name, v in (("N", n), ("M", m), ("k", k)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer):
+            raise TypeError(f"tri: {name} must be an int, got {v!r}")
+    if n < 0 or m < 0:
+        raise ValueError(f"negative dimensions are not allowed (N={n}, M={m})")
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"tri: unsupported dtype {dtype}")
+    return Node(Op.TRI, dtype, arg=(int(n), int(m), int(k)), shape=(int(n), int(m)))
+
+
 def reduction(op: Op, src: Node, axis, keepdims: bool) -> Node:
     axes = normalize_axes(axis, src.ndim)
     keepdims = normalize_keepdims(keepdims)
@@ -545,7 +569,7 @@ def walk(outputs) -> list[Node]:
 def on_host(n: Node) -> bool:
     """True when ``n`` depends on no array (only on constants and scalar arguments): NumPy
     gives it as a scalar, computed where it is (see :func:`evaluate`)."""
-    return not any(m.op in (Op.INPUT, Op.COUNT) for m in walk([n]))
+    return not any(m.op in (Op.INPUT, Op.COUNT, *GENERATED) for m in walk([n]))
 
 
 def evaluate(n: Node, scalars) -> np.generic:
@@ -570,7 +594,7 @@ def evaluate(n: Node, scalars) -> np.generic:
 def validate(outputs) -> None:
     """Check a traced graph: operand counts, dtypes and shapes agree with inference."""
     for n in walk(outputs):
-        if n.op in LEAF:
+        if n.op in LEAF or n.op in GENERATED:
             if n.srcs:
                 raise ValueError(f"{n.op.name} takes no operands")
             continue
@@ -603,6 +627,8 @@ def format_ir(outputs) -> str:
             operands = repr(n.arg)
         elif n.op is Op.CAST:
             operands += f" to {np.dtype(n.arg)}"
+        elif n.op is Op.TRI:
+            operands = "N={} M={} k={}".format(*n.arg)
         elif n.op in REDUCE:
             axes, keepdims, flat = n.arg
             operands += f" axes={list(axes)}" + (" keepdims" if keepdims else "")

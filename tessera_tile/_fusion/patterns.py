@@ -5,9 +5,12 @@ scalar factors of matmul operands moved onto the product.
 ``e / tt.sum(e, axis=-1, keepdims=True)`` of ``e = tt.exp(s - tt.max(s, axis=-1,
 keepdims=True))``, and ``q``, ``k``, ``v`` arguments of one dtype with one head dimension,
 becomes one ``ATTENTION`` node: the flash kernel runs it and the ``Sq x Sk`` scores are never
-written. The scale is a constant (``* c`` or ``/ c``; none is 1). Anything else (another softmax
-axis, a scale passed at run time, a mask) is left as it is: GEMM stages and the composer's
-kernels compute it.
+written. The scale is a constant (``* c`` or ``/ c``; none is 1). The causal form masks the
+scaled scores first, ``tt.where(tt.tri(Sq, Sk, Sk - Sq, bool), scores * c, -inf)``: the keys
+``ops.attention(causal=True)`` hides (aligned to the bottom right); where ``Sq > Sk`` it is
+not rewritten (NumPy gives NaN for a row that sees no key, the flash kernel zeros). Anything
+else (another softmax axis, a scale passed at run time, another mask) is left as it is: GEMM
+stages and the composer's kernels compute it.
 
 The second: ``(c * a) @ b`` and ``a @ (b * c)``, ``c`` a constant or a scalar argument that
 keeps the operand's dtype, become ``c * (a @ b)``: the factor is applied to the accumulator in
@@ -63,6 +66,9 @@ def attention(o: Node) -> Node | None:
     top = _last_axis_reduce(peak, Op.MAX)
     if top is None or top.key != s.key:
         return None
+    mask = _causal_mask(s)
+    if mask is not None:
+        tri, s = mask
     found = _scale(s)
     if found is None:
         return None
@@ -76,7 +82,27 @@ def attention(o: Node) -> Node | None:
         return None
     if len({n.dtype for n in (*operands, o)}) != 1 or len({n.shape[-1] for n in operands}) != 1:
         return None
-    return Node(Op.ATTENTION, o.dtype, operands, scale, o.shape)
+    causal = mask is not None
+    if causal:
+        sq, sk = q.shape[-2], k.shape[-2]
+        if tri.arg != (sq, sk, sk - sq) or sq > sk:
+            return None
+    # a causal node keeps its mask's shape: a later call's shapes must still be the mask's
+    mask_shape = (sq, sk) if causal else None
+    return Node(Op.ATTENTION, o.dtype, operands, (scale, mask_shape), o.shape)
+
+
+def _causal_mask(s: Node) -> tuple[Node, Node] | None:
+    """``(tri, scores)`` of ``where(tri, scores, -inf)`` (``tri`` a ``tt.tri``, boolean or
+    compared with 0), or None."""
+    if s.op is not Op.WHERE:
+        return None
+    cond, scores, fill = s.srcs
+    if cond.op is Op.NE and cond.srcs[1].op is Op.CONST and cond.srcs[1].arg == 0:
+        cond = cond.srcs[0]
+    if cond.op is not Op.TRI or fill.op is not Op.CONST or fill.arg != float("-inf"):
+        return None
+    return cond, scores
 
 
 def _factor(operand: Node) -> tuple[Node, Node] | None:
@@ -120,9 +146,12 @@ def rewrite(outputs) -> tuple[tuple[Node, ...], list[str]]:
         found = attention(n)
         scaled = scaled_product(n) if found is None else None
         if found is not None:
+            scale, causal = found.arg[0], found.arg[1] is not None
+            masked = f"where(tri, q @ swapaxes(k) * {scale:g}, -inf)" if causal else None
             reasons.append(
-                f"attention pattern -> flash kernel: softmax(q @ swapaxes(k) * {found.arg:g}) "
-                "@ v in one kernel, the score matrix never written"
+                f"attention pattern -> flash kernel: softmax("
+                f"{masked or f'q @ swapaxes(k) * {scale:g}'}) @ v in one kernel"
+                f"{' (causal)' if causal else ''}, the score matrix never written"
             )
             out = found
         elif scaled is not None:

@@ -190,7 +190,7 @@ class _Planner:
     def spaces(nodes) -> dict[int, str]:
         space: dict[int, str] = {}
         for n in nodes:
-            if n.op is Op.INPUT:
+            if n.op is Op.INPUT or n.op in ir.GENERATED:
                 space[id(n)] = "F"
             elif n.op in ir.LEAF:
                 space[id(n)] = "const"
@@ -227,6 +227,13 @@ class _Planner:
 
     def find_problem(self, outputs, nodes, space):
         """The first thing that keeps this group from being one stage, or None."""
+        made = [n for n in nodes if n.op in ir.GENERATED]
+        if made and not (len(outputs) == 1 and outputs[0][0].op in ir.GENERATED):
+            reason = "tt.tri is written by a kernel of its own (from its indices)"
+            dest = next((d for n, d in outputs if n is made[0]), None)
+            if dest is not None:
+                return (dest, made[0], reason)
+            return ("materialize", made[0], reason + "; the kernels that use it read it")
         flash = [n for n in nodes if n.op is Op.ATTENTION]
         if flash:
             return self.attention_problem(outputs, flash)
@@ -466,7 +473,10 @@ def plan(trace) -> Plan:
             )
             planner.reasons.append(f"result(s) {which} {why}: a kernel of their own")
         planner.plan_group(group)
-    return Plan(planner.stages, planner.temps, planner.reasons)
+    # each temporary as the stage that writes it has it (a node materialized before its own
+    # sources were has new sources there)
+    temps = {d[1]: n for st in planner.stages for n, d in st.outputs if d[0] == "temp"}
+    return Plan(planner.stages, dict(sorted(temps.items())), planner.reasons)
 
 
 # --------------------------------------------------------------------------------------------

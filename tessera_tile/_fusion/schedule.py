@@ -370,6 +370,8 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     bits = index_bits(layout.n_kept, layout.n_red)
     if kind is StageKind.ELEMENTWISE:
         vector = _vector_width(layout.views, kept_rank, False) if kept_rank == 1 else 1
+        if any(n.op in ir.GENERATED for n in stage.nodes):  # made from the element's index
+            vector = 1
         return Variant(kind, kept_rank, red_rank, vector=vector, index_bits=bits, math=math)
     if kind is StageKind.COLUMN and splits_rows(stage):
         vector = _column_vector(layout)

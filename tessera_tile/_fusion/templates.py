@@ -134,6 +134,11 @@ class KernelWriter:
             return expr
         if n.op in (Op.SCALAR, Op.COUNT):
             return self.names[n.key]
+        if n.op is Op.TRI:  # alone in an elementwise stage (the planner's rule): i is its
+            rows, cols, k = n.arg  # C-order index, row i // cols, column i % cols
+            expr = cast(f"(int64(i) % {cols} <= int64(i) // {cols} + {k})", np.bool_, n.dtype)
+            env[n.key] = expr
+            return expr
         if n.op is Op.INPUT:
             var = self.fresh("v")
             self.src(f"{var} = {load_cast(n.dtype, load(n))}")

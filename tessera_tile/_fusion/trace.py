@@ -289,6 +289,10 @@ def swapaxes(x, axis1, axis2) -> Traced:
     return Traced(ir.swapaxes(as_node(x), axis1, axis2))
 
 
+def tri(n, m=None, k=0, dtype=float) -> Traced:
+    return Traced(ir.tri(n, m, k, dtype))
+
+
 def ternary(op: Op, a, b, c) -> Traced:
     return _result(ir.elementwise(op, as_node(a), as_node(b), as_node(c)), (a, b, c))
 

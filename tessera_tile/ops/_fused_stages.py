@@ -177,7 +177,8 @@ class Runner:
     def bind_attention(stage, records: dict) -> FlashBound:
         ((node, dest),) = stage.outputs
         q, k, v = (records[n.arg] for n in node.srcs)
-        call = attention_op._plan(q, k, v, scale=node.arg)
+        scale, mask_shape = node.arg
+        call = attention_op._plan(q, k, v, scale=scale, causal=mask_shape is not None)
         keys = (*(n.arg for n in node.srcs), dest)
         return FlashBound(stage, call, keys, Generated("flash_attention", "# ops.attention\n"))
 

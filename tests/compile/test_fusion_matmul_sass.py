@@ -113,3 +113,34 @@ def test_two_products_of_x_share_its_fragments(dtype, precision, arch, record_pr
         f"{instructions(report)} instructions, {mma} HMMA, "
         f"{hist.get('LDSM.16.M88.4', 0)} A ldmatrix",
     )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_causal_attention_in_algebra_and_tri_kernels_keep_to_registers(arch, record_property):
+    """The causal pattern's flash kernel, and a near miss's kernels (tt.tri written by a kernel
+    of its own, the masked scores' GEMM epilogue, the softmax, P @ V): 0 spills, no stack."""
+
+    def softmax(s):
+        e = tt.exp(s - tt.max(s, axis=-1, keepdims=True))
+        return e / tt.sum(e, axis=-1, keepdims=True)
+
+    def causal(diagonal):
+        def fn(q, k, v):
+            sq, sk = q.shape[-2], k.shape[-2]
+            mask = tt.tri(sq, sk, sk - sq if diagonal is None else diagonal, dtype=bool)
+            return softmax(tt.where(mask, q @ tt.swapaxes(k, -1, -2) * 0.125, -np.inf)) @ v
+
+        return tt.fuse(fn)
+
+    q, k, v = arrays(np.float16, (2, 128, 64), (2, 256, 64), (2, 256, 64))
+    for label, fn, kernels in (("pattern", causal(None), 1), ("near miss", causal(0), 4)):
+        reports = fn.inspect(q, k, v, arch=arch)
+        assert len(reports) == kernels
+        for report in reports:
+            assert report.spill_stores == report.spill_loads == 0, report.name
+            assert report.stack_bytes == 0, report.name
+        record_property(
+            "resources",
+            f"{arch} causal attention in algebra, {label}: "
+            + ", ".join(f"{r.name} {r.registers} registers" for r in reports),
+        )

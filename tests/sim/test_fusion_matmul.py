@@ -590,11 +590,30 @@ def attention_scaled_at_run_time(q, k, v, scale):  # a scale passed at run time:
     return softmax_rows(q @ tt.swapaxes(k, -1, -2) * scale) @ v
 
 
-def attention_reference(q, k, v, axis=-1):
+def causal_of(k_offset=None, fill=-np.inf):
+    """Causal attention in algebra: the scaled scores masked by ``tt.tri`` (diagonal
+    ``Sk - Sq``, the flash kernel's, unless ``k_offset`` says otherwise) and ``fill``."""
+
+    def fn(q, k, v):
+        sq, sk = q.shape[-2], k.shape[-2]
+        diagonal = sk - sq if k_offset is None else k_offset
+        mask = tt.tri(sq, sk, diagonal, dtype=bool)
+        return softmax_rows(tt.where(mask, q @ tt.swapaxes(k, -1, -2) * 0.125, fill)) @ v
+
+    return tt.fuse(fn)
+
+
+causal = causal_of()
+
+
+def attention_reference(q, k, v, axis=-1, mask=None, fill=-np.inf):
     q, k, v = f64(q, k, v)
     s = q @ np.swapaxes(k, -1, -2) * 0.125
-    p = np.exp(s - s.max(axis, keepdims=True))
-    p /= p.sum(axis, keepdims=True)
+    if mask is not None:
+        s = np.where(mask, s, fill)
+    with np.errstate(invalid="ignore"):  # a row with no visible key: NaN, as NumPy gives it
+        p = np.exp(s - s.max(axis, keepdims=True))
+        p /= p.sum(axis, keepdims=True)
     # the flash kernel rounds P to the operands' dtype for P @ V (docs/attention.md)
     return p @ v, np.abs(p) @ np.abs(v)
 
@@ -614,6 +633,87 @@ def test_attention_pattern_runs_on_the_flash_kernel(fn, dtype, side):
     # units, as assert_within takes them), and float32 softmax statistics
     flash = 2 * U[dtype] / EPS32 * scale + 64 * np.abs(ref)
     assert_within(got, ref, flash, dtype)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("sq", "sk"), [(24, 24), (16, 40)])
+def test_causal_attention_pattern_runs_on_the_flash_kernel(sq, sk, dtype, side):
+    q, k, v = (draw((2, s, 64), dtype, 70 + i) for i, s in enumerate((sq, sk, sk)))
+    report = causal.explain(q, k, v)
+    assert report.kernels == 1
+    assert any("(causal)" in r for r in report.reasons), report.reasons
+    ref, scale = attention_reference(q, k, v, mask=np.tri(sq, sk, sk - sq, dtype=bool))
+    got = back(causal(*on(side, q, k, v)), side)
+    flash = 2 * U[dtype] / EPS32 * scale + 64 * np.abs(ref)  # as the pattern's test above
+    assert_within(got, ref, flash, dtype)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize(
+    ("fn", "shapes", "mask"),
+    [
+        (causal, (24, 16), lambda sq, sk: np.tri(sq, sk, sk - sq, dtype=bool)),  # Sq > Sk: NaN rows
+        (causal_of(k_offset=0), (16, 24), lambda sq, sk: np.tri(sq, sk, 0, dtype=bool)),
+        (causal_of(fill=-1e4), (16, 16), lambda sq, sk: np.tri(sq, sk, 0, dtype=bool)),
+    ],
+    ids=["queries-past-keys", "top-left-diagonal", "finite-fill"],
+)
+def test_causal_near_misses_are_not_rewritten_and_match_numpy(fn, shapes, mask, side):
+    """Not the flash kernel's causal mask: GEMM stages and the composer's kernels, tt.tri
+    written by a kernel of its own; NumPy's results, NaN rows included (a row that sees no
+    key, where the flash kernel would give zeros)."""
+    sq, sk = shapes
+    q, k, v = (draw((2, s, 32), "float32", 80 + i) for i, s in enumerate((sq, sk, sk)))
+    report = fn.explain(q, k, v)
+    assert report.kernels > 1
+    assert not any("attention pattern" in r for r in report.reasons), report.reasons
+    assert any("tt.tri is written by a kernel of its own" in r for r in report.reasons)
+    fill = -1e4 if fn is not causal and sq == sk else -np.inf
+    ref, scale = attention_reference(q, k, v, mask=mask(sq, sk), fill=fill)
+    got = back(fn(*on(side, q, k, v)), side)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    ref, scale, got = (np.where(nan, 0, a) for a in (ref, scale, got))  # NaN rows compared
+    assert_within(got, ref, 8 * (scale + np.abs(ref)), "float32")
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize(
+    ("n", "m", "k", "dtype"),
+    [(5, 7, 0, bool), (6, 4, -1, np.float32), (3, None, 2, float), (4, 4, -9, np.int32),
+     (0, 3, 0, bool)],
+)  # fmt: skip
+def test_tri_is_numpys(n, m, k, dtype, side):
+    """tt.tri inside a fused function: numpy.tri's values and dtype, alone and in use."""
+    x = draw((n, n if m is None else m), "float32", 90)
+    fn = tt.fuse(lambda x: (tt.tri(n, m, k, dtype), tt.where(tt.tri(n, m, k) > 0, x, 0.0)))
+    mask, masked = (back(r, side) for r in fn(*on(side, x)))
+    assert mask.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(mask, np.tri(n, m, k, dtype))
+    np.testing.assert_array_equal(masked, np.where(np.tri(n, m, k) > 0, x, 0.0))
+    with pytest.raises(ValueError, match="negative dimensions"):
+        tt.fuse(lambda x: tt.tri(-1) + x)(x)
+    with pytest.raises(TypeError, match="must be an int"):
+        tt.fuse(lambda x: tt.tri(2.5) + x)(x)
+
+
+def test_a_causal_mask_traced_for_other_shapes_is_numpys_error():
+    """A mask written with fixed sizes serves only those: a call with other sequence lengths
+    (the same program otherwise) gets NumPy's broadcast error, not another mask."""
+    fixed = tt.fuse(
+        lambda q, k, v: (
+            softmax_rows(
+                tt.where(tt.tri(16, 16, 0, bool), q @ tt.swapaxes(k, -1, -2) * 0.125, -np.inf)
+            )
+            @ v
+        )
+    )
+    q, k, v = (draw((2, 16, 32), "float16", 95 + i) for i in range(3))
+    assert fixed.explain(q, k, v).kernels == 1
+    q2, k2, v2 = (draw((2, 24, 32), "float16", 98 + i) for i in range(3))
+    with pytest.raises(ValueError, match="could not be broadcast"):
+        fixed(q2, k2, v2)
 
 
 @PROFILER
