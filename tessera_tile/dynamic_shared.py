@@ -40,6 +40,7 @@ __all__ = [
     "STATIC_LIMIT",
     "arch",
     "launch",
+    "wgmma",
     "launch_kept",
     "limit",
     "opt_in",
@@ -58,6 +59,19 @@ def arch() -> str:
         major, minor = cuda.get_current_device().compute_capability
         return f"sm_{major}{minor}"
     return OFFLINE_ARCH
+
+
+def wgmma() -> bool:
+    """Whether kernels run where warpgroup MMA is (sm_90a): on a GPU of compute capability 9.0
+    or more (numba-cuda compiles for sm_90a there), or in the simulator standing for sm_90a
+    (``sim.simulated_arch("sm_90a")``); offline plans assume it is not."""
+    if _config.SIMULATED:
+        return shared_limits.ARCH[0] == "sm_90a"
+    if _config.gpu_present():
+        from numba import cuda
+
+        return tuple(cuda.get_current_device().compute_capability) >= (9, 0)
+    return False
 
 
 def limit(target: str | None = None) -> int:

@@ -77,11 +77,13 @@ class GemmBound:
         its own)."""
         p = self.product
         launches = self._launches()
-        config = launches[0][3].config if launches else p.tile_config()
+        first = launches[0][3] if launches else None
+        config = first.config if first else p.tile_config()
         elements = math.prod(p.batch) * p.m * p.n
         unstored = 0 if p.epilogue is None or p.epilogue.stores else elements * p.dtype.itemsize
         extras = sum(elements * r.dtype.itemsize for r in p.extras)
-        return p.predicted_bytes(config) - unstored + extras
+        bias_reads = first.bias_reads if first else None
+        return p.predicted_bytes(config, bias_reads) - unstored + extras
 
     def flops(self) -> int:
         return self.product.flops()

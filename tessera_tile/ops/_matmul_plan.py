@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _arrays as arrays
+from .. import dynamic_shared
 from .._fusion.compile import CountingCache
 from .._fusion.runtime import MAX_LAUNCH_PLANS
 from ..kernels import epilogue
 from ..kernels import matmul as simt
 from ..kernels import matmul_tc as tc
 from ..kernels import matmul_tf32 as tf32
+from ..kernels import matmul_wgmma as wg
 from ..tile_config import (
     CANDIDATES,
     TileConfig,
@@ -69,6 +71,7 @@ class KernelChoice:
     signature: str
     reasons: tuple[str, ...]
     shared: int = 0  # bytes of dynamic shared memory (the tensor-core kernels' rings)
+    bias_reads: int | None = None  # per row of C tiles, where a tensor-core epilogue reads it
 
     def grid(self, m: int, n: int, z: int) -> tuple[int, int, int]:
         c = self.config
@@ -90,6 +93,23 @@ DUAL = {
     "tf32": TileConfig(128, 128, 16, 8, 3, dtype="tf32"),
     "float32": TileConfig(128, 64, 8, 4, 3),
 }
+
+
+def wgmma_config(config: TileConfig, dtype, has_bias: bool, dual: bool) -> wg.WgmmaConfig | None:
+    """The warpgroup-MMA kernel's config for a float16 ``config`` where it runs (sm_90a: a GPU
+    of compute capability 9.0 or more, or the simulator standing for one) and takes the tile;
+    else None (the mma.sync kernels)."""
+    if dual or config.dtype != "float16" or not dynamic_shared.wgmma():
+        return None
+    c = config
+    cfg = wg.WgmmaConfig(
+        c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, has_bias, dtype == BFLOAT16
+    )
+    try:
+        cfg.validate()
+    except ValueError:
+        return None
+    return cfg
 
 
 def choose_kernel(
@@ -153,11 +173,22 @@ def choose_kernel(
             )
             config = TC_UNALIGNED
         c = config
+        signature = f"void({', '.join(types)})"
+        warpgroups = wgmma_config(c, dtype, has_bias, dual) if tensor_rows == "aligned" else None
+        if warpgroups is not None:
+            kernel = wg.wgmma_matmul(*warpgroups[:5], activation, has_bias, bf16=warpgroups.bf16)
+            reasons.append(
+                "sm_90a: the warpgroup-MMA (wgmma) kernel, operands read by the tensor cores "
+                "from shared memory through descriptors"
+            )
+            return KernelChoice(
+                kernel, config, warpgroups.threads, signature, tuple(reasons),
+                warpgroups.shared_bytes, warpgroups.warps_m,
+            )  # fmt: skip
         kernel = tc.tensor_core_matmul(
             c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
             async_copy=tensor_rows == "aligned", bf16=dtype == BFLOAT16, dual=dual,
         )  # fmt: skip
-        signature = f"void({', '.join(types)})"
         return KernelChoice(
             kernel, config, config.threads, signature, tuple(reasons), ring_bytes(config)
         )
@@ -300,7 +331,7 @@ class Product(HandWritten):
         key = (
             config, self.precision, self.activation, self.names[:2], self.batch, self.a_vector,
             self.b_vector, *(_layout(r) for r in (a, b, self.bias, c, self.b2)), self.epilogue,
-            self.scalar_types, *(_layout(r) for r in self.extras),
+            self.scalar_types, *(_layout(r) for r in self.extras), dynamic_shared.wgmma(),
         )  # fmt: skip
         return _LAUNCH_PLANS.get(key, lambda: self._plan_launches(a, b, c, config))
 
@@ -427,7 +458,7 @@ class Product(HandWritten):
         return out
 
     # reports --------------------------------------------------------------------------------
-    def predicted_bytes(self, cfg: TileConfig) -> int:
+    def predicted_bytes(self, cfg: TileConfig, bias_reads: int | None = None) -> int:
         """Global bytes of the kernel(s) launched with ``cfg``: A once per column of C tiles,
         B once per row of them, C written once; the bias once per row of C tiles (SIMT: staged
         per block), or once per warp row (tensor cores: read in the epilogue by one lane group
@@ -442,7 +473,9 @@ class Product(HandWritten):
             nbytes += z * rows * k * n * self.dtype.itemsize
         if self.bias is not None:
             reads = 1
-            if cfg.dtype != "float32":  # the tensor-core kernels' epilogue
+            if bias_reads is not None:  # as the chosen kernel reads it
+                reads = bias_reads
+            elif cfg.dtype != "float32":  # the tensor-core kernels' epilogue
                 c = cfg
                 reads = tc.TensorCoreConfig(c.tile_m, c.tile_n, c.tile_k, c.num_warps).warps_m
             nbytes += z * rows * n * self.bias.dtype.itemsize * reads
@@ -496,6 +529,9 @@ class Product(HandWritten):
             for *_, c in launches
         )  # fmt: skip
         # the config the kernel runs with (float16 on unaligned rows: TC_UNALIGNED)
-        fused = self.predicted_bytes(launches[0][3].config if launches else self.tile_config())
+        first = launches[0][3] if launches else None
+        fused = self.predicted_bytes(
+            first.config if first else self.tile_config(), first.bias_reads if first else None
+        )
         stages = self.stage_text(launches) if chosen else []
         return Report(self.name, chosen, stages, fused, self.unfused_bytes(fused), reasons)

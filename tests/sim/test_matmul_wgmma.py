@@ -299,3 +299,46 @@ def test_refilling_a_stage_before_its_wgmma_retired_is_refused():
     _refill_kernel(False)[1, 128](src, out)
     with pytest.raises(sim.SimulationError, match="cp.async into shared memory that the wgmma"):
         _refill_kernel(True)[1, 128](src, out)
+
+
+# --------------------------------------------------------------------------------------------
+# the ops on sm_90a: the matmul family and GEMM stages choose this kernel
+
+
+def on_sm90a():
+    """The simulator standing for an sm_90a device (on a GPU of compute capability 9.0 the
+    ops choose the kernel without being told)."""
+    import contextlib
+
+    return sim.simulated_arch("sm_90a") if SIMULATED else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("side", ["host", "device"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["f16", "bf16"])
+def test_the_ops_choose_the_wgmma_kernel_on_sm90a(bf16, side):
+    import tessera_tile as tt
+    from tessera_tile import ops
+
+    dtype = BF16 if bf16 else np.float16
+    rng = np.random.default_rng(7)
+    x, w = (rng.standard_normal(s).astype(dtype) for s in ((2, 70, 48), (48, 72)))
+    b, r = (rng.standard_normal(s).astype(dtype) for s in ((72,), (70, 72)))
+    block = tt.fuse(lambda x, w, b, r: tt.gelu(x @ w + b) * r)
+
+    def moved(a):  # bfloat16 host arrays reach a device by their bits (tt.to_device)
+        return tt.to_device(a) if side == "device" else a
+
+    with on_sm90a():
+        report = ops.linear.explain(x, w, b, "gelu")
+        assert any("wgmma" in reason for reason in report.reasons), report.reasons
+        ((kernel, *_),) = block.kernel_signatures(x, w, b, r)
+        assert kernel.py_func.__name__.startswith("matmul_wgmma"), kernel.py_func.__name__
+        got_linear = ops.linear(*map(moved, (x, w, b)), "gelu")
+        got_block = block(*map(moved, (x, w, b, r)))
+    got_linear, got_block = (
+        g if side == "host" else g.copy_to_host().view(dtype) for g in (got_linear, got_block)
+    )
+    ref, scale = reference(x, w, b, "gelu")
+    assert_close(got_linear, ref, scale, bf16)
+    r64 = r.astype(np.float64)
+    assert_close(got_block, ref * r64, (scale + 1) * np.abs(r64), bf16)
