@@ -169,3 +169,24 @@ def assert_planned_profile(prof, plan) -> None:
     assert traffic["b"] == [plan.bytes_b, 0]
     assert traffic["bias"] == [plan.bytes_bias, 0]
     assert traffic["c"] == [0, plan.bytes_c]
+
+
+def wgmma_skip(module: str):
+    """A ``pytestmark`` for tests of warpgroup MMA: they run in the simulator and on GPUs of
+    compute capability 9.0 or more (sm_90a); on an older GPU they are skipped, with the reason
+    printed."""
+    import pytest
+
+    reason = None
+    if not SIMULATED:
+        from numba import cuda
+
+        try:
+            cc = tuple(cuda.get_current_device().compute_capability)
+        except Exception:  # no GPU: the tier's own skip says so
+            cc = (9, 0)
+        if cc < (9, 0):
+            reason = f"wgmma needs compute capability 9.0 (sm_90a); this GPU has {cc[0]}.{cc[1]}"
+    if reason:
+        print(f"\n{module} skipped: {reason}")
+    return pytest.mark.skipif(reason is not None, reason=reason or "")

@@ -23,7 +23,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import SIMULATED, assert_planned_profile, on
+from helpers import SIMULATED, assert_planned_profile, on, wgmma_skip
 from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda, float32
@@ -32,23 +32,7 @@ from tessera_tile import mma, pipeline, sim
 from tessera_tile.kernels import epilogue
 from tessera_tile.kernels import matmul_wgmma as wg
 
-
-def _older_gpu() -> str | None:
-    if SIMULATED:
-        return None
-    try:
-        cc = tuple(cuda.get_current_device().compute_capability)
-    except Exception:  # no GPU: the tier's own skip says so
-        return None
-    if cc < wg.MIN_COMPUTE_CAPABILITY:
-        return f"wgmma needs compute capability 9.0 (sm_90a); this GPU has {cc[0]}.{cc[1]}"
-    return None
-
-
-_REASON = _older_gpu()
-if _REASON:
-    print(f"\ntest_matmul_wgmma skipped: {_REASON}")
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+pytestmark = wgmma_skip("test_matmul_wgmma")
 
 BF16 = ml_dtypes.bfloat16
 RTOL = {False: 2.0**-11, True: 2.0**-8}  # half an ulp of float16 / bfloat16

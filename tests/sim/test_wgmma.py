@@ -18,7 +18,7 @@ import functools
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import SIMULATED
+from helpers import wgmma_skip
 from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda, uint16
@@ -32,22 +32,7 @@ SMEM_WORDS = SMEM_BYTES // 2  # a global constant: Numba types it as a literal s
 B_WORD = B_BASE // 2
 
 
-def _older_gpu() -> str | None:
-    if SIMULATED:
-        return None
-    try:
-        cc = tuple(cuda.get_current_device().compute_capability)
-    except Exception:  # no GPU: the tier's own skip says so
-        return None
-    if cc < (9, 0):
-        return f"wgmma needs compute capability 9.0 (sm_90a); this GPU has {cc[0]}.{cc[1]}"
-    return None
-
-
-_REASON = _older_gpu()
-if _REASON:
-    print(f"\ntest_wgmma skipped: {_REASON}")
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+pytestmark = wgmma_skip("test_wgmma")
 
 # ---------------------------------------------------------------------------------------------
 # Layouts, from the ISA's figures
