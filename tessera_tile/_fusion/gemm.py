@@ -116,9 +116,10 @@ def parts(stage) -> Parts:
     x = add if add is not None else product
     stored_at = next((i for i, n in enumerate(results) if n.dtype == product.dtype), None)
     sides_at = tuple(i for i in range(len(results)) if i != stored_at)
-    # leaves the epilogue itself reads (an operand may be one too: x @ w + x), each once
-    kernel = (product, product2, add)  # what the kernel computes itself
-    read = {id(s) for n in stage.nodes if all(n is not k for k in kernel) for s in n.srcs}
+    # leaves the epilogue itself reads (an operand may be one too: x @ w + x), each once; the
+    # kernel's own part (the products, their operands and views, the bias add) reads none
+    kernel = {id(n) for n in ir.walk([m for m in (product, product2, add) if m is not None])}
+    read = {id(s) for n in stage.nodes if id(n) not in kernel for s in n.srcs}
 
     def leaves(ops) -> tuple[Node, ...]:
         found = {n.key: n for n in stage.nodes if n.op in ops and id(n) in read}
