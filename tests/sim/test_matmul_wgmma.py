@@ -308,6 +308,7 @@ def test_the_ops_choose_the_wgmma_kernel_on_sm90a(bf16, side):
     x, w = (rng.standard_normal(s).astype(dtype) for s in ((2, 70, 48), (48, 72)))
     b, r = (rng.standard_normal(s).astype(dtype) for s in ((72,), (70, 72)))
     block = tt.fuse(lambda x, w, b, r: tt.gelu(x @ w + b) * r)
+    cast = tt.fuse(lambda x, w: (x @ w).astype(np.float32))  # the epilogue stores, not the kernel
 
     def moved(a):  # bfloat16 host arrays reach a device by their bits (tt.to_device)
         return tt.to_device(a) if side == "device" else a
@@ -319,6 +320,11 @@ def test_the_ops_choose_the_wgmma_kernel_on_sm90a(bf16, side):
         assert kernel.py_func.__name__.startswith("matmul_wgmma"), kernel.py_func.__name__
         got_linear = ops.linear(*map(moved, (x, w, b)), "gelu")
         got_block = block(*map(moved, (x, w, b, r)))
+        got_cast = cast(*map(moved, (x, w)))
+    got_cast = got_cast if side == "host" else got_cast.copy_to_host()
+    product, product_scale = reference(x, w)
+    assert got_cast.dtype == np.float32
+    assert_close(got_cast, product, product_scale, bf16)  # rounded to the operands' dtype
     got_linear, got_block = (
         g if side == "host" else g.copy_to_host().view(dtype) for g in (got_linear, got_block)
     )
