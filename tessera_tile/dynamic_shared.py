@@ -26,6 +26,8 @@ memory over 48 KiB without the opt-in, and either over the architecture's limit.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
 
 import numpy as np
@@ -44,6 +46,7 @@ __all__ = [
     "launch_kept",
     "limit",
     "opt_in",
+    "planning_for",
 ]
 
 OFFLINE_ARCH = "sm_90"  # what plans target with no GPU: the machine the default models describe
@@ -61,17 +64,44 @@ def arch() -> str:
     return OFFLINE_ARCH
 
 
+class _Planning(threading.local):
+    target: str | None = None  # the architecture an offline compile plans for
+
+
+_planning = _Planning()
+
+
+@contextlib.contextmanager
+def planning_for(arch: str):
+    """Inside, plans are made for ``arch`` (an offline ``inspect``): ``arch="sm_90a"`` plans
+    the warpgroup-MMA kernels, another architecture the others, wherever this runs."""
+    saved, _planning.target = _planning.target, arch
+    try:
+        yield
+    finally:
+        _planning.target = saved
+
+
 def wgmma() -> bool:
     """Whether kernels run where warpgroup MMA is (sm_90a): on a GPU of compute capability 9.0
     or more (numba-cuda compiles for sm_90a there), or in the simulator standing for sm_90a
-    (``sim.simulated_arch("sm_90a")``); offline plans assume it is not."""
+    (``sim.simulated_arch("sm_90a")``); offline plans assume it is not, unless made for
+    ``sm_90a`` (:func:`planning_for`)."""
+    if _planning.target is not None:
+        return _planning.target == "sm_90a"
     if _config.SIMULATED:
         return shared_limits.ARCH[0] == "sm_90a"
-    if _config.gpu_present():
-        from numba import cuda
+    return _gpu_has_wgmma()
 
-        return tuple(cuda.get_current_device().compute_capability) >= (9, 0)
-    return False
+
+@functools.cache
+def _gpu_has_wgmma() -> bool:
+    """Asked once per process (every call plans with it): the GPU's compute capability."""
+    if not _config.gpu_present():
+        return False
+    from numba import cuda
+
+    return tuple(cuda.get_current_device().compute_capability) >= (9, 0)
 
 
 def limit(target: str | None = None) -> int:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _cache, _config, profiling
+from . import _cache, _config, dynamic_shared, profiling
 from . import tile_ir as ir
 from ._fusion import lower, persist, runtime, schedule
 from ._fusion import plan as planner
@@ -285,9 +285,11 @@ class FusedFunction:
         """
         from . import inspect as offline
 
+        with dynamic_shared.planning_for(arch):  # sm_90a: the warpgroup-MMA GEMM kernels
+            launches = self.kernel_signatures(*args, **kwargs)
         return [
             offline.compile(kernel, signature, arch=arch, block=block, dynamic_shared=shared)
-            for kernel, signature, block, shared in self.kernel_signatures(*args, **kwargs)
+            for kernel, signature, block, shared in launches
         ]
 
     def kernel_signatures(self, *args, **kwargs) -> list[tuple]:

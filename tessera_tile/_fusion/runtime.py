@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _arrays as arrays
-from .. import _config, profiling
+from .. import _config, dynamic_shared, profiling
 from .. import tile_ir as ir
 from .._arrays import DEVICE, Arg
 from ..sim import compat
@@ -399,7 +399,7 @@ def launch_plan(
     program: Program, call: Call, cache: KernelCache, math: str, precision: str | None = None
 ) -> LaunchPlan:
     """The call's launch plan, made at the first call with this layout."""
-    key = (layout_key(call), math, precision)
+    key = (layout_key(call), math, precision, dynamic_shared.wgmma())  # the GEMM kernels
     return program.launch_plans.get(key, lambda: _make_plan(program, call, cache, math, precision))
 
 

@@ -76,8 +76,10 @@ class PrebuiltOp:
         return self._plan(*args, **kwargs).explain()
 
     def inspect(self, *args, arch: str = "sm_90", **kwargs) -> list:
-        """Offline compile reports of the kernels the call would launch, for ``arch``."""
-        return self._plan(*args, **kwargs).inspect(arch)
+        """Offline compile reports of the kernels the call would launch, for ``arch``
+        (``"sm_90a"``: what a GPU of compute capability 9.0 runs, the warpgroup-MMA GEMMs)."""
+        with dynamic_shared.planning_for(arch):
+            return self._plan(*args, **kwargs).inspect(arch)
 
     def __repr__(self) -> str:
         return f"<tessera_tile op {self.__name__}{self.__signature__}>"

@@ -10,6 +10,8 @@ instructions). Static counts from ptxas and nvdisasm, not timings; no count is a
 change with ptxas).
 """
 
+import ml_dtypes
+import numpy as np
 import pytest
 from test_wgmma_sass import ptxas_advisories
 
@@ -88,3 +90,30 @@ def test_sm80_is_refused_with_our_message():
     with pytest.raises(Exception, match="wgmma needs compute capability 9.0") as info:
         inspect.compile(kernel, F16, arch="sm_80", block=256)
     assert "ptxas" not in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+def test_the_ops_inspected_for_sm90a_are_the_wgmma_kernels(dtype, record_property):
+    """``inspect(arch="sm_90a")`` plans what a GPU of compute capability 9.0 runs: the matmul
+    ops and a GEMM stage on the warpgroup-MMA kernel (``"sm_90"`` keeps mma.sync)."""
+    import tessera_tile as tt
+    from tessera_tile import ops
+
+    x, w, b = np.zeros((512, 256), dtype), np.zeros((256, 512), dtype), np.zeros(512, dtype)
+    block = tt.fuse(lambda x, w, b: tt.gelu(x @ w + b))
+    for label, inspect_for in (
+        ("ops.matmul", lambda arch: ops.matmul.inspect(x, w, arch=arch)),
+        ("ops.linear gelu", lambda arch: ops.linear.inspect(x, w, b, "gelu", arch=arch)),
+        ("gelu(x @ w + b)", lambda arch: block.inspect(x, w, b, arch=arch)),
+    ):
+        (hopper,) = inspect_for("sm_90a")
+        (ampere_style,) = inspect_for("sm_90")
+        assert hopper.name.startswith("matmul_wgmma"), hopper.name
+        assert hopper.count("HGMMA") > 0 and hopper.count("HMMA") == 0, hopper.histogram
+        assert hopper.spill_stores == hopper.spill_loads == 0 and hopper.stack_bytes == 0
+        assert ampere_style.count("HMMA") > 0 and ampere_style.count("HGMMA") == 0
+        record_property(
+            "resources",
+            f"sm_90a {label} {np.dtype(dtype)}: {hopper.name}, {hopper.registers} registers, "
+            f"{hopper.count('HGMMA')} HGMMA",
+        )
