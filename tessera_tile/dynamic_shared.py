@@ -75,6 +75,7 @@ _planning = _Planning()
 def planning_for(arch: str):
     """Inside, plans are made for ``arch`` (an offline ``inspect``): ``arch="sm_90a"`` plans
     the warpgroup-MMA kernels, another architecture the others, wherever this runs."""
+    shared_limits.block_limit(arch)  # an unknown architecture: ValueError, naming the known
     saved, _planning.target = _planning.target, arch
     try:
         yield

@@ -187,6 +187,17 @@ def simt_matmul(
                     c[row, col + j] = acc[i, j0 + j]
 
     @cuda.jit(device=True, **INLINE)
+    def b_row(sb, s, k, bcol, av, q, bv, acc):
+        """B[k, this thread's columns] (consecutive vectors) times column q of av into acc."""
+        for h in range(tn // 4):
+            v = read16_shared(sb, s, uint32(k), bcol + uint32(h * span_n))
+            for j in range(4):
+                bv[h * 4 + j] = v[j]
+        for i in range(tm):
+            for j in range(tn):
+                acc[i, j] += av[i, q] * bv[j]
+
+    @cuda.jit(device=True, **INLINE)
     def body(a, b, bias, c, extra_args, b2):
         sa = cuda.shared.array(a_shape, float32, alignment=SHARED_ALIGN)
         sb = cuda.shared.array(b_shape, float32, alignment=SHARED_ALIGN)
@@ -250,21 +261,9 @@ def simt_matmul(
                     for q in range(KV):
                         av[i, q] = v[q]
                 for q in range(KV):
-                    for h in range(tn // 4):  # B[kk+q, 4 columns]: consecutive vectors
-                        v = read16_shared(sb, s, uint32(kk + q), bcol + uint32(h * span_n))
-                        for j in range(4):
-                            bv[h * 4 + j] = v[j]
-                    for i in range(tm):
-                        for j in range(tn):
-                            acc[i, j] += av[i, q] * bv[j]
+                    b_row(sb, s, kk + q, bcol, av, q, bv, acc)
                     if dual:  # B2's row kk + q, on the same A values
-                        for h in range(tn // 4):
-                            v = read16_shared(sb2, s, uint32(kk + q), bcol + uint32(h * span_n))
-                            for j in range(4):
-                                bv[h * 4 + j] = v[j]
-                        for i in range(tm):
-                            for j in range(tn):
-                                acc2[i, j] += av[i, q] * bv[j]
+                        b_row(sb2, s, kk + q, bcol, av, q, bv, acc2)
             kt += 1
         # Copies past the last tile were never issued: nothing to drain.
 

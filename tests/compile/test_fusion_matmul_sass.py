@@ -43,30 +43,23 @@ def arrays(dtype, *shapes):
     return [np.zeros(s, dtype) for s in shapes]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_generated_epilogue_kernels_keep_to_registers(dtype, arch, record_property):
-    x, w, b, r = arrays(dtype, (M, K), (K, N), (N,), (M, N))
-    (report,) = residual_block.inspect(x, w, b, r, 0.5, arch=arch)
-    assert report.spill_stores == report.spill_loads == 0
-    assert report.stack_bytes == 0
-    record_property(
-        "resources",
-        f"{arch} GEMM stage {dtype} gelu(x @ w + b) * s + r: {report.registers} registers, "
-        f"{instructions(report)} instructions",
-    )
+STAGES = {  # a GEMM stage's function, its arguments' shapes and scalars, what it computes
+    "residual": (residual_block, ((M, K), (K, N), (N,), (M, N)), (0.5,), "gelu(x @ w + b) * s + r"),
+    "several results": (fan_out, ((M, K), (K, N), (N,)), (), "y, gelu(y), float32(2 y)"),
+}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_several_results_from_one_accumulator_keep_to_registers(dtype, arch, record_property):
-    x, w, b = arrays(dtype, (M, K), (K, N), (N,))
-    (report,) = fan_out.inspect(x, w, b, arch=arch)
+@pytest.mark.parametrize("stage", STAGES)
+def test_generated_epilogue_kernels_keep_to_registers(stage, dtype, arch, record_property):
+    fn, shapes, scalars, what = STAGES[stage]
+    (report,) = fn.inspect(*arrays(dtype, *shapes), *scalars, arch=arch)
     assert report.spill_stores == report.spill_loads == 0
     assert report.stack_bytes == 0
     record_property(
         "resources",
-        f"{arch} GEMM stage {dtype} y, gelu(y), float32(2 y): {report.registers} registers, "
+        f"{arch} GEMM stage {dtype} {what}: {report.registers} registers, "
         f"{instructions(report)} instructions",
     )
 

@@ -168,3 +168,14 @@ def test_bad_sizes_are_refused_before_any_launch(nbytes, error):
     with pytest.raises(error, match="nbytes"):
         dynamic_shared.launch(static_and_dynamic, 1, 1, nbytes, (out,))
     assert out[0] == 0.0  # nothing ran
+
+
+def test_planning_for_an_unknown_architecture_is_refused():
+    """Plans made for an architecture (offline inspect) name a known one; a typo would
+    otherwise plan the wrong kernels without a word."""
+    with pytest.raises(ValueError, match="known"), dynamic_shared.planning_for("sm90a"):
+        pass
+    with dynamic_shared.planning_for("sm_90a"):
+        assert dynamic_shared.wgmma()
+    with dynamic_shared.planning_for("sm_80"):
+        assert not dynamic_shared.wgmma()
