@@ -71,10 +71,14 @@ class _Planning(threading.local):
 _planning = _Planning()
 
 
+WGMMA_ARCHS = ("sm_90", "sm_90a")  # what numba-cuda builds for compute capability 9.0: sm_90a
+
+
 @contextlib.contextmanager
 def planning_for(arch: str):
-    """Inside, plans are made for ``arch`` (an offline ``inspect``): ``arch="sm_90a"`` plans
-    the warpgroup-MMA kernels, another architecture the others, wherever this runs."""
+    """Inside, plans are made for ``arch`` (an offline ``inspect`` or ``explain``): ``"sm_90"``
+    (or ``"sm_90a"``) plans what a GPU of compute capability 9.0 runs, the warpgroup-MMA
+    kernels; another architecture the others; wherever this runs."""
     shared_limits.block_limit(arch)  # an unknown architecture: ValueError, naming the known
     saved, _planning.target = _planning.target, arch
     try:
@@ -85,11 +89,12 @@ def planning_for(arch: str):
 
 def wgmma() -> bool:
     """Whether kernels run where warpgroup MMA is (sm_90a): on a GPU of compute capability 9.0
-    or more (numba-cuda compiles for sm_90a there), or in the simulator standing for sm_90a
-    (``sim.simulated_arch("sm_90a")``); offline plans assume it is not, unless made for
-    ``sm_90a`` (:func:`planning_for`)."""
+    or more (numba-cuda compiles for sm_90a there), in plans made for ``"sm_90"`` or
+    ``"sm_90a"`` (:func:`planning_for`), or in the simulator standing for sm_90a
+    (``sim.simulated_arch("sm_90a")``). The simulator's default device and plans made with no
+    GPU and no architecture named run the mma.sync kernels."""
     if _planning.target is not None:
-        return _planning.target == "sm_90a"
+        return _planning.target in WGMMA_ARCHS
     if _config.SIMULATED:
         return shared_limits.ARCH[0] == "sm_90a"
     return _gpu_has_wgmma()

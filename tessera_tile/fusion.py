@@ -253,12 +253,17 @@ class FusedFunction:
             "kernels_from_disk": kernel_cache.loaded,
         }
 
-    def explain(self, *args, **kwargs) -> Explain:
+    def explain(self, *args, arch: str | None = None, **kwargs) -> Explain:
         """The plan for these arguments: kernels, IR, generated source, predicted traffic.
 
-        Nothing is allocated or launched; NumPy arrays may stand in for device arrays. On Dask
-        arrays: :func:`tessera_tile.dask.explain`'s report (per chunk, and between chunks).
+        Nothing is allocated or launched; NumPy arrays may stand in for device arrays. ``arch``:
+        plan for that architecture rather than where kernels run now (``"sm_90"``: Hopper's
+        warpgroup-MMA GEMM and attention kernels). On Dask arrays:
+        :func:`tessera_tile.dask.explain`'s report (per chunk, and between chunks).
         """
+        if arch is not None:
+            with dynamic_shared.planning_for(arch):
+                return self.explain(*args, **kwargs)
         if _on_dask(args, kwargs):
             return _dask().explain(self, *args, **kwargs)
         _, program, shapes, stages = self._bound(args, kwargs)
@@ -285,7 +290,7 @@ class FusedFunction:
         """
         from . import inspect as offline
 
-        with dynamic_shared.planning_for(arch):  # sm_90a: the warpgroup-MMA GEMM kernels
+        with dynamic_shared.planning_for(arch):  # sm_90: the warpgroup-MMA kernels
             launches = self.kernel_signatures(*args, **kwargs)
         return [
             offline.compile(kernel, signature, arch=arch, block=block, dynamic_shared=shared)

@@ -66,11 +66,13 @@ ARCHS: dict[str, ArchLimits] = {
     "sm_80": ArchLimits((8, 0), max_warps=64, max_blocks=32, registers=65536, max_shared=167936),
     "sm_86": ArchLimits((8, 6), max_warps=48, max_blocks=16, registers=65536, max_shared=102400),
     "sm_89": ArchLimits((8, 9), max_warps=48, max_blocks=24, registers=65536, max_shared=102400),
-    "sm_90": ArchLimits((9, 0), max_warps=64, max_blocks=32, registers=65536, max_shared=233472),
+    # numba-cuda builds every kernel for a device of compute capability 9.0 as sm_90a (sm_90
+    # with Hopper's arch-specific instructions, wgmma): so does "sm_90" here.
+    "sm_90": ArchLimits(
+        (9, 0, "a"), max_warps=64, max_blocks=32, registers=65536, max_shared=233472
+    ),
 }
-# What numba-cuda builds for a device of compute capability 9.0: sm_90 with Hopper's
-# arch-specific instructions (wgmma); the same limits.
-ARCHS["sm_90a"] = dataclasses.replace(ARCHS["sm_90"], cc=(9, 0, "a"))
+ARCHS["sm_90a"] = ARCHS["sm_90"]  # its own name, the same target
 
 DEFAULT_BLOCK = 256
 
@@ -354,7 +356,8 @@ def _compile_cached(pyfunc, signature, arch: str, cc, block: int, options) -> Co
     max_registers = nvvm_options.pop("max_registers", None)
     ptx = _ptx(pyfunc, signature, cc, nvvm_options)
     tools = _tools()
-    ptxas_flags = [f"-arch={arch}", "-v"]
+    target = "sm_" + "".join(str(part) for part in cc)  # "sm_90a" for "sm_90"
+    ptxas_flags = [f"-arch={target}", "-v"]
     if max_registers:
         ptxas_flags.append(f"-maxrregcount={max_registers}")
     with tempfile.TemporaryDirectory(prefix="tessera_tile_") as tmp:

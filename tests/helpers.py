@@ -171,6 +171,14 @@ def assert_planned_profile(prof, plan) -> None:
     assert traffic["c"] == [0, plan.bytes_c]
 
 
+def on_sm90a():
+    """The simulator standing for an sm_90a device (on a GPU of compute capability 9.0 the
+    ops choose the warpgroup-MMA kernels without being told)."""
+    from tessera_tile import sim
+
+    return sim.simulated_arch("sm_90a") if SIMULATED else contextlib.nullcontext()
+
+
 def wgmma_skip(module: str):
     """A ``pytestmark`` for tests of warpgroup MMA: they run in the simulator and on GPUs of
     compute capability 9.0 or more (sm_90a); on an older GPU they are skipped, with the reason

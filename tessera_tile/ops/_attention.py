@@ -1,8 +1,9 @@
 """The ``attention`` prebuilt op: validation, broadcasting, launches, ``explain`` and ``inspect``.
 
 ``attention(q, k, v)`` is ``softmax(q @ k^T * scale) @ v`` over ``(..., S, D)`` arrays in one
-flash-style kernel per launch: float16 on the tensor cores
-(:mod:`tessera_tile.kernels.attention`), float32 in float32 SIMT
+flash-style kernel per launch: float16 and bfloat16 on the tensor cores
+(:mod:`tessera_tile.kernels.attention`; on sm_90a, head sizes 64 and 128, the warpgroup-MMA
+kernel of :mod:`tessera_tile.kernels.attention_wgmma`), float32 in float32 SIMT
 (:mod:`tessera_tile.kernels.attention_simt`). :mod:`tessera_tile.ops` re-exports it. Batch
 dimensions broadcast as in NumPy and become the grid's second axis as the matmul ops' do
 (:mod:`tessera_tile.ops._matmul_geometry`): nothing is copied.
@@ -18,8 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _arrays as arrays
+from .. import dynamic_shared
 from ..kernels import attention as tensor_cores
 from ..kernels import attention_simt as simt
+from ..kernels import attention_wgmma as warpgroups
 from ..kernels.attention import kv_rows
 from ..tile_ir import BFLOAT16
 from ._contract import (
@@ -95,6 +98,11 @@ FAMILIES = {
         False,
     ),
 }
+WGMMA_COMPUTE = (
+    "{dtype}: warpgroup MMA (sm_90a): S = Q K^T by wgmma m64n{kv}k16 with Q and K read from "
+    "shared memory through descriptors, O += P V by wgmma m64n{d}k16 with P from registers; "
+    "float32 scores and statistics"
+)
 INT32_MAX = 2**31 - 1
 LOG2E = math.log2(math.e)
 NAMES = ("q", "k", "v")
@@ -119,6 +127,7 @@ class Attention(HandWritten):
     scale: float
     config: object  # the family's config (None: its default for D)
     batch: tuple[int, ...]
+    wgmma: bool  # aligned launches run the warpgroup-MMA kernel (sm_90a)
 
     @property
     def dtype(self) -> np.dtype:
@@ -152,10 +161,31 @@ class Attention(HandWritten):
     def tile_config(self):
         if self.config is not None:
             return self.config
+        if self.wgmma:
+            return warpgroups.default_config(self.d, self.sq)
         return self.family.choose(self.d, self.sq)
 
+    def launch_config(self, aligned: bool):
+        """The config of a launch: the call's; for the wgmma kernel's rows that ``cp.async``
+        cannot copy, the mma.sync kernel's with the same query and key tiles (16-row warps)."""
+        cfg = self.tile_config()
+        if self.wgmma and not aligned:
+            return tensor_cores.AttentionConfig(cfg.block_kv, cfg.block_q // 16, 2, 16)
+        return cfg
+
     def kernel(self, aligned: bool):
-        return self.family.factory(self.d, self.causal, aligned, self.tile_config())
+        cfg = self.launch_config(aligned)
+        if isinstance(cfg, warpgroups.WgmmaAttentionConfig):
+            return warpgroups.wgmma_attention(self.d, self.causal, cfg, self.dtype == BFLOAT16)
+        return self.family.factory(self.d, self.causal, aligned, cfg)
+
+    @property
+    def compute(self) -> str:
+        """What explain says of the arithmetic."""
+        if not self.wgmma:
+            return self.family.compute
+        cfg = self.tile_config()
+        return WGMMA_COMPUTE.format(dtype=self.dtype.name, kv=cfg.block_kv, d=self.d)
 
     # launches ---------------------------------------------------------------------------
     def _matrices(self, recs) -> list[Matrix]:
@@ -189,7 +219,6 @@ class Attention(HandWritten):
         if self.empty:
             return []
         geo, mats, planned = self.plan_launches([*records, result])
-        cfg = self.tile_config()
         scale_log2 = np.float32(self.scale * LOG2E)
         kind = view_dtype(self.dtype)
         out = []
@@ -198,6 +227,7 @@ class Attention(HandWritten):
                 matrix_view(i, m, launch.index, launch.count, z, kind)
                 for i, (m, z) in enumerate(zip(mats, geo.z_strides, strict=True))
             ]
+            cfg = self.launch_config(launch.aligned)
             grid = (-(-self.sq // cfg.block_q), launch.count)
             kernel = self.kernel(launch.aligned)
             params = (*views, scale_log2)
@@ -254,11 +284,16 @@ class Attention(HandWritten):
         launches = distinct(self.launches(stand_ins[:3], stand_ins[3]))
         cfg = self.tile_config()
         done, full = self.kv_tiles()
-        reasons = [self.family.compute]
+        reasons = [self.compute]
         if any(not launch.aligned for launch in self.plan_launches(stand_ins)[2]):
+            fallback = self.family.unaligned
+            if self.wgmma:
+                fallback = (
+                    "those launches run the mma.sync kernel (16-row warps, the same tiles) with "
+                    f"{fallback}, as the wgmma kernel's tiles arrive by cp.async"
+                )
             reasons.append(
-                "some rows are not 16-byte aligned on a contiguous inner axis: "
-                + self.family.unaligned
+                f"some rows are not 16-byte aligned on a contiguous inner axis: {fallback}"
             )
         reasons.append(
             f"one kernel per op (S = Q K^T, P = softmax(S), P V) would write and read the "
@@ -272,7 +307,9 @@ class Attention(HandWritten):
             )
         names = dict.fromkeys(launch.kernel.py_func.__name__ for launch in launches)
         rows = f"{cfg.block_q} query rows each"
-        if self.family.tensor_cores:
+        if self.wgmma:
+            rows += " (64 per warpgroup: one m64 accumulator of scores and one of O)"
+        elif self.family.tensor_cores:
             rows += (
                 f" ({cfg.warp_rows} per warp: each ldmatrix.x4 of K or V feeds "
                 f"{cfg.warp_rows // 8} mma)"
@@ -340,14 +377,34 @@ def _scale(scale, d: int) -> float:
     return float(scale)
 
 
-def _config(config, family: Family, d: int):
+def _uses_wgmma(dtype: np.dtype, d: int, config) -> bool:
+    """Whether aligned launches run the warpgroup-MMA kernel: float16 or bfloat16 where kernels
+    run on sm_90a (:func:`tessera_tile.dynamic_shared.wgmma`), a head size it takes, and no
+    mma.sync config asked for."""
+    return (
+        dtype != np.float32
+        and dynamic_shared.wgmma()
+        and d in warpgroups.HEAD_DIMS
+        and not isinstance(config, tensor_cores.AttentionConfig)
+    )
+
+
+def _config(config, family: Family, d: int, wgmma: bool):
     if config is None:
         return None
     expected = family.config_type
-    if not isinstance(config, expected):
+    allowed = (expected, warpgroups.WgmmaAttentionConfig) if wgmma else (expected,)
+    if not isinstance(config, allowed):
+        names = " or a ".join(f"{t.__module__}.{t.__name__}" for t in allowed)
+        wgmma_note = ""
+        if isinstance(config, warpgroups.WgmmaAttentionConfig):
+            wgmma_note = (
+                " (the warpgroup-MMA kernel runs on sm_90a, float16 or bfloat16, D in "
+                f"{warpgroups.HEAD_DIMS})"
+            )
         raise TypeError(
-            f"config must be None or a {expected.__module__}.{expected.__name__} for these "
-            f"inputs, got {type(config).__name__}"
+            f"config must be None or a {names} for these inputs, got "
+            f"{type(config).__name__}{wgmma_note}"
         )
     try:
         config.validate(d)
@@ -373,10 +430,13 @@ def attention(q, k, v, *, causal=False, scale=None, config=None):
     float32 out, computed in float32. NaN reaches every row that sees it; a +inf score makes
     its row NaN (``inf - inf``), a -inf score gives its key weight 0, and inf in v passes
     through ``P @ V``: IEEE arithmetic, as the unfused softmax computes. ``config``: an
-    :class:`tessera_tile.kernels.attention.AttentionConfig` (float16) or
-    :class:`tessera_tile.kernels.attention_simt.SimtAttentionConfig` (float32); default, the
-    family's :func:`default_config` for D (float16 and bfloat16: and Sq). ``out=`` and
-    ``stream=`` as for every op.
+    :class:`tessera_tile.kernels.attention.AttentionConfig` (float16, bfloat16),
+    :class:`tessera_tile.kernels.attention_wgmma.WgmmaAttentionConfig` (the same, on sm_90a
+    with D 64 or 128) or :class:`tessera_tile.kernels.attention_simt.SimtAttentionConfig`
+    (float32); default, the family's :func:`default_config` for D (float16 and bfloat16: and
+    Sq). On sm_90a (a GPU of compute capability 9.0 or more, or the simulator standing for
+    one) float16 and bfloat16 with D 64 or 128 run on the warpgroup-MMA kernel unless an
+    ``AttentionConfig`` asks for the mma.sync one. ``out=`` and ``stream=`` as for every op.
     """
     q, k, v = _operands(q, k, v)
     batch = _batch(q, k, v)
@@ -388,7 +448,10 @@ def attention(q, k, v, *, causal=False, scale=None, config=None):
         )
     if not isinstance(causal, bool | np.bool_):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    call = Attention(q, k, v, bool(causal), _scale(scale, d), _config(config, family, d), batch)
+    wgmma = _uses_wgmma(q.dtype, d, config)
+    call = Attention(
+        q, k, v, bool(causal), _scale(scale, d), _config(config, family, d, wgmma), batch, wgmma
+    )
     _check_positions(call)
     return call
 

@@ -34,7 +34,8 @@ class PrebuiltOp:
 
     ``explain`` returns the :class:`tessera_tile.fusion.Explain` report of the call (kernels,
     predicted traffic, source, reasons) and ``inspect`` one offline compile report per kernel
-    the call would launch; neither allocates nor launches, and NumPy arrays may stand in for
+    the call would launch (both for ``arch=`` where given: ``"sm_90"`` plans Hopper's
+    warpgroup-MMA kernels); neither allocates nor launches, and NumPy arrays may stand in for
     device arrays (only their shape, dtype and strides are used).
 
     A call whose arrays are numba device arrays is kept by its key (``runtime.quick_key``:
@@ -71,13 +72,19 @@ class PrebuiltOp:
                 self._ready[key] = ready
         return result
 
-    def explain(self, *args, **kwargs):
-        """What the call would do, without running it (see the class docstring)."""
-        return self._plan(*args, **kwargs).explain()
+    def explain(self, *args, arch: str | None = None, **kwargs):
+        """What the call would do, without running it (see the class docstring): where it runs
+        now, or on ``arch`` (``"sm_90"``: what a GPU of compute capability 9.0 runs, the
+        warpgroup-MMA kernels)."""
+        if arch is None:
+            return self._plan(*args, **kwargs).explain()
+        with dynamic_shared.planning_for(arch):
+            return self._plan(*args, **kwargs).explain()
 
     def inspect(self, *args, arch: str = "sm_90", **kwargs) -> list:
         """Offline compile reports of the kernels the call would launch, for ``arch``
-        (``"sm_90a"``: what a GPU of compute capability 9.0 runs, the warpgroup-MMA GEMMs)."""
+        (``"sm_90"``: what a GPU of compute capability 9.0 runs, the warpgroup-MMA kernels,
+        compiled for sm_90a as numba-cuda compiles there)."""
         with dynamic_shared.planning_for(arch):
             return self._plan(*args, **kwargs).inspect(arch)
 
@@ -89,6 +96,8 @@ def _key(args: tuple, kwargs: dict) -> tuple | None:
     """An op call's key: positional arrays by layout, everything else by value (keywords must
     be values: an array passed by keyword is not kept)."""
     key = runtime.quick_key(args, constants=True)
+    if key is not None:  # the kernels differ where warpgroup MMA is (sm_90a)
+        key = (dynamic_shared.wgmma(), *key)
     if key is None or not kwargs:
         return key
     named = runtime.quick_key(tuple(kwargs.values()), constants=True)

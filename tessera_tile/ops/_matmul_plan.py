@@ -72,6 +72,7 @@ class KernelChoice:
     reasons: tuple[str, ...]
     shared: int = 0  # bytes of dynamic shared memory (the tensor-core kernels' rings)
     bias_reads: int | None = None  # per row of C tiles, where a tensor-core epilogue reads it
+    wgmma: bool = False  # the warpgroup-MMA kernel (sm_90a)
 
     def grid(self, m: int, n: int, z: int) -> tuple[int, int, int]:
         c = self.config
@@ -183,7 +184,7 @@ def choose_kernel(
             )
             return KernelChoice(
                 kernel, config, warpgroups.threads, signature, tuple(reasons),
-                warpgroups.shared_bytes, warpgroups.warps_m,
+                warpgroups.shared_bytes, warpgroups.warps_m, wgmma=True,
             )  # fmt: skip
         kernel = tc.tensor_core_matmul(
             c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
@@ -509,6 +510,8 @@ class Product(HandWritten):
             what += " and a second product of the same A tiles"
         steps = (" ".join(x for x in epi if x), generated)  # a composer's epilogue comes last
         epi_text = " then ".join(s for s in steps if s) or "none"
+        if any(choice.wgmma for *_, choice in launches):
+            cfg = f"{cfg} on warpgroup MMA (wgmma, sm_90a)"
         return [
             f"{name}: {self.name} {what} over batch "
             f"{self.batch or '()'} in {len(launches)} launch(es); tile {cfg}; epilogue "

@@ -93,27 +93,32 @@ def test_sm80_is_refused_with_our_message():
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
-def test_the_ops_inspected_for_sm90a_are_the_wgmma_kernels(dtype, record_property):
-    """``inspect(arch="sm_90a")`` plans what a GPU of compute capability 9.0 runs: the matmul
-    ops and a GEMM stage on the warpgroup-MMA kernel (``"sm_90"`` keeps mma.sync)."""
+def test_the_ops_inspected_for_sm90_are_the_wgmma_kernels(dtype, record_property):
+    """``inspect(arch="sm_90")`` (or ``"sm_90a"``) plans what a GPU of compute capability 9.0
+    runs: the matmul ops and a GEMM stage on the warpgroup-MMA kernel, compiled for sm_90a
+    (numba-cuda's target there); ``"sm_80"`` the mma.sync kernels. ``explain(arch=...)`` says
+    the same."""
     import tessera_tile as tt
     from tessera_tile import ops
 
     x, w, b = np.zeros((512, 256), dtype), np.zeros((256, 512), dtype), np.zeros(512, dtype)
     block = tt.fuse(lambda x, w, b: tt.gelu(x @ w + b))
-    for label, inspect_for in (
-        ("ops.matmul", lambda arch: ops.matmul.inspect(x, w, arch=arch)),
-        ("ops.linear gelu", lambda arch: ops.linear.inspect(x, w, b, "gelu", arch=arch)),
-        ("gelu(x @ w + b)", lambda arch: block.inspect(x, w, b, arch=arch)),
+    for label, op, args in (
+        ("ops.matmul", ops.matmul, (x, w)),
+        ("ops.linear gelu", ops.linear, (x, w, b, "gelu")),
+        ("gelu(x @ w + b)", block, (x, w, b)),
     ):
-        (hopper,) = inspect_for("sm_90a")
-        (ampere_style,) = inspect_for("sm_90")
-        assert hopper.name.startswith("matmul_wgmma"), hopper.name
+        (hopper,) = op.inspect(*args, arch="sm_90")
+        (named_a,) = op.inspect(*args, arch="sm_90a")
+        (ampere,) = op.inspect(*args, arch="sm_80")
+        assert hopper.name.startswith("matmul_wgmma") and named_a.name == hopper.name
         assert hopper.count("HGMMA") > 0 and hopper.count("HMMA") == 0, hopper.histogram
         assert hopper.spill_stores == hopper.spill_loads == 0 and hopper.stack_bytes == 0
-        assert ampere_style.count("HMMA") > 0 and ampere_style.count("HGMMA") == 0
+        assert ampere.count("HMMA") > 0 and ampere.count("HGMMA") == 0
+        assert "warpgroup MMA" in str(op.explain(*args, arch="sm_90"))
+        assert "warpgroup MMA" not in str(op.explain(*args, arch="sm_80"))
         record_property(
             "resources",
-            f"sm_90a {label} {np.dtype(dtype)}: {hopper.name}, {hopper.registers} registers, "
+            f"sm_90 {label} {np.dtype(dtype)}: {hopper.name}, {hopper.registers} registers, "
             f"{hopper.count('HGMMA')} HGMMA",
         )

@@ -23,7 +23,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import SIMULATED, assert_planned_profile, on, wgmma_skip
+from helpers import SIMULATED, assert_planned_profile, on, on_sm90a, wgmma_skip
 from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda, float32
@@ -287,14 +287,6 @@ def test_refilling_a_stage_before_its_wgmma_retired_is_refused():
 
 # --------------------------------------------------------------------------------------------
 # the ops on sm_90a: the matmul family and GEMM stages choose this kernel
-
-
-def on_sm90a():
-    """The simulator standing for an sm_90a device (on a GPU of compute capability 9.0 the
-    ops choose the kernel without being told)."""
-    import contextlib
-
-    return sim.simulated_arch("sm_90a") if SIMULATED else contextlib.nullcontext()
 
 
 @pytest.mark.parametrize("side", ["host", "device"])

@@ -1,0 +1,419 @@
+"""float16 (or bfloat16: ``bf16=True``, every array its ``uint16`` bits) flash attention
+``O = softmax(Q @ K^T * scale) @ V`` on Hopper's warpgroup MMA (``wgmma``, sm_90a): both
+products on the tensor cores, Q and K read by them from shared memory through matrix
+descriptors, P from registers. The score matrix never leaves the chip.
+
+:func:`wgmma_attention` makes the kernel ``kernel(q, k, v, o, scale_log2)`` of one head size,
+with the interface and launch of :mod:`.attention`'s (``q``, ``o``: ``(Z, Sq, D)``; ``k``,
+``v``: ``(Z, Sk, D)``; ``scale_log2 = scale * log2(e)``; ``grid = (ceil(Sq / block_q), Z)``
+blocks of ``32 * num_warps`` threads with :meth:`WgmmaAttentionConfig.shared_bytes` of dynamic
+shared memory), for head sizes 64 and 128 and rows that ``cp.async`` can copy (every row
+16-byte aligned on a contiguous inner axis): the ops run :mod:`.attention`'s kernels otherwise.
+It needs a device of compute capability 9.0 (numba-cuda compiles for sm_90a there).
+
+Each warpgroup (4 warps, 128 threads) owns 64 query rows: one ``m64`` accumulator of the scores
+(``block_kv / 2`` float32 per thread) and one of the output (``D / 2``). Per K/V tile of
+``block_kv`` keys::
+
+    cp.async.wait_group(stages - 2); fence.proxy.async; __syncthreads()
+                              tile t landed and is visible to the tensor cores; every
+                              warpgroup has retired its MMAs of tile t - 1
+    cp.async K, V tile t + stages - 1 into the stage tile t - 1 used; commit
+    wgmma.fence
+    S = Q K^T                 D / 16 wgmma m64n{block_kv}k16, Q and K through descriptors
+    commit; wait_group 0      (the softmax reads S)
+    (diagonal or last tile only) masked scores = -inf
+    m' = max(m, rowmax(S) * c); alpha = exp2(m - m'); l = l * alpha
+    P = exp2(S * c - m'), packed as it is made; l += rowsum(P)
+    O = O * alpha; wgmma.fence
+    O += P V                  block_kv / 16 wgmma m64n{D}k16, P from registers, V through a
+                              descriptor (N-major: V's rows as they are in global memory)
+    commit; wait_group 0
+
+    D = 64, 64-key tiles, per warpgroup and tile: 4 HGMMA.64x64x16 for S, 4 for P V, no
+    shared-memory loads; 64 ex2 per lane's 2 rows.
+
+The accumulators are, per warp, :mod:`.matmul_tc`'s 16 x 8 C tiles side by side (the wgmma
+D layout), so the online softmax is :mod:`.attention`'s with one m16 tile per warp: a lane
+holds rows ``g`` and ``g + 8`` of its warp's 16 (``g = lane >> 2``), its quad shares them
+(two shuffles per maximum), and the accumulators of n8 tiles ``2kk`` and ``2kk + 1`` are the A
+registers of k16 step ``kk`` of ``P V`` (layout C of two tiles = layout A of one step, as the
+wgmma A-from-registers fragment is mma.sync's per warp). Masking, the causal block order, the
+negative-scale fold into Q, ``scale = 0`` and rows with no key follow :mod:`.attention`.
+
+Every wait retires all MMAs (``wait_group 0``), so the tensor cores idle while the softmax
+runs: FlashAttention-3 overlaps the softmax of one tile with the products of the next
+(ping-pong between warpgroups, producer warpgroups with TMA); this kernel does not.
+
+Shared memory (dynamic, one array starting on a 1024-byte boundary as the swizzle is a function
+of the address): the Q tile, then ``num_stages`` K tiles, then ``num_stages`` V tiles. Every
+tile stores its ``[rows, D]`` as ``D / 64`` column blocks of ``rows`` x 128 bytes, chunk ``c``
+of row ``r`` at ``c ^ (r % 8)`` (the 128-byte swizzle). Q is A and K is B in K-major form (a
+row of 128 bytes per query or key; SBO = 8 rows; a k16 step moves the start 32 bytes, the
+fifth the next column block); V is B in N-major form (SBO = 8 keys, LBO = a column block, a
+k16 step moves 16 rows). The same layout for all three: one copy routine.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+from numba import cuda, float32, int32, uint16, uint32, uint64
+from numba.types import float16
+
+from .. import dynamic_shared
+from .._fusion.device import exp2_approx, max_nan, rcp_approx
+from ..bfloat16 import pack_bf16x2
+from ..memory import load16_shared, store16_shared
+from ..mma import (
+    SWIZZLE_128B,
+    fence_proxy_async,
+    pack_f16x2,
+    store_bf16x2,
+    store_f16x2,
+    wgmma_async,
+    wgmma_async_bf16,
+    wgmma_commit_group,
+    wgmma_descriptor,
+    wgmma_fence,
+    wgmma_wait_group,
+    wgmma_zeros,
+)
+from ..pipeline import cp_async_cg_16_zfill, cp_async_commit_group, cp_async_wait_group
+from .tc_tiles import CHUNK, INLINE, WARP_SIZE
+
+__all__ = [
+    "HEAD_DIMS",
+    "MIN_COMPUTE_CAPABILITY",
+    "WgmmaAttentionConfig",
+    "default_config",
+    "wgmma_attention",
+]
+
+MIN_COMPUTE_CAPABILITY = (9, 0)  # wgmma: sm_90a
+HEAD_DIMS = (64, 128)  # whole 128-byte swizzle rows
+WARPGROUP = 4  # warps
+ROWS = 64  # query rows per warpgroup (one m64 accumulator)
+ALIGN = 1024  # bytes: a 128B swizzle atom (8 rows of 128 bytes)
+BLOCK = 64  # elements of one 128-byte column block
+ZERO = float32(0.0)
+NEG_INF = float32(-np.inf)
+FLT_MIN = float32(np.finfo(np.float32).tiny)
+SIGN = uint16(0x8000)  # the sign bit of a float16 or bfloat16
+
+
+class WgmmaAttentionConfig(NamedTuple):
+    """One schedule: keys per K/V tile, warps (4 or 8: one or two warpgroups of 64 query rows),
+    pipeline stages."""
+
+    block_kv: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+
+    @property
+    def warpgroups(self) -> int:
+        return self.num_warps // WARPGROUP
+
+    @property
+    def block_q(self) -> int:
+        return ROWS * self.warpgroups
+
+    @property
+    def warp_rows(self) -> int:
+        """Query rows per warp (of its warpgroup's m64 accumulator)."""
+        return 16
+
+    @property
+    def threads(self) -> int:
+        return WARP_SIZE * self.num_warps
+
+    def shared_bytes(self, head_dim: int) -> int:
+        """Dynamic shared memory a block launches with: Q, the K and V rings, and the slack
+        that lets the kernel start them on a 1024-byte boundary."""
+        return 2 * head_dim * (self.block_q + 2 * self.num_stages * self.block_kv) + ALIGN
+
+    def validate(self, head_dim: int) -> None:
+        """Raise ``ValueError`` unless this config makes a kernel for ``head_dim`` that a block
+        of this device (:func:`tessera_tile.dynamic_shared.limit`) may launch."""
+        if head_dim not in HEAD_DIMS:
+            raise ValueError(
+                f"head_dim must be one of {HEAD_DIMS} (whole 128-byte swizzled rows), got "
+                f"{head_dim}"
+            )
+        if self.block_kv not in (32, 64, 128):
+            raise ValueError(f"block_kv must be 32, 64 or 128, got {self.block_kv}")
+        if self.num_warps not in (4, 8):
+            raise ValueError(
+                f"num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps}"
+            )
+        if self.num_stages not in (2, 3):
+            raise ValueError(f"num_stages must be 2 or 3, got {self.num_stages}")
+        if self.block_kv + head_dim > 192:
+            raise ValueError(
+                f"block_kv {self.block_kv} with head_dim {head_dim}: S and O accumulators of "
+                f"{(self.block_kv + head_dim) // 2} float32 per thread, beside P's registers; "
+                "at most 96 keep clear of spills (block_kv + head_dim <= 192)"
+            )
+        nbytes, allowed = self.shared_bytes(head_dim), dynamic_shared.limit()
+        if nbytes > allowed:
+            raise ValueError(
+                f"{self} needs {nbytes} B of shared memory for head_dim {head_dim}; a block may "
+                f"use {allowed} B on {dynamic_shared.arch()}"
+            )
+
+
+def default_config(head_dim: int, sq: int | None = None) -> WgmmaAttentionConfig:
+    """64-key tiles, 2 stages, two warpgroups (128 query rows; 49 KiB of shared memory at
+    D = 64, 97 KiB at D = 128); one warpgroup where ``sq`` (the query length, when given)
+    fits in 64 rows."""
+    warps = 4 if sq is not None and sq <= ROWS else 8
+    return WgmmaAttentionConfig(64, warps, 2)
+
+
+def wgmma_attention(head_dim: int, causal: bool, config=None, bf16: bool = False):
+    """The ``cuda.jit`` kernel ``kernel(q, k, v, o, scale_log2)`` (module doc), memoised;
+    ``bf16``: q, k, v and o are bfloat16 (their ``uint16`` bits)."""
+    cfg = default_config(head_dim) if config is None else WgmmaAttentionConfig(*config)
+    cfg.validate(head_dim)
+    return _build(head_dim, bool(causal), cfg, bool(bf16))
+
+
+def _tuple_helpers(s_count: int, o_count: int):
+    """``unpack(acc, out)`` (an accumulator tuple into ``out[j, q]``: element ``4 j + q``) and
+    ``rescale(acc, a0, a1)`` (rows ``g`` times ``a0``, rows ``g + 8`` times ``a1``), written
+    statement by statement so that every index is a constant (registers, no local memory)."""
+    lines = ["def unpack(acc, out):"]
+    lines += [f"    out[{i // 4}, {i % 4}] = acc[{i}]" for i in range(s_count)]
+    scaled = ", ".join(f"acc[{i}] * {'a0' if i % 4 < 2 else 'a1'}" for i in range(o_count))
+    lines += ["def rescale(acc, a0, a1):", f"    return ({scaled},)"]
+    namespace: dict = {}
+    exec("\n".join(lines), namespace)  # noqa: S102 - our own generated code
+    unpack = cuda.jit(device=True, **INLINE)(namespace["unpack"])
+    return unpack, cuda.jit(device=True, **INLINE)(namespace["rescale"])
+
+
+@functools.cache
+def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
+    block_q, block_kv, stages, threads = cfg.block_q, cfg.block_kv, cfg.num_stages, cfg.threads
+    ahead, lag = stages - 1, stages - 2
+    kd = d // 16  # k16 steps of Q K^T
+    nt = block_kv // 8  # n8 score tiles per warp
+    kk_steps = block_kv // 16  # k16 steps of P V
+    dt = d // 8  # n8 output tiles per warp
+    tile = block_kv * d  # one stage of K (or V), in elements
+    k_at = block_q * d
+    v_at = k_at + stages * tile
+    tile16 = 2 * tile // 16  # a stage in 16-byte units (a descriptor's address field)
+    # Copies: the threads of a row take its chunks, one each; rows step by a multiple of 8,
+    # so a thread's physical chunk (the swizzle) is the same in every row it copies.
+    per_row = d // CHUNK
+    row_step = threads // per_row
+    q_passes, kv_passes = block_q // row_step, block_kv // row_step
+    elem = uint16 if bf16 else float16
+    wgmma = wgmma_async_bf16 if bf16 else wgmma_async
+    pack = pack_bf16x2 if bf16 else pack_f16x2
+    store_pair = store_bf16x2 if bf16 else store_f16x2
+    unpack_s, rescale = _tuple_helpers(block_kv // 2, d // 2)
+    unpack_o, _ = _tuple_helpers(d // 2, d // 2)
+
+    @cuda.jit(device=True)
+    def k_step(w, rows):
+        """Descriptor offset (16-byte units) of k16 step ``w`` in a K-major tile of ``rows``:
+        32 bytes along the swizzled row, a column block of ``rows`` x 128 bytes per 4 steps."""
+        return uint64((w // 4) * rows * 8 + (w % 4) * 2)
+
+    @cuda.jit(device=True, **INLINE)
+    def negate_chunk(bits, offset):
+        """Flip the sign bits of the 8 elements at ``bits[offset:offset + 8]``."""
+        x = load16_shared(bits, offset)
+        store16_shared(bits, offset, (
+            uint16(x[0] ^ SIGN), uint16(x[1] ^ SIGN), uint16(x[2] ^ SIGN), uint16(x[3] ^ SIGN),
+            uint16(x[4] ^ SIGN), uint16(x[5] ^ SIGN), uint16(x[6] ^ SIGN), uint16(x[7] ^ SIGN),
+        ))  # fmt: skip
+
+    @cuda.jit(device=True, **INLINE)
+    def load_kv(smem, k, v, bz, kt, base, dst, r0, col, sk_len):
+        """This thread's chunks of K/V tile ``kt`` into the stage at ``base`` (K; V follows
+        the K ring), zero-filled past ``Sk``."""
+        for p in range(kv_passes):
+            row = kt * block_kv + r0 + p * row_step
+            n = 16 if row < sk_len else 0
+            at = base + dst + p * row_step * BLOCK
+            cp_async_cg_16_zfill(smem, at, k, (bz, row, col), n)
+            cp_async_cg_16_zfill(smem, at + stages * tile, v, (bz, row, col), n)
+
+    @cuda.jit(device=True, **INLINE)
+    def kv_step(smem, pad, k, v, bz, kt, tiles, masked, desc_q, desc_k, desc_v, sacc, oacc,
+                sl, pf, row_max, row_sum, lim, c, dst, r0, col, sk_len, lane):  # fmt: skip
+        """K/V tile ``kt``: wait, refill, S, (``masked``: mask), softmax, O += P V."""
+        s = kt % stages
+        cp_async_wait_group(lag)
+        fence_proxy_async()  # the landed copies, visible to the wgmma reads (async proxy)
+        cuda.syncthreads()
+        if int32(kt + ahead) < tiles:
+            base = pad + k_at + ((s + ahead) % stages) * tile
+            load_kv(smem, k, v, bz, kt + ahead, base, dst, r0, col, sk_len)
+        cp_async_commit_group()
+        wgmma_fence()
+        offset = uint64(s * tile16)
+        sacc = wgmma(desc_q, desc_k + offset, sacc, 0, 1, 1, 0, 0)  # scale-d 0: S = Q K^T
+        for w in range(1, kd):  # constant trip count: unrolled
+            sacc = wgmma(
+                desc_q + k_step(w, block_q), desc_k + offset + k_step(w, block_kv), sacc, 1,
+                1, 1, 0, 0,
+            )  # fmt: skip
+        wgmma_commit_group()
+        sacc = wgmma_wait_group(0, sacc)
+        unpack_s(sacc, sl)
+        if masked:  # the diagonal, or keys past the end of K
+            key0 = int32(kt * block_kv + 2 * (lane & 3))
+            for h in range(2):
+                end = sk_len  # keys from end on are masked for row 8 h
+                if causal:
+                    end = min(sk_len, max(0, lim + 8 * h))
+                for j in range(nt):
+                    for q in range(2 * h, 2 * h + 2):
+                        if int32(key0 + 8 * j + (q & 1)) >= end:
+                            sl[j, q] = NEG_INF
+        # Online softmax, per row h of the lane's two (its quad holds the row's scores).
+        alpha0 = ZERO
+        alpha1 = ZERO
+        for h in range(2):
+            mx = sl[0, 2 * h]
+            for j in range(nt):
+                mx = max_nan(mx, sl[j, 2 * h])
+                mx = max_nan(mx, sl[j, 2 * h + 1])
+            mx = max_nan(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 1))
+            mx = max_nan(mx, cuda.shfl_xor_sync(0xFFFFFFFF, mx, 2))
+            m_new = max_nan(row_max[h], mx * c)
+            m_use = ZERO if m_new == NEG_INF else m_new  # no key yet: p = exp2(-inf) = 0
+            alpha = exp2_approx(row_max[h] - m_use)
+            row_max[h] = m_new
+            total = row_sum[h] * alpha
+            for j in range(nt):
+                p0 = exp2_approx(sl[j, 2 * h] * c - m_use)
+                p1 = exp2_approx(sl[j, 2 * h + 1] * c - m_use)
+                pf[j // 2, 2 * (j % 2) + h] = pack(p0, p1)
+                total += p0 + p1
+            row_sum[h] = total
+            if h == 0:
+                alpha0 = alpha
+            else:
+                alpha1 = alpha
+        oacc = rescale(oacc, alpha0, alpha1)
+        wgmma_fence()  # O and P's registers written: ordered before the MMAs that read them
+        vd = desc_v + offset
+        for kk in range(kk_steps):  # constant trip count: unrolled
+            oacc = wgmma(
+                (pf[kk, 0], pf[kk, 1], pf[kk, 2], pf[kk, 3]), vd + uint64(kk * 16 * BLOCK // 8),
+                oacc, 1, 1, 1, 0, 1,
+            )  # fmt: skip
+        wgmma_commit_group()
+        oacc = wgmma_wait_group(0, oacc)
+        return sacc, oacc
+
+    def kernel(q, k, v, o, scale_log2):
+        smem = cuda.shared.array(0, elem, alignment=ALIGN)
+        bits = cuda.shared.array(0, uint16, alignment=ALIGN)  # the same memory, as bits
+        # Local arrays indexed only by constants (loops over constants, unrolled): registers.
+        sl = cuda.local.array((nt, 4), float32)
+        pf = cuda.local.array((kk_steps, 4), uint32)  # P as A registers
+        ol = cuda.local.array((dt, 4), float32)
+        row_max = cuda.local.array(2, float32)  # FlashAttention's m and l, scaled by c
+        row_sum = cuda.local.array(2, float32)
+        # The arrays start at the first 1024-byte boundary of the dynamic array: the address
+        # bits 4..9 of its start are its descriptor's low 6 bits.
+        probe = wgmma_descriptor(smem, 0, 16, 16, 0)
+        pad = int32(((uint64(64) - (probe & uint64(63))) & uint64(63)) * uint64(CHUNK))
+        tid = cuda.threadIdx.x
+        lane = tid % WARP_SIZE
+        warp = tid // WARP_SIZE
+        # the warpgroup, from lane 0: warp-uniform for the compiler too (uniform descriptors)
+        group = cuda.shfl_sync(0xFFFFFFFF, warp // WARPGROUP, 0)
+        bz = cuda.blockIdx.y
+        m0 = cuda.blockIdx.x * block_q
+        if causal:  # the blocks with the most tiles first: the light ones fill the last wave
+            m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * block_q
+        sq_len = int32(q.shape[1])
+        sk_len = int32(k.shape[1])
+        shift_keys = sk_len - sq_len  # causal: key j is visible to query i iff j <= i + shift
+        kv_end = sk_len
+        mask_from = sk_len  # keys from here on are masked for some row of the block
+        if causal:
+            kv_end = min(sk_len, max(0, m0 + block_q + shift_keys))
+            mask_from = min(sk_len, m0 + shift_keys + 1)
+        tiles = int32((kv_end + block_kv - 1) // block_kv)
+        full = min(tiles, int32(mask_from // block_kv))  # tiles that need no mask
+
+        # This thread's chunk: column block cb, physical chunk pc of rows r0 + p * row_step.
+        r0 = tid // per_row
+        chunk = tid % per_row
+        col = chunk * CHUNK
+        cb, pc = chunk // 8, (chunk % 8) ^ (r0 % 8)
+        # Q: one cp.async group of its own, then the first stages - 1 K/V tiles.
+        q_dst = pad + cb * block_q * BLOCK + r0 * BLOCK + pc * CHUNK
+        for p in range(q_passes):
+            row = m0 + r0 + p * row_step
+            cp_async_cg_16_zfill(smem, q_dst + p * row_step * BLOCK, q, (bz, row, col),
+                                 16 if row < sq_len else 0)  # fmt: skip
+        cp_async_commit_group()
+        dst = cb * block_kv * BLOCK + r0 * BLOCK + pc * CHUNK
+        for kt in range(ahead):
+            if kt < tiles:
+                load_kv(smem, k, v, bz, kt, pad + k_at + kt * tile, dst, r0, col, sk_len)
+            cp_async_commit_group()
+        cp_async_wait_group(ahead)  # Q's group
+        # A negative scale is folded into Q once: each thread flips the chunks it copied
+        # (published to the tensor cores by the first tile's fence and barrier).
+        c = abs(scale_log2)
+        c = max(c, FLT_MIN)
+        if scale_log2 < ZERO:
+            for p in range(q_passes):
+                negate_chunk(bits, q_dst + p * row_step * BLOCK)
+
+        # Descriptors of this warpgroup's Q rows, and of stage 0's K and V.
+        desc_q = wgmma_descriptor(smem, pad + group * ROWS * BLOCK, 16, 1024, SWIZZLE_128B)
+        desc_k = wgmma_descriptor(smem, pad + k_at, 16, 1024, SWIZZLE_128B)
+        desc_v = wgmma_descriptor(smem, pad + v_at, 2 * block_kv * BLOCK, 1024, SWIZZLE_128B)
+        sacc = wgmma_zeros(block_kv)
+        oacc = wgmma_zeros(d)
+        row0 = m0 + group * ROWS + 16 * (warp % WARPGROUP) + (lane >> 2)
+        lim = row0 + shift_keys + 1  # causal: the first key masked for the lane's first row
+        for h in range(2):
+            row_max[h] = NEG_INF
+            row_sum[h] = ZERO
+
+        kt = int32(0)
+        while kt < full:  # a run-time bound: `while`, not range()
+            sacc, oacc = kv_step(smem, pad, k, v, bz, kt, tiles, False, desc_q, desc_k, desc_v,
+                                 sacc, oacc, sl, pf, row_max, row_sum, lim, c, dst, r0, col,
+                                 sk_len, lane)  # fmt: skip
+            kt = int32(kt + 1)
+        while kt < tiles:  # the diagonal and the end of K: masked
+            sacc, oacc = kv_step(smem, pad, k, v, bz, kt, tiles, True, desc_q, desc_k, desc_v,
+                                 sacc, oacc, sl, pf, row_max, row_sum, lim, c, dst, r0, col,
+                                 sk_len, lane)  # fmt: skip
+            kt = int32(kt + 1)
+        cp_async_wait_group(0)  # no copy outlives the block (tiles past the last: empty)
+
+        # O / l, once per row (l is the quad's sum of per-lane partials); no key: 0.
+        unpack_o(oacc, ol)
+        cols = 2 * (lane & 3)
+        for h in range(2):
+            total = row_sum[h]
+            total += cuda.shfl_xor_sync(0xFFFFFFFF, total, 1)
+            total += cuda.shfl_xor_sync(0xFFFFFFFF, total, 2)
+            inv = ZERO if total == ZERO else rcp_approx(total)
+            row = row0 + 8 * h
+            if row < sq_len:
+                for j in range(dt):
+                    store_pair(o, (bz, row, 8 * j + cols), ol[j, 2 * h] * inv,
+                               ol[j, 2 * h + 1] * inv)  # fmt: skip
+
+    kernel.__name__ = kernel.__qualname__ = (
+        f"flash_attention_wgmma{'_bf16' if bf16 else ''}_d{d}{'_causal' if causal else ''}"
+        f"_kv{block_kv}_w{cfg.num_warps}_s{stages}"
+    )
+    return cuda.jit(kernel)

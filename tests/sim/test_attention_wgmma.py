@@ -1,0 +1,229 @@
+"""The warpgroup-MMA flash attention (kernels.attention_wgmma, sm_90a) and ``ops.attention`` on
+sm_90a, against the float64 NumPy reference, element by element.
+
+The bound is test_ops_attention's (module doc there): the kernel rounds where the mma.sync
+kernel does (scores and statistics in float32, P rounded to float16 or bfloat16 for ``P @ V``,
+O once at its store), and the twins of ``wgmma`` sum each k16 step exactly and round once to
+float32. In the simulator the tests stand for an sm_90a device (``sim.simulated_arch``); on a
+GPU (``TESSERA_TIER=gpu``) they run on compute capability 9.0 and later and are skipped, with
+the reason printed, on older devices; the profiler tests are simulator-only.
+"""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import SIDES, SIMULATED, attention_reference, back, on, on_sm90a, wgmma_skip
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_ops_attention import check, operands, tolerance
+
+from tessera_tile import dynamic_shared, ops, sim
+from tessera_tile.kernels import attention as tc
+from tessera_tile.kernels import attention_wgmma as aw
+
+pytestmark = wgmma_skip("test_attention_wgmma")
+
+BF16 = ml_dtypes.bfloat16
+LOG2E = math.log2(math.e)
+ONE_GROUP = aw.WgmmaAttentionConfig(64, 4, 2)  # 64 query rows
+THREE_STAGES = aw.WgmmaAttentionConfig(32, 8, 3)  # 128 rows, 32-key tiles, 3 stages
+WIDE_KEYS = aw.WgmmaAttentionConfig(128, 4, 2)  # 128-key tiles (D = 64 only)
+
+
+@pytest.fixture(params=SIDES)
+def side(request):
+    return request.param
+
+
+def kernel_name(q, k, v, **kwargs) -> str:
+    report = ops.attention.explain(q, k, v, **kwargs)
+    assert report.kernels == 1, report
+    return report.stages[0].split(":")[0]
+
+
+def run_kernel(q, k, v, causal, cfg, scale, side="host"):
+    """The kernel alone, launched as the op launches it."""
+    z, sq, d = q.shape
+    bf16 = q.dtype == BF16
+    o = np.full((z, sq, d), np.nan, q.dtype)
+    args = on(side, q, k, v, o)
+    if side == "host" and bf16:  # a host launch takes bfloat16 by its bits
+        args = tuple(a.view(np.uint16) for a in args)
+    kernel = aw.wgmma_attention(d, causal, cfg, bf16)
+    grid = (-(-sq // cfg.block_q), z)
+    params = (*args, np.float32(scale * LOG2E))
+    dynamic_shared.launch(kernel, grid, cfg.threads, cfg.shared_bytes(d), params)
+    got = args[3] if side == "host" else args[3].copy_to_host()
+    return got.view(q.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# the kernel
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["f16", "bf16"])
+@pytest.mark.parametrize(
+    ("d", "cfg"),
+    [(64, None), (64, ONE_GROUP), (64, THREE_STAGES), (64, WIDE_KEYS), (128, None),
+     (128, ONE_GROUP)],
+    ids=["d64", "d64-one-group", "d64-3-stages", "d64-128-keys", "d128", "d128-one-group"],
+)  # fmt: skip
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernel_matches_numpy(d, cfg, causal, dtype):
+    """Query and key lengths that end inside a warp's 16 rows, a warpgroup's 64 and a tile."""
+    cfg = cfg or aw.default_config(d)
+    q, k, v = operands(np.random.default_rng(d + causal), (2, 75, d), (2, 150, d), dtype)
+    with on_sm90a():
+        got = run_kernel(q, k, v, causal, cfg, 1 / math.sqrt(d))
+    check(got, q, k, v, causal)
+
+
+def test_kernel_on_device_arrays_with_a_negative_scale():
+    """A negative scale is folded into Q in shared memory (the sign bits of each thread's
+    chunks), before the first tile's fence makes it visible to the tensor cores."""
+    q, k, v = operands(np.random.default_rng(5), (1, 64, 128), (1, 100, 128))
+    with on_sm90a():
+        got = run_kernel(q, k, v, False, aw.default_config(128), -0.3, side="device")
+    check(got, q, k, v, False, -0.3)
+
+
+def test_default_configs_and_shared_memory():
+    assert aw.default_config(64) == aw.WgmmaAttentionConfig(64, 8, 2)
+    assert aw.default_config(128, sq=64).num_warps == 4  # one warpgroup covers Sq
+    cfg = aw.default_config(128)
+    assert cfg.block_q == 128 and cfg.threads == 256
+    # Q, two stages of K and V, and the slack that aligns them to 1024 bytes
+    assert cfg.shared_bytes(128) == 2 * 128 * (128 + 4 * 64) + 1024
+
+
+@pytest.mark.parametrize(
+    ("d", "config", "message"),
+    [
+        (32, aw.WgmmaAttentionConfig(), "head_dim must be one of"),
+        (64, aw.WgmmaAttentionConfig(48), "block_kv"),
+        (64, aw.WgmmaAttentionConfig(64, 2), "num_warps"),
+        (64, aw.WgmmaAttentionConfig(64, 8, 4), "num_stages"),
+        (128, aw.WgmmaAttentionConfig(128), "block_kv \\+ head_dim <= 192"),
+    ],
+)
+def test_bad_configs_are_refused(d, config, message):
+    with pytest.raises(ValueError, match=message):
+        aw.wgmma_attention(d, False, config)
+
+
+# --------------------------------------------------------------------------------------------
+# ops.attention on sm_90a
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    sq=st.integers(1, 140),
+    sk=st.integers(0, 140),
+    d=st.sampled_from([64, 128]),
+    causal=st.booleans(),
+    dtype=st.sampled_from([np.float16, BF16]),
+    side=st.sampled_from(SIDES),
+    seed=st.integers(0, 2**16),
+)
+def test_op_matches_numpy(sq, sk, d, causal, dtype, side, seed):
+    q, k, v = operands(np.random.default_rng(seed), (sq, d), (sk, d), dtype)
+    with on_sm90a():
+        got = back(ops.attention(*on(side, q, k, v), causal=causal), side)
+    check(got, q, k, v, causal)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["f16", "bf16"])
+def test_op_chooses_the_wgmma_kernel_on_sm90a(side, dtype):
+    """float16 and bfloat16 with D 64 or 128: the wgmma kernel, and explain says so; an
+    AttentionConfig asks for the mma.sync kernel; D = 32 has no wgmma kernel. Causal with
+    Sq > Sk: the rows that see no key are zeros."""
+    q, k, v = operands(np.random.default_rng(11), (3, 130, 64), (3, 100, 64), dtype)
+    if SIMULATED:  # the simulator's default sm_90: mma.sync
+        assert "wgmma" not in kernel_name(q, k, v)
+    with on_sm90a():
+        assert kernel_name(q, k, v).startswith("flash_attention_wgmma")
+        report = ops.attention.explain(q, k, v)
+        assert any("warpgroup MMA" in reason for reason in report.reasons), report.reasons
+        mma_sync = tc.AttentionConfig(64, 4, 2, 32)
+        assert "wgmma" not in kernel_name(q, k, v, config=mma_sync)
+        small = operands(np.random.default_rng(1), (8, 32), (8, 32), dtype)
+        assert "wgmma" not in kernel_name(*small)
+        got = back(ops.attention(*on(side, q, k, v), causal=True), side)
+    check(got, q, k, v, True)
+    np.testing.assert_array_equal(got[:, :30], 0)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.5])
+def test_op_scale(scale):
+    """scale 0 averages V (c is clamped, not 0 * inf); a negative scale flips Q's sign bits."""
+    q, k, v = operands(np.random.default_rng(4), (70, 64), (90, 64))
+    with on_sm90a():
+        got = ops.attention(q, k, v, scale=scale)
+    check(got, q, k, v, False, scale)
+
+
+def test_op_nan_propagates_as_in_numpy():
+    """A NaN in q poisons its row; a NaN in k every row that sees that key (causal: the rows
+    at or below it); the others are within the bound."""
+    q, k, v = operands(np.random.default_rng(11), (100, 64), (100, 64))
+    q[3, 5] = np.nan
+    k[70, 0] = np.nan
+    with on_sm90a():
+        got = ops.attention(q, k, v, causal=True)
+    expected = np.zeros(100, bool)
+    expected[3] = True
+    expected[70:] = True
+    np.testing.assert_array_equal(np.isnan(got).any(axis=-1), expected)
+    np.testing.assert_array_equal(np.isnan(got).all(axis=-1), expected)
+    # rows 0..69 see keys 0..69 only (causal): NumPy on those, q's NaN row replaced
+    clean = q[:70].copy()
+    clean[3] = 0
+    ref = attention_reference(clean, k[:70], v[:70], True, 0.125)
+    bound = tolerance(clean, k[:70], v[:70], True, 0.125)
+    err = np.abs(got[:70].astype(np.float64) - ref)
+    assert (err <= bound)[~expected[:70]].all()
+
+
+@pytest.mark.parametrize("where", ["k +inf", "k -inf", "v +inf"])
+def test_op_infinities_as_ieee(where):
+    """A +inf score makes its row NaN (inf - inf), a -inf score gives its key weight 0, and inf
+    in v passes through P @ V."""
+    q, k, v = operands(np.random.default_rng(12), (70, 64), (90, 64))
+    q[:, 0] = np.abs(q[:, 0]) + 0.5  # q . k[5] is +-inf for every row, never inf * 0
+    (v if where == "v +inf" else k)[5, 0] = -np.inf if where == "k -inf" else np.inf
+    with on_sm90a():
+        got = ops.attention(q, k, v, scale=0.25)
+    if where == "k +inf":
+        assert np.isnan(got).all()
+    elif where == "k -inf":
+        check(got, q, np.delete(k, 5, axis=0), np.delete(v, 5, axis=0), scale=0.25)
+    else:
+        assert np.isposinf(got[:, 0]).all()
+        check(got[:, 1:], q, k, v[:, 1:], scale=0.25)
+
+
+@pytest.mark.sim_only(reason="the profiler measures traffic and bank conflicts in the simulator")
+@pytest.mark.parametrize("causal", [False, True])
+def test_op_traffic_as_predicted(causal):
+    """Q read once, K and V once per block of 128 query rows up to its last visible key, O
+    written once; cp.async writes and the sign flips conflict-free."""
+    q, k, v = operands(np.random.default_rng(2), (2, 200, 64), (2, 200, 64))
+    with on_sm90a():
+        ex = ops.attention.explain(q, k, v, causal=causal, scale=-0.125)
+        with sim.profile() as prof:
+            got = ops.attention(q, k, v, causal=causal, scale=-0.125)
+    check(got, q, k, v, causal, -0.125)
+    assert prof.bank_conflicts == 0, str(prof)
+    assert prof.races == [] and prof.out_of_bounds == [], str(prof)
+    assert prof.bytes_read + prof.bytes_written == ex.bytes_fused, str(prof)
+
+
+def test_op_refuses_a_wgmma_config_where_it_does_not_run():
+    q, k, v = operands(np.random.default_rng(0), (16, 32), (16, 32))
+    with on_sm90a(), pytest.raises(TypeError, match="warpgroup-MMA kernel runs on sm_90a"):
+        ops.attention(q, k, v, config=aw.WgmmaAttentionConfig())
+    q32 = q.astype(np.float32)
+    with pytest.raises(TypeError, match="SimtAttentionConfig"):
+        ops.attention(q32, q32, q32, config=aw.WgmmaAttentionConfig())
