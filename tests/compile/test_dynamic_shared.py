@@ -1,5 +1,6 @@
 """The compiler's side of the simulator's shared-memory refusals: ptxas refuses a kernel whose
-static arrays pass 48 KiB, and a kernel on dynamic shared memory declares none statically."""
+static arrays pass 48 KiB (for sm_80; for sm_90a it does not), and a kernel on dynamic shared
+memory declares none statically."""
 
 import pytest
 from dynamic_shared_kernels import CARVED_BYTES, carved_tiles
@@ -24,10 +25,18 @@ def on_dynamic(x, out):
     out[cuda.threadIdx.x] = smem[x.size - 1 - cuda.threadIdx.x]
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_ptxas_refuses_static_shared_over_48_kib(arch):
+def test_ptxas_refuses_static_shared_over_48_kib():
     with pytest.raises(RuntimeError, match="too much shared data"):
-        inspect.compile(static_49_kib, "void(float32[::1])", arch)
+        inspect.compile(static_49_kib, "void(float32[::1])", "sm_80")
+
+
+def test_ptxas_for_sm90a_takes_static_shared_over_48_kib():
+    """ptxas 13.5 refuses the same kernel for sm_80 (and for plain sm_90) but assembles it for
+    sm_90a, what numba-cuda builds on a device of compute capability 9.0. Whether such a
+    device then loads it is not known here (no GPU has run it); the simulator keeps refusing
+    static arrays over 48 KiB, as the CUDA C++ Programming Guide states the limit."""
+    report = inspect.compile(static_49_kib, "void(float32[::1])", "sm_90")
+    assert report.shared_bytes == 48 * KIB + 4
 
 
 @pytest.mark.parametrize(("arch", "limit_kib"), [("sm_80", 163), ("sm_90", 227)])

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_ops_attention import check, operands, tolerance
 
+import tessera_tile as tt
 from tessera_tile import dynamic_shared, ops, sim
 from tessera_tile.kernels import attention as tc
 from tessera_tile.kernels import attention_wgmma as aw
@@ -227,3 +228,25 @@ def test_op_refuses_a_wgmma_config_where_it_does_not_run():
     q32 = q.astype(np.float32)
     with pytest.raises(TypeError, match="SimtAttentionConfig"):
         ops.attention(q32, q32, q32, config=aw.WgmmaAttentionConfig())
+
+
+@tt.fuse
+def fused_attention(q, k, v):
+    s = q @ tt.swapaxes(k, -1, -2) * 0.125
+    e = tt.exp(s - tt.max(s, axis=-1, keepdims=True))
+    return e / tt.sum(e, axis=-1, keepdims=True) @ v
+
+
+def test_the_fused_attention_pattern_runs_on_the_wgmma_kernel(side):
+    """The composer's attention pattern goes through ops.attention: on sm_90a its wgmma kernel
+    (the plan is made again when the architecture changes); ``explain(arch="sm_80")`` plans the
+    mma.sync one from anywhere."""
+    q, k, v = operands(np.random.default_rng(21), (2, 80, 64), (2, 96, 64))
+    with on_sm90a():
+        report = fused_attention.explain(q, k, v)
+        got = back(fused_attention(*on(side, q, k, v)), side)
+    assert report.kernels == 1 and "flash_attention_wgmma" in report.stages[0], report.stages
+    assert "flash_attention_wgmma" not in fused_attention.explain(q, k, v, arch="sm_80").stages[0]
+    check(got, q, k, v, False, 0.125)
+    if SIMULATED:  # back on the simulator's default device: the mma.sync kernel again
+        assert "flash_attention_wgmma" not in fused_attention.explain(q, k, v).stages[0]
