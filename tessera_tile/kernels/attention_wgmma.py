@@ -12,26 +12,36 @@ shared memory), for head sizes 64 and 128 and rows that ``cp.async`` can copy (e
 It needs a device of compute capability 9.0 (numba-cuda compiles for sm_90a there).
 
 Each warpgroup (4 warps, 128 threads) owns 64 query rows: one ``m64`` accumulator of the scores
-(``block_kv / 2`` float32 per thread) and one of the output (``D / 2``). Per K/V tile of
-``block_kv`` keys::
+(``block_kv / 2`` float32 per thread) and one of the output (``D / 2``). The default schedule
+(``overlap``, 3 stages) computes the scores of tile ``t + 1`` while the softmax of tile ``t``
+runs, FlashAttention-3's overlap within a warpgroup; per K/V tile ``t`` of ``block_kv`` keys,
+with ``S_t`` retired::
 
-    cp.async.wait_group(stages - 2); fence.proxy.async; __syncthreads()
-                              tile t landed and is visible to the tensor cores; every
+    cp.async.wait_group 0; fence.proxy.async; __syncthreads()
+                              tile t + 1 landed and is visible to the tensor cores; every
                               warpgroup has retired its MMAs of tile t - 1
-    cp.async K, V tile t + stages - 1 into the stage tile t - 1 used; commit
+    cp.async K, V tile t + 2 into the stage of tile t - 1; commit
     wgmma.fence
-    S = Q K^T                 D / 16 wgmma m64n{block_kv}k16, Q and K through descriptors
-    commit; wait_group 0      (the softmax reads S)
-    (diagonal or last tile only) masked scores = -inf
-    m' = max(m, rowmax(S) * c); alpha = exp2(m - m'); l = l * alpha
-    P = exp2(S * c - m'), packed as it is made; l += rowsum(P)
+    S_t+1 = Q K_t+1^T         D / 16 wgmma m64n{block_kv}k16, Q and K through descriptors;
+                              commit, not waited for: the tensor cores run it during
+    (diagonal or last tile only) masked S_t = -inf
+    m' = max(m, rowmax(S_t) * c); alpha = exp2(m - m'); l = l * alpha
+    P = exp2(S_t * c - m'), packed as it is made; l += rowsum(P)
     O = O * alpha; wgmma.fence
-    O += P V                  block_kv / 16 wgmma m64n{D}k16, P from registers, V through a
+    O += P V_t                block_kv / 16 wgmma m64n{D}k16, P from registers, V through a
                               descriptor (N-major: V's rows as they are in global memory)
-    commit; wait_group 0
+    commit; wait_group 0      S_t+1 and O retired
 
     D = 64, 64-key tiles, per warpgroup and tile: 4 HGMMA.64x64x16 for S, 4 for P V, no
     shared-memory loads; 64 ex2 per lane's 2 rows.
+
+Three stages, because tile ``t``'s V, tile ``t + 1``'s K and the copies of tile ``t + 2`` are
+in shared memory at once. Past the last tile the loop computes the last tile's scores again
+(discarded): a product issued on every path, where a branch around it would cost a null
+``HGMMA`` from ptxas. ``overlap=False`` runs the tile in turn (the scores, waited for, then the
+softmax, then ``P V``; 2 or 3 stages, the wait leaving ``stages - 2`` copy groups in flight).
+The steady-state loop takes two tiles a pass and counts the stage instead of taking ``kt %
+stages`` (a 64-bit modulo by 3 is a dozen instructions).
 
 The accumulators are, per warp, :mod:`.matmul_tc`'s 16 x 8 C tiles side by side (the wgmma
 D layout), so the online softmax is :mod:`.attention`'s with one m16 tile per warp: a lane
@@ -41,9 +51,8 @@ registers of k16 step ``kk`` of ``P V`` (layout C of two tiles = layout A of one
 wgmma A-from-registers fragment is mma.sync's per warp). Masking, the causal block order, the
 negative-scale fold into Q, ``scale = 0`` and rows with no key follow :mod:`.attention`.
 
-Every wait retires all MMAs (``wait_group 0``), so the tensor cores idle while the softmax
-runs: FlashAttention-3 overlaps the softmax of one tile with the products of the next
-(ping-pong between warpgroups, producer warpgroups with TMA); this kernel does not.
+Not here: FlashAttention-3's ping-pong between warpgroups (named barriers ordering one
+warpgroup's softmax against the other's products) and its producer warpgroup with TMA copies.
 
 Shared memory (dynamic, one array starting on a 1024-byte boundary as the swizzle is a function
 of the address): the Q tile, then ``num_stages`` K tiles, then ``num_stages`` V tiles. Every
@@ -106,11 +115,13 @@ SIGN = uint16(0x8000)  # the sign bit of a float16 or bfloat16
 
 class WgmmaAttentionConfig(NamedTuple):
     """One schedule: keys per K/V tile, warps (4 or 8: one or two warpgroups of 64 query rows),
-    pipeline stages."""
+    pipeline stages, and whether the scores of the next tile are computed during the softmax
+    of this one (``overlap``: 3 stages)."""
 
     block_kv: int = 64
     num_warps: int = 8
-    num_stages: int = 2
+    num_stages: int = 3
+    overlap: bool = True
 
     @property
     def warpgroups(self) -> int:
@@ -150,6 +161,11 @@ class WgmmaAttentionConfig(NamedTuple):
             )
         if self.num_stages not in (2, 3):
             raise ValueError(f"num_stages must be 2 or 3, got {self.num_stages}")
+        if self.overlap and self.num_stages != 3:
+            raise ValueError(
+                "overlap needs num_stages=3: tile t's V, tile t + 1's K and tile t + 2's copies "
+                f"are in shared memory at once; got {self.num_stages}"
+            )
         if self.block_kv + head_dim > 192:
             raise ValueError(
                 f"block_kv {self.block_kv} with head_dim {head_dim}: S and O accumulators of "
@@ -165,11 +181,11 @@ class WgmmaAttentionConfig(NamedTuple):
 
 
 def default_config(head_dim: int, sq: int | None = None) -> WgmmaAttentionConfig:
-    """64-key tiles, 2 stages, two warpgroups (128 query rows; 49 KiB of shared memory at
-    D = 64, 97 KiB at D = 128); one warpgroup where ``sq`` (the query length, when given)
-    fits in 64 rows."""
+    """64-key tiles, overlapped in 3 stages, two warpgroups (128 query rows; 65 KiB of shared
+    memory at D = 64, 129 KiB at D = 128); one warpgroup where ``sq`` (the query length, when
+    given) fits in 64 rows."""
     warps = 4 if sq is not None and sq <= ROWS else 8
-    return WgmmaAttentionConfig(64, warps, 2)
+    return WgmmaAttentionConfig(64, warps, 3, True)
 
 
 def wgmma_attention(head_dim: int, causal: bool, config=None, bf16: bool = False):
@@ -197,7 +213,11 @@ def _tuple_helpers(s_count: int, o_count: int):
 @functools.cache
 def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
     block_q, block_kv, stages, threads = cfg.block_q, cfg.block_kv, cfg.num_stages, cfg.threads
-    ahead, lag = stages - 1, stages - 2
+    overlap = cfg.overlap
+    # Tiles of copies in flight ahead of the one whose P V runs; the copy groups a refill's
+    # wait leaves in flight (overlapped: none, as tile kt + 1 is needed at once).
+    ahead, lag = stages - 1, stages - 3 if overlap else stages - 2
+    first_lag = ahead - 1
     kd = d // 16  # k16 steps of Q K^T
     nt = block_kv // 8  # n8 score tiles per warp
     kk_steps = block_kv // 16  # k16 steps of P V
@@ -245,28 +265,20 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
             cp_async_cg_16_zfill(smem, at + stages * tile, v, (bz, row, col), n)
 
     @cuda.jit(device=True, **INLINE)
-    def kv_step(smem, pad, k, v, bz, kt, tiles, masked, desc_q, desc_k, desc_v, sacc, oacc,
-                sl, pf, row_max, row_sum, lim, c, dst, r0, col, sk_len, lane):  # fmt: skip
-        """K/V tile ``kt``: wait, refill, S, (``masked``: mask), softmax, O += P V."""
-        s = kt % stages
-        cp_async_wait_group(lag)
-        fence_proxy_async()  # the landed copies, visible to the wgmma reads (async proxy)
-        cuda.syncthreads()
-        if int32(kt + ahead) < tiles:
-            base = pad + k_at + ((s + ahead) % stages) * tile
-            load_kv(smem, k, v, bz, kt + ahead, base, dst, r0, col, sk_len)
-        cp_async_commit_group()
-        wgmma_fence()
-        offset = uint64(s * tile16)
-        sacc = wgmma(desc_q, desc_k + offset, sacc, 0, 1, 1, 0, 0)  # scale-d 0: S = Q K^T
+    def scores(desc_q, desc_k):
+        """Issue ``S = Q K^T`` on the K tile of ``desc_k`` (not waited for). The accumulator in
+        is zeros with scale-d 0: ptxas reads ``RZ`` and moves nothing."""
+        sacc = wgmma(desc_q, desc_k, wgmma_zeros(block_kv), 0, 1, 1, 0, 0)
         for w in range(1, kd):  # constant trip count: unrolled
             sacc = wgmma(
-                desc_q + k_step(w, block_q), desc_k + offset + k_step(w, block_kv), sacc, 1,
-                1, 1, 0, 0,
+                desc_q + k_step(w, block_q), desc_k + k_step(w, block_kv), sacc, 1, 1, 1, 0, 0
             )  # fmt: skip
-        wgmma_commit_group()
-        sacc = wgmma_wait_group(0, sacc)
-        unpack_s(sacc, sl)
+        return sacc
+
+    @cuda.jit(device=True, **INLINE)
+    def softmax(kt, masked, sl, pf, row_max, row_sum, lim, c, sk_len, lane):
+        """The online softmax of tile ``kt``'s scores ``sl`` (``masked``: mask them first):
+        the statistics updated, P packed into ``pf``; returns the rescale of each row."""
         if masked:  # the diagonal, or keys past the end of K
             key0 = int32(kt * block_kv + 2 * (lane & 3))
             for h in range(2):
@@ -277,7 +289,7 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
                     for q in range(2 * h, 2 * h + 2):
                         if int32(key0 + 8 * j + (q & 1)) >= end:
                             sl[j, q] = NEG_INF
-        # Online softmax, per row h of the lane's two (its quad holds the row's scores).
+        # Per row h of the lane's two (its quad holds the row's scores).
         alpha0 = ZERO
         alpha1 = ZERO
         for h in range(2):
@@ -302,15 +314,62 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
                 alpha0 = alpha
             else:
                 alpha1 = alpha
-        oacc = rescale(oacc, alpha0, alpha1)
-        wgmma_fence()  # O and P's registers written: ordered before the MMAs that read them
-        vd = desc_v + offset
+        return alpha0, alpha1
+
+    @cuda.jit(device=True, **INLINE)
+    def accumulate(oacc, pf, desc_v):
+        """Issue ``O += P V`` on the V tile of ``desc_v`` (not waited for)."""
         for kk in range(kk_steps):  # constant trip count: unrolled
             oacc = wgmma(
-                (pf[kk, 0], pf[kk, 1], pf[kk, 2], pf[kk, 3]), vd + uint64(kk * 16 * BLOCK // 8),
-                oacc, 1, 1, 1, 0, 1,
+                (pf[kk, 0], pf[kk, 1], pf[kk, 2], pf[kk, 3]),
+                desc_v + uint64(kk * 16 * BLOCK // 8), oacc, 1, 1, 1, 0, 1,
             )  # fmt: skip
+        return oacc
+
+    @cuda.jit(device=True, **INLINE)
+    def refill(smem, pad, k, v, bz, kt, stage, tiles, dst, r0, col, sk_len):
+        """Wait for this thread's copies of the next tile needed, publish every thread's (to
+        the tensor cores too), and start the copies of tile ``kt + ahead`` (``stage``: tile
+        ``kt``'s; tile ``kt + ahead`` goes to the one before it, ``ahead = stages - 1``)."""
+        cp_async_wait_group(lag)
+        fence_proxy_async()  # the landed copies, visible to the wgmma reads (async proxy)
+        cuda.syncthreads()
+        if int32(kt + ahead) < tiles:
+            base = pad + k_at + (stage - 1 if stage > 0 else stages - 1) * tile
+            load_kv(smem, k, v, bz, kt + ahead, base, dst, r0, col, sk_len)
+        cp_async_commit_group()
+
+    @cuda.jit(device=True, **INLINE)
+    def kv_step(smem, pad, k, v, bz, kt, stage, tiles, masked, desc_q, desc_k, desc_v, sacc,
+                oacc, sl, pf, row_max, row_sum, lim, c, dst, r0, col, sk_len, lane):  # fmt: skip
+        """K/V tile ``kt`` in ``stage``. In turn: refill, S, wait, softmax, O += P V, wait.
+        Overlapped (``sacc``: tile ``kt``'s scores, retired): refill, S of tile ``kt + 1``
+        issued, the softmax of tile ``kt`` while it runs, O += P V, wait for both; returns the
+        scores of tile ``kt + 1`` and O."""
+        refill(smem, pad, k, v, bz, kt, stage, tiles, dst, r0, col, sk_len)
+        offset = uint64(stage * tile16)
+        if overlap:
+            unpack_s(sacc, sl)  # before the registers are handed to the next product
+            # Tile kt + 1's scores; past the last tile, tile kt's again (discarded): one
+            # product issued on every path (a branch around it costs ptxas a null HGMMA)
+            nxt = stage + 1 if stage + 1 < stages else 0
+            nxt = nxt if int32(kt + 1) < tiles else stage
+            wgmma_fence()
+            sacc = scores(desc_q, desc_k + uint64(nxt * tile16))
+            wgmma_commit_group()
+        else:
+            wgmma_fence()
+            sacc = scores(desc_q, desc_k + offset)
+            wgmma_commit_group()
+            sacc = wgmma_wait_group(0, sacc)
+            unpack_s(sacc, sl)
+        alpha0, alpha1 = softmax(kt, masked, sl, pf, row_max, row_sum, lim, c, sk_len, lane)
+        oacc = rescale(oacc, alpha0, alpha1)
+        wgmma_fence()  # O and P's registers written: ordered before the MMAs that read them
+        oacc = accumulate(oacc, pf, desc_v + offset)
         wgmma_commit_group()
+        if overlap:
+            sacc = wgmma_wait_group(0, sacc)
         oacc = wgmma_wait_group(0, oacc)
         return sacc, oacc
 
@@ -366,7 +425,7 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
             cp_async_commit_group()
         cp_async_wait_group(ahead)  # Q's group
         # A negative scale is folded into Q once: each thread flips the chunks it copied
-        # (published to the tensor cores by the first tile's fence and barrier).
+        # (published to the tensor cores by the next fence and barrier).
         c = abs(scale_log2)
         c = max(c, FLT_MIN)
         if scale_log2 < ZERO:
@@ -385,17 +444,38 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
             row_max[h] = NEG_INF
             row_sum[h] = ZERO
 
+        if overlap and tiles > 0:  # tile 0's scores: the loop starts with them retired
+            cp_async_wait_group(first_lag)  # Q and tile 0 landed
+            fence_proxy_async()
+            cuda.syncthreads()
+            wgmma_fence()
+            sacc = scores(desc_q, desc_k)
+            wgmma_commit_group()
+            sacc = wgmma_wait_group(0, sacc)
         kt = int32(0)
+        stage = int32(0)  # kt % stages, counted (a 64-bit modulo costs a dozen instructions)
         while kt < full:  # a run-time bound: `while`, not range()
-            sacc, oacc = kv_step(smem, pad, k, v, bz, kt, tiles, False, desc_q, desc_k, desc_v,
-                                 sacc, oacc, sl, pf, row_max, row_sum, lim, c, dst, r0, col,
-                                 sk_len, lane)  # fmt: skip
+            # two tiles per pass: each tile's scores come in the registers the one before
+            # did not use (one pass, one register set each: no copies)
+            s2, oacc = kv_step(smem, pad, k, v, bz, kt, stage, tiles, False, desc_q, desc_k,
+                               desc_v, sacc, oacc, sl, pf, row_max, row_sum, lim, c, dst, r0,
+                               col, sk_len, lane)  # fmt: skip
             kt = int32(kt + 1)
+            stage = int32(stage + 1 if stage + 1 < stages else 0)
+            if kt < full:
+                sacc, oacc = kv_step(smem, pad, k, v, bz, kt, stage, tiles, False, desc_q,
+                                     desc_k, desc_v, s2, oacc, sl, pf, row_max, row_sum, lim,
+                                     c, dst, r0, col, sk_len, lane)  # fmt: skip
+                kt = int32(kt + 1)
+                stage = int32(stage + 1 if stage + 1 < stages else 0)
+            else:
+                sacc = s2
         while kt < tiles:  # the diagonal and the end of K: masked
-            sacc, oacc = kv_step(smem, pad, k, v, bz, kt, tiles, True, desc_q, desc_k, desc_v,
-                                 sacc, oacc, sl, pf, row_max, row_sum, lim, c, dst, r0, col,
-                                 sk_len, lane)  # fmt: skip
+            sacc, oacc = kv_step(smem, pad, k, v, bz, kt, stage, tiles, True, desc_q, desc_k,
+                                 desc_v, sacc, oacc, sl, pf, row_max, row_sum, lim, c, dst, r0,
+                                 col, sk_len, lane)  # fmt: skip
             kt = int32(kt + 1)
+            stage = int32(stage + 1 if stage + 1 < stages else 0)
         cp_async_wait_group(0)  # no copy outlives the block (tiles past the last: empty)
 
         # O / l, once per row (l is the quad's sum of per-lane partials); no key: 0.
@@ -414,6 +494,6 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
 
     kernel.__name__ = kernel.__qualname__ = (
         f"flash_attention_wgmma{'_bf16' if bf16 else ''}_d{d}{'_causal' if causal else ''}"
-        f"_kv{block_kv}_w{cfg.num_warps}_s{stages}"
+        f"_kv{block_kv}_w{cfg.num_warps}_s{stages}{'_overlap' if overlap else ''}"
     )
     return cuda.jit(kernel)

@@ -7,7 +7,9 @@ for sm_90 is this kernel.
 The figures per K/V tile are recorded beside the hand-written CUDA C++ mma.sync anchor (D = 64,
 4 warps x 16 rows, 64-key tiles, sm_80: 350 instructions per tile, 10.9 per score, 1.06 EX2 per
 score, 2.0 HMMA per LDSM); static counts from ptxas and nvdisasm, not timings. The steady-state
-loop holds the unmasked tiles, one tile per pass.
+loop holds the unmasked tiles, two per pass. By default the scores of the next tile are computed
+while the softmax of this one runs (FlashAttention-3's overlap within a warpgroup); the SASS
+shows it: the scores' HGMMAs, then EX2s, then the wait.
 """
 
 import ml_dtypes
@@ -21,8 +23,10 @@ from tessera_tile.kernels import attention_wgmma as aw
 SIG = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, ::1]")
 BF16_SIG = "void({0}, {0}, {0}, {0}, float32)".format("uint16[:, :, ::1]")  # bfloat16 bits
 ANCHOR = "CUDA C++ mma.sync anchor (D=64, sm_80): 350 instr per tile, 10.9 per score, 1.06 EX2"
-CASES = [(64, False, False), (64, True, False), (128, False, False), (128, True, True),
-         (64, False, True)]  # fmt: skip
+IN_TURN = aw.WgmmaAttentionConfig(64, 8, 2, False)  # S, softmax, P V in turn
+CASES = [(64, False, False, None), (64, True, False, None), (128, False, False, None),
+         (128, True, True, None), (64, False, True, None), (64, False, False, IN_TURN),
+         (128, False, False, IN_TURN)]  # fmt: skip
 
 
 def build(d: int, causal: bool, bf16: bool, cfg=None):
@@ -35,40 +39,59 @@ def build(d: int, causal: bool, bf16: bool, cfg=None):
     return cfg, report
 
 
+def loop_opcodes(report, loop) -> list[tuple[str, str]]:
+    """``(opcode, operands)`` of the loop's instructions, in listing order."""
+    (function,) = [f for f in report.functions if f.name == loop.function]
+    return [(i.opcode, i.operands) for i in function.instructions if i.offset in loop]
+
+
 @pytest.mark.parametrize(
-    ("d", "causal", "bf16"), CASES, ids=[f"d{d}{'-causal' * c}{'-bf16' * b}" for d, c, b in CASES]
-)
-def test_both_products_are_hgmma_on_descriptors(d, causal, bf16, record_property):
-    cfg, report = build(d, causal, bf16)
+    ("d", "causal", "bf16", "cfg"), CASES,
+    ids=[f"d{d}{'-causal' * c}{'-bf16' * b}{'-in-turn' * bool(g)}" for d, c, b, g in CASES],
+)  # fmt: skip
+def test_both_products_are_hgmma_on_descriptors(d, causal, bf16, cfg, record_property):
+    cfg, report = build(d, causal, bf16, cfg)
     assert report.spill_stores == report.spill_loads == 0, report
     assert not report.uses_local_memory, report
     loop = report.loop_with("HGMMA")
     kind = ".BF16" if bf16 else ""
     s_shape = f"HGMMA.64x{cfg.block_kv}x16.F32{kind}"
     o_shape = f"HGMMA.64x{d}x16.F32{kind}"
-    # one tile per pass: D / 16 k-steps of Q K^T, block_kv / 16 of P V
+    per_tile = d // 16 + cfg.block_kv // 16  # k16 steps of Q K^T and of P V
+    tiles = loop.count("HGMMA") // per_tile  # the steady-state loop takes two tiles a pass
+    assert tiles == 2 and loop.count("HGMMA") == tiles * per_tile, loop.histogram
     if s_shape == o_shape:
-        assert loop.count(s_shape) == d // 16 + cfg.block_kv // 16, loop.histogram
+        assert loop.count(s_shape) == tiles * per_tile, loop.histogram
     else:
-        assert loop.count(s_shape) == d // 16, loop.histogram
-        assert loop.count(o_shape) == cfg.block_kv // 16, loop.histogram
-    assert loop.count("HGMMA") == d // 16 + cfg.block_kv // 16, loop.histogram
+        assert loop.count(s_shape) == tiles * d // 16, loop.histogram
+        assert loop.count(o_shape) == tiles * cfg.block_kv // 16, loop.histogram
     for opcode in ("HMMA", "LDS", "LDSM"):
         assert loop.count(opcode) == 0, (opcode, loop.histogram)
     assert report.count("HMMA") == 0 and report.count("LDSM") == 0, report.histogram
     # K and V by cp.async (2 chunks per thread and row pass), one barrier and one async-proxy
     # fence per tile, two wgmma groups (S, then O)
-    assert loop.count("LDGSTS") == 2 * cfg.block_kv * d // 8 // cfg.threads, loop.histogram
+    chunks = 2 * cfg.block_kv * d // 8 // cfg.threads
+    assert loop.count("LDGSTS") == tiles * chunks, loop.histogram
     for opcode, count in (("BAR.SYNC", 1), ("FENCE.VIEW.ASYNC.S", 1), ("WARPGROUP.ARRIVE", 2)):
-        assert loop.count(opcode) == count, (opcode, loop.histogram)
+        assert loop.count(opcode) == tiles * count, (opcode, loop.histogram)
     assert ptxas_advisories(report) == []
+    # Overlapped, the scores' HGMMAs (A through a descriptor: no .tnspB) are in flight while
+    # the softmax runs: an EX2 comes after them before any wait; in turn, a wait comes first.
+    ops = loop_opcodes(report, loop)
+    first_s = next(i for i, (op, args) in enumerate(ops) if op.startswith("HGMMA") and
+                   "tnspB" not in args)  # fmt: skip
+    after = [op for op, _ in ops[first_s:]]
+    ex2 = next(i for i, op in enumerate(after) if op.startswith("MUFU.EX2"))
+    wait = next(i for i, op in enumerate(after) if op.startswith("WARPGROUP.DEPBAR"))
+    assert (ex2 < wait) == cfg.overlap, (ex2, wait)
     scores = 64 * cfg.block_kv // 128  # one warpgroup's scores of a tile, per thread
+    per = loop.instructions / tiles
     record_property(
         "resources",
         f"{report.name} sm_90: regs {report.registers}, {report.instructions} instr; per K/V "
-        f"tile of {cfg.block_kv}: {loop.count('HGMMA')} HGMMA per warpgroup, "
-        f"{loop.instructions} instr ({loop.instructions / scores:.1f} per score), "
-        f"{loop.count('MUFU.EX2') / scores:.2f} EX2 per score | {ANCHOR}",
+        f"tile of {cfg.block_kv}: {per_tile} HGMMA per warpgroup, {per:.0f} instr "
+        f"({per / scores:.1f} per score), {loop.count('MUFU.EX2') / tiles / scores:.2f} EX2 "
+        f"per score | {ANCHOR}",
     )
 
 

@@ -28,9 +28,11 @@ pytestmark = wgmma_skip("test_attention_wgmma")
 
 BF16 = ml_dtypes.bfloat16
 LOG2E = math.log2(math.e)
-ONE_GROUP = aw.WgmmaAttentionConfig(64, 4, 2)  # 64 query rows
-THREE_STAGES = aw.WgmmaAttentionConfig(32, 8, 3)  # 128 rows, 32-key tiles, 3 stages
-WIDE_KEYS = aw.WgmmaAttentionConfig(128, 4, 2)  # 128-key tiles (D = 64 only)
+ONE_GROUP = aw.WgmmaAttentionConfig(64, 4)  # 64 query rows
+NARROW_KEYS = aw.WgmmaAttentionConfig(32, 8)  # 128 rows, 32-key tiles
+WIDE_KEYS = aw.WgmmaAttentionConfig(128, 4)  # 128-key tiles (D = 64 only)
+IN_TURN = aw.WgmmaAttentionConfig(64, 8, 2, False)  # no overlap: S, softmax, P V in turn
+IN_TURN_3 = aw.WgmmaAttentionConfig(64, 4, 3, False)  # the same, 3 stages
 
 
 @pytest.fixture(params=SIDES)
@@ -67,9 +69,10 @@ def run_kernel(q, k, v, causal, cfg, scale, side="host"):
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["f16", "bf16"])
 @pytest.mark.parametrize(
     ("d", "cfg"),
-    [(64, None), (64, ONE_GROUP), (64, THREE_STAGES), (64, WIDE_KEYS), (128, None),
-     (128, ONE_GROUP)],
-    ids=["d64", "d64-one-group", "d64-3-stages", "d64-128-keys", "d128", "d128-one-group"],
+    [(64, None), (64, ONE_GROUP), (64, NARROW_KEYS), (64, WIDE_KEYS), (64, IN_TURN),
+     (64, IN_TURN_3), (128, None), (128, ONE_GROUP), (128, IN_TURN)],
+    ids=["d64", "d64-one-group", "d64-32-keys", "d64-128-keys", "d64-in-turn",
+         "d64-in-turn-3-stages", "d128", "d128-one-group", "d128-in-turn"],
 )  # fmt: skip
 @pytest.mark.parametrize("causal", [False, True])
 def test_kernel_matches_numpy(d, cfg, causal, dtype):
@@ -91,12 +94,12 @@ def test_kernel_on_device_arrays_with_a_negative_scale():
 
 
 def test_default_configs_and_shared_memory():
-    assert aw.default_config(64) == aw.WgmmaAttentionConfig(64, 8, 2)
+    assert aw.default_config(64) == aw.WgmmaAttentionConfig(64, 8, 3, True)
     assert aw.default_config(128, sq=64).num_warps == 4  # one warpgroup covers Sq
     cfg = aw.default_config(128)
     assert cfg.block_q == 128 and cfg.threads == 256
-    # Q, two stages of K and V, and the slack that aligns them to 1024 bytes
-    assert cfg.shared_bytes(128) == 2 * 128 * (128 + 4 * 64) + 1024
+    # Q, three stages of K and V, and the slack that aligns them to 1024 bytes
+    assert cfg.shared_bytes(128) == 2 * 128 * (128 + 6 * 64) + 1024
 
 
 @pytest.mark.parametrize(
@@ -105,7 +108,8 @@ def test_default_configs_and_shared_memory():
         (32, aw.WgmmaAttentionConfig(), "head_dim must be one of"),
         (64, aw.WgmmaAttentionConfig(48), "block_kv"),
         (64, aw.WgmmaAttentionConfig(64, 2), "num_warps"),
-        (64, aw.WgmmaAttentionConfig(64, 8, 4), "num_stages"),
+        (64, aw.WgmmaAttentionConfig(64, 8, 4, False), "num_stages"),
+        (64, aw.WgmmaAttentionConfig(64, 8, 2), "overlap needs num_stages=3"),
         (128, aw.WgmmaAttentionConfig(128), "block_kv \\+ head_dim <= 192"),
     ],
 )
