@@ -2,9 +2,11 @@
 the simulator measures next to a naive three-kernel version. Prints tables; asserts nothing.
 
     python benchmarks/attention.py model     # predicted bytes, FLOPs, H100 roofline bound
-    python benchmarks/attention.py sass      # compiled offline for sm_80 and sm_90 (no GPU)
+    python benchmarks/attention.py sass      # compiled offline for sm_80 and sm_90 (no GPU),
+                                             # the mma.sync and the wgmma kernels
     python benchmarks/attention.py traffic   # simulator: measured bytes, S = 64 and 256
     python benchmarks/attention.py gpu       # a GPU: ms and TFLOP/s vs CuPy's three kernels
+                                             # (on sm_90a also wgmma in turn, and mma.sync)
     python benchmarks/attention.py           # all of them
 
 The roofline figures are a MODEL, not a measurement: time >= max(FLOPs / peak, bytes / 3.35
@@ -99,10 +101,38 @@ def sass() -> None:
                 str(instr), f"{instr / SCORES_PER_LANE:.2f}", style="dim",
             )  # fmt: skip
         console.print(table)
+    wgmma_sass(signature)
     console.print(
         "Static counts of the steady-state loop (unmasked tiles; the masked diagonal is a "
         "loop of its own), divided by the tiles one pass of it processes. Not timings."
     )
+
+
+def wgmma_sass(signature: str) -> None:
+    """The warpgroup-MMA kernel (what a GPU of compute capability 9.0 runs), per warpgroup."""
+    from tessera_tile import inspect
+    from tessera_tile.kernels import attention_wgmma as aw
+
+    table = Table(title="flash attention on wgmma, K/V loop per 64-key tile per warpgroup (sm_90)")
+    for col in ("kernel", "regs", "spills", "smem B", "HGMMA", "LDS+LDSM", "EX2/score", "instr",
+                "instr/score"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "kernel" else "right")
+    for d in (64, 128):
+        for cfg in (aw.default_config(d), aw.WgmmaAttentionConfig(64, 8, 2, False)):
+            r = inspect.compile(aw.wgmma_attention(d, False, cfg), signature, arch="sm_90",
+                                block=cfg.threads, dynamic_shared=cfg.shared_bytes(d))  # fmt: skip
+            loop = r.loop_with("HGMMA")
+            tiles = loop.count("HGMMA") / (d // 16 + cfg.block_kv // 16)
+            scores = 64 * cfg.block_kv // 128  # a warpgroup's scores of a tile, per thread
+            table.add_row(
+                f"D = {d}, {'overlapped' if cfg.overlap else 'in turn'}, {cfg.num_stages} "
+                "stages", str(r.registers), str(r.spill_stores + r.spill_loads),
+                str(r.dynamic_shared_bytes), f"{loop.count('HGMMA') / tiles:.0f}",
+                str(loop.count("LDS") + loop.count("LDSM")),
+                f"{loop.count('MUFU.EX2') / tiles / scores:.3f}",
+                f"{loop.instructions / tiles:.0f}", f"{loop.instructions / tiles / scores:.2f}",
+            )  # fmt: skip
+    console.print(table)
 
 
 def traffic() -> None:
@@ -148,23 +178,33 @@ def gpu() -> None:
         return
     import cupy as cp
 
-    from tessera_tile import ops
+    from tessera_tile import dynamic_shared, ops
     from tessera_tile._bench_ref import time_ms
+    from tessera_tile.kernels import attention as fa
+    from tessera_tile.kernels import attention_wgmma as aw
 
-    for s in (1024, 4096):
-        q, k, v = (cp.random.standard_normal((4, 16, s, 64)).astype(cp.float16) for _ in range(3))
-        flops = 4 * 4 * 16 * s * s * 64
-        calls = (
-            ("tessera_tile", lambda q=q, k=k, v=v: ops.attention(q, k, v)),
-            ("cupy, 3 kernels", lambda q=q, k=k, v=v: naive(cp, q, k, v, 0.125)),
-        )
-        diff = float(cp.abs(calls[0][1]() - calls[1][1]()).max())
-        console.print(f"S {s}: largest difference between the two results {diff:.2e}")
+    in_turn = aw.WgmmaAttentionConfig(64, 8, 2, False)
+
+    for s, d in ((1024, 64), (4096, 64), (4096, 128)):
+        q, k, v = (cp.random.standard_normal((4, 16, s, d)).astype(cp.float16) for _ in range(3))
+        flops = 4 * 4 * 16 * s * s * d
+        scale = d**-0.5
+        configs = [("tessera_tile", None)]
+        if dynamic_shared.wgmma():  # the default is the overlapped wgmma kernel: the others
+            configs += [("wgmma in turn", in_turn), ("mma.sync", fa.default_config(d, s))]
+        calls = [("cupy, 3 kernels", lambda q=q, k=k, v=v, c=scale: naive(cp, q, k, v, c))]
+        calls += [
+            (label, lambda q=q, k=k, v=v, c=c: ops.attention(q, k, v, config=c))
+            for label, c in configs
+        ]
+        reference = calls[0][1]()
         for label, fn in calls:
+            diff = float(cp.abs(fn() - reference).max())
             seconds = time_ms(fn) / 1e3
             console.print(
-                f"{label:16} 4 x 16 heads, S {s}, D 64, float16: {seconds * 1e3:.3f} ms, "
-                f"{flops / seconds / 1e12:.1f} TFLOP/s"
+                f"{label:16} 4 x 16 heads, S {s}, D {d}, float16: {seconds * 1e3:.3f} ms, "
+                f"{flops / seconds / 1e12:.1f} TFLOP/s (largest difference from CuPy's "
+                f"{diff:.2e})"
             )
 
 
