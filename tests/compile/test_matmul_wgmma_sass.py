@@ -46,6 +46,9 @@ CASES = [
     ("bf16 bias gelu", wg.DEFAULT._replace(has_bias=True, bf16=True), GELU),
     ("f16 128x128x32", wg.DEFAULT._replace(tile_k=32), None),  # the anchor's k-tile
     ("f16 128x256x64 3 stages", wg.WgmmaConfig(128, 256, 64, 8, 3), None),
+    # the tuner's own tiles for this kernel (tile_config.WGMMA_CANDIDATES)
+    ("f16 128x256x64 4 stages", wg.WgmmaConfig(128, 256, 64, 8, 4), None),
+    ("f16 128x128x64 3 stages", wg.WgmmaConfig(128, 128, 64, 8, 3), None),
 ]
 
 

@@ -327,3 +327,30 @@ def test_the_ops_choose_the_wgmma_kernel_on_sm90a(bf16, side):
     assert_close(got_linear, ref, scale, bf16)
     r64 = r.astype(np.float64)
     assert_close(got_block, ref * r64, (scale + 1) * np.abs(r64), bf16)
+
+
+@pytest.mark.parametrize("side", ["host", "device"])
+def test_the_tuner_offers_the_wgmma_tiles_on_sm90a(side):
+    """tile_config.WGMMA_CANDIDATES (k-tiles of 64, this kernel's fastest on an H200) are
+    choices only where this kernel runs: the model scores them inf elsewhere, and on sm_90a
+    its ties go to them; each makes a valid kernel config, and an op runs on it."""
+    from tessera_tile import ops, tile_config
+    from tessera_tile.ops._matmul_plan import wgmma_config
+
+    big = (4096, 4096, 4096)
+    for cfg in tile_config.WGMMA_CANDIDATES:
+        assert tile_config.score(cfg, *big, dtype="float16") == math.inf
+    assert tile_config.default_config(*big, dtype="float16") not in tile_config.WGMMA_CANDIDATES
+    with on_sm90a():
+        chosen = tile_config.default_config(*big, dtype="float16")
+        assert chosen == tile_config.TileConfig(128, 256, 64, 8, 4, dtype="float16"), chosen
+        for cfg in tile_config.WGMMA_CANDIDATES:
+            assert math.isfinite(tile_config.score(cfg, *big, dtype="float16"))
+            assert wgmma_config(cfg, np.dtype(np.float16), False, False) is not None
+        a, b, _ = operands(1, 130, 136, 200, seed=13)
+        cfg = tile_config.WGMMA_CANDIDATES[2]  # 128 x 128 x 64, 8 warps, 3 stages
+        report = ops.matmul.explain(a[0], b[0], config=cfg)
+        assert "wgmma" in report.stages[0], report.stages
+        got = ops.matmul(*on(side, a[0], b[0]), config=cfg)
+    got = got if side == "host" else got.copy_to_host()
+    assert_close(got[None], *reference(a, b), False)
