@@ -8,6 +8,9 @@
   product in its epilogue; neither product is written.
 * ``attention``: ``softmax(q @ tt.swapaxes(k, -1, -2) * scale) @ v``: found from its algebra
   and run by the flash-attention kernel; the score matrix is never written.
+* ``scaled``: ``(x * sx) @ (w * sw)``, per-row scales of ``x`` and per-column scales of ``w``
+  (as a quantized layer has them): the same all along K, so they move onto the accumulator,
+  ``sx * (x @ w) * sw``, one GEMM kernel; no scaled operand is written.
 
 Each runs on float16 device arrays and is checked against NumPy in float64; ``explain()`` says
 what the planner did. Run it with ``python examples/algebraic_fusion.py`` (add
@@ -27,6 +30,11 @@ def linear_residual(x, w, b, r, scale):
 @tt.fuse
 def gated_mlp(x, w1, w3):
     return tt.silu(x @ w1) * (x @ w3)
+
+
+@tt.fuse
+def scaled(x, w, sx, sw):
+    return (x * sx) @ (w * sw)
 
 
 @tt.fuse
@@ -52,11 +60,14 @@ def inputs(seed: int = 0):
     w, w1, w3 = f16(64, 40, scale=0.125), f16(64, 40, scale=0.125), f16(64, 40, scale=0.125)
     b = f16(40)
     q, k, v = f16(2, 32, 64), f16(2, 48, 64), f16(2, 48, 64)
-    return x, w, b, r, w1, w3, q, k, v
+    sx, sw = f16(48, 1, scale=0.5), f16(40, scale=0.5)
+    return x, w, b, r, w1, w3, q, k, v, sx, sw
 
 
-def references(x, w, b, r, w1, w3, q, k, v):
-    x, w, b, r, w1, w3, q, k, v = (a.astype(np.float64) for a in (x, w, b, r, w1, w3, q, k, v))
+def references(x, w, b, r, w1, w3, q, k, v, sx, sw):
+    x, w, b, r, w1, w3, q, k, v, sx, sw = (
+        a.astype(np.float64) for a in (x, w, b, r, w1, w3, q, k, v, sx, sw)
+    )
     h1, h3 = x @ w1, x @ w3
     s = q @ np.swapaxes(k, -1, -2) * 0.125
     p = np.exp(s - s.max(-1, keepdims=True))
@@ -64,13 +75,15 @@ def references(x, w, b, r, w1, w3, q, k, v):
         gelu(x @ w + b) * 0.5 + r,
         h1 / (1 + np.exp(-h1)) * h3,
         p / p.sum(-1, keepdims=True) @ v,
+        (x * sx) @ (w * sw),
     )
 
 
 CALLS = {
     "linear_residual": lambda d: linear_residual(*(d[i] for i in (0, 1, 2, 3)), 0.5),
     "gated_mlp": lambda d: gated_mlp(d[0], d[4], d[5]),
-    "attention": lambda d: attention(*d[6:]),
+    "attention": lambda d: attention(*d[6:9]),
+    "scaled": lambda d: scaled(d[0], d[1], d[9], d[10]),
 }
 
 
@@ -81,6 +94,8 @@ def check(name: str) -> float:
     got = CALLS[name]([tt.to_device(a) for a in host]).copy_to_host().astype(np.float64)
     error = float(np.abs(got - want).max() / np.abs(want).max())
     # float16 results: rounded once (2^-11), from float32 arithmetic; attention rounds P too
+    # (and NumPy's scaled operands, in float64 here, are not rounded: the kernel scales the
+    # float32 accumulator)
     assert error < 4 * 2.0**-11, f"{name}: relative error {error:.3g}"
     return error
 
@@ -93,20 +108,22 @@ KERNELS: list = []  # the matmul ops' and the flash kernel; compile_reports() sh
 
 
 def compile_reports(arch: str):
-    x, w, b, r, w1, w3, q, k, v = inputs()
+    x, w, b, r, w1, w3, q, k, v, sx, sw = inputs()
     return (
         linear_residual.inspect(x, w, b, r, 0.5, arch=arch)
         + gated_mlp.inspect(x, w1, w3, arch=arch)
         + attention.inspect(q, k, v, arch=arch)
+        + scaled.inspect(x, w, sx, sw, arch=arch)
     )
 
 
 def main() -> None:
-    x, w, b, r, w1, w3, q, k, v = inputs()
+    x, w, b, r, w1, w3, q, k, v, sx, sw = inputs()
     for title, report in (
         ("gelu(x @ w + b) * scale + r", linear_residual.explain(x, w, b, r, 0.5)),
         ("silu(x @ w1) * (x @ w3)", gated_mlp.explain(x, w1, w3)),
         ("softmax(q @ k^T * 0.125) @ v", attention.explain(q, k, v)),
+        ("(x * sx) @ (w * sw)", scaled.explain(x, w, sx, sw)),
     ):
         print(f"== {title}\n{report}\n")
     for label, run in checks():

@@ -1,5 +1,5 @@
 """Rewrites the planner makes before it splits a graph: attention found from its algebra, and
-scalar factors of matmul operands moved onto the product.
+factors of matmul operands that are the same all along K moved onto the product.
 
 ``softmax(q @ tt.swapaxes(k, -1, -2) * scale, axis=-1) @ v``, with the softmax written as
 ``e / tt.sum(e, axis=-1, keepdims=True)`` of ``e = tt.exp(s - tt.max(s, axis=-1,
@@ -15,7 +15,12 @@ stages and the composer's kernels compute it.
 The second: ``(c * a) @ b`` and ``a @ (b * c)``, ``c`` a constant or a scalar argument that
 keeps the operand's dtype, become ``c * (a @ b)``: the factor is applied to the accumulator in
 the GEMM's epilogue instead of by a kernel that writes the scaled operand (the operand is not
-rounded after scaling, as the composer rounds once where it stores).
+rounded after scaling, as the composer rounds once where it stores). So do factors that are
+arrays the same all along K: a row scale of A, ``(a * d) @ b = d * (a @ b)`` with ``d`` of
+shape ``(..., M, 1)``, and a column scale of B, ``a @ (b * e) = (a @ b) * e`` with ``e`` of
+shape ``(N,)`` or ``(..., 1, N)`` (per-row and per-channel scales of quantized operands); the
+epilogue reads them as it reads a bias or a residual. Both operands are 2-D or more, and the
+product keeps its dtype and shape.
 """
 
 from __future__ import annotations
@@ -105,24 +110,39 @@ def _causal_mask(s: Node) -> tuple[Node, Node] | None:
     return cond, scores
 
 
-def _factor(operand: Node) -> tuple[Node, Node] | None:
-    """``(array, scalar)`` of ``scalar * array`` or ``array * scalar`` of the array's dtype."""
+def _constant_along_k(c: Node, operand: Node, side: int) -> bool:
+    """Whether ``c``, broadcast against the 2-D (or more) ``operand`` (``side`` 0: A, whose K
+    axis is the last; 1: B, whose K axis is the second last), is the same all along K."""
+    if not c.ndim:
+        return True
+    if operand.ndim < 2:
+        return False
+    padded = (1,) * max(0, operand.ndim - c.ndim) + tuple(c.shape)
+    return padded[-1 if side == 0 else -2] == 1
+
+
+def _factor(operand: Node, side: int) -> tuple[Node, Node] | None:
+    """``(array, factor)`` of ``factor * array`` or ``array * factor``, where the product keeps
+    the array's dtype and the factor is the same all along K: a scalar, or an array of a row
+    scale of A (``(M, 1)``) or a column scale of B (``(N,)``, ``(1, N)``)."""
     if operand.op is not Op.MUL:
         return None
-    a, c = operand.srcs
-    if a.op in (Op.CONST, Op.SCALAR):
-        a, c = c, a
-    if c.op not in (Op.CONST, Op.SCALAR) or c.ndim or operand.dtype != a.dtype:
-        return None
-    return a, c
+    for a, c in (operand.srcs, operand.srcs[::-1]):
+        if operand.dtype == a.dtype and tuple(a.shape) == tuple(operand.shape):
+            if c.op in (Op.CONST, Op.SCALAR) and not c.ndim:
+                return a, c
+            if c.ndim and _constant_along_k(c, operand, side):
+                return a, c
+    return None
 
 
 def scaled_product(n: Node) -> Node | None:
-    """``c * (a @ b)`` for a matmul ``n`` of an operand scaled by ``c``, or None."""
-    if n.op is not Op.MATMUL:
+    """``c * (a @ b)`` for a matmul ``n`` of an operand scaled by ``c`` (constant along K), or
+    None."""
+    if n.op is not Op.MATMUL or any(s.ndim < 2 for s in n.srcs):
         return None
     for i, operand in enumerate(n.srcs):
-        found = _factor(operand)
+        found = _factor(operand, i)
         if found is None:
             continue
         array, c = found
@@ -130,7 +150,8 @@ def scaled_product(n: Node) -> Node | None:
         srcs[i] = array
         product = ir.matmul(*srcs)
         scaled = ir.elementwise(Op.MUL, product, c)
-        return scaled if scaled.dtype == n.dtype else None
+        if scaled.dtype == n.dtype and tuple(scaled.shape) == tuple(n.shape):
+            return scaled
     return None
 
 
@@ -155,10 +176,15 @@ def rewrite(outputs) -> tuple[tuple[Node, ...], list[str]]:
             )
             out = found
         elif scaled is not None:
-            reasons.append(
-                "a scalar factor of a matmul operand is applied to the product in the GEMM's "
-                "epilogue: (c * a) @ b = c * (a @ b)"
+            reason = (
+                "a row scale of A or column scale of B (the same all along K) is applied to "
+                "the product in the GEMM's epilogue: (a * d) @ (b * e) = d * (a @ b) * e"
+                if scaled.srcs[1].ndim
+                else "a scalar factor of a matmul operand is applied to the product in the "
+                "GEMM's epilogue: (c * a) @ b = c * (a @ b)"
             )
+            if reason not in reasons:  # once, however many factors
+                reasons.append(reason)
             out = visit(scaled)
         elif n.srcs:
             srcs = tuple(visit(s) for s in n.srcs)

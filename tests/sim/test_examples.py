@@ -64,10 +64,11 @@ def test_large_shared_tile_needs_the_opt_in():
 def test_algebraic_fusion_example_matches_numpy_in_the_kernels_it_promises():
     example = load_example("algebraic_fusion")
     host = example.inputs()
-    x, w, b, r, w1, w3, q, k, v = host
+    x, w, b, r, w1, w3, q, k, v, sx, sw = host
     assert example.linear_residual.explain(x, w, b, r, 0.5).kernels == 1
     assert example.gated_mlp.explain(x, w1, w3).kernels == 1
     assert example.attention.explain(q, k, v).kernels == 1
+    assert example.scaled.explain(x, w, sx, sw).kernels == 1
     for _, check in example.checks():
         assert check() < 4 * 2.0**-11
 

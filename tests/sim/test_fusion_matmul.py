@@ -166,6 +166,41 @@ def test_a_scalar_factor_of_an_operand_moves_onto_the_product(side):
     )
 
 
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_row_and_column_scales_move_onto_the_product(side, dtype):
+    """A row scale of A and a column scale of B (the same all along K: per-row and per-channel
+    scales of quantized operands) are applied to the accumulator: one kernel, no scaled operand
+    written. A scale that varies along K is not rewritten: that operand is computed first."""
+    x, w, d, e = (
+        draw(s, dtype, 80 + i) for i, s in enumerate(((2, 9, 16), (16, 12), (2, 9, 1), (12,)))
+    )
+    fn = tt.fuse(lambda x, w, d, e: (x * d) @ (w * e))
+    report = fn.explain(x, w, d, e)
+    assert report.kernels == 1, report
+    assert any("(a * d) @ (b * e) = d * (a @ b) * e" in r for r in report.reasons), report.reasons
+    x64, w64, d64, e64 = f64(x, w, d, e)
+    got = back(fn(*on(side, x, w, d, e)), side)
+    assert got.dtype == DTYPES[dtype]
+    # NumPy rounds the scaled operands (float16: 2^-11 each) where the kernel scales the
+    # float32 accumulator: the reference is the exact product, the bound the product's own
+    # plus one rounding of each scaled term
+    scale = product_scale(np.abs(x64 * d64), np.abs(w64 * e64)) + 2 * U[dtype] / EPS32 * (
+        np.abs(x64 * d64) @ np.abs(w64 * e64)
+    )
+    assert_within(got, (x64 * d64) @ (w64 * e64), scale, dtype)
+
+    along_k = tt.fuse(lambda x, w, g: (x * g) @ w)  # g of shape (K,): varies along K
+    g = draw((16,), dtype, 90)
+    assert along_k.explain(x, w, g).kernels == 2
+    x64, w64, g64 = f64(x, w, g)
+    assert_within(
+        back(along_k(*on(side, x, w, g)), side), (x64 * g64) @ w64,
+        product_scale(x64 * g64, w64) + 2 * U[dtype] / EPS32 * (np.abs(x64 * g64) @ np.abs(w64)),
+        dtype,
+    )  # fmt: skip
+
+
 def test_inputs_are_never_modified_and_out_is_written_in_place():
     shapes = ((9, 16), (16, 12), (12,), (9, 12))
     x, w, b, r = (draw(s, "float32", 9 + i) for i, s in enumerate(shapes))
