@@ -90,9 +90,11 @@ from .tc_tiles import CHUNK, INLINE, tile_copies
 __all__ = [
     "HEAD_DIMS",
     "AttentionConfig",
+    "block_span",
     "default_config",
     "flash_attention",
     "kv_rows",
+    "negate_chunk",
 ]
 
 WARP_SIZE = 32
@@ -190,6 +192,45 @@ def _reverse3(v):
     return ((v & 1) << 2) | (v & 2) | ((v >> 2) & 1)
 
 
+@cuda.jit(device=True, **INLINE)
+def negate_chunk(bits, offset):
+    """Flip the sign bits of the 8 float16 or bfloat16 at ``bits[offset:offset + 8]`` (their
+    ``uint16`` view in shared memory): a negative scale folded into Q."""
+    x = load16_shared(bits, offset)
+    store16_shared(bits, offset, (
+        uint16(x[0] ^ SIGN), uint16(x[1] ^ SIGN), uint16(x[2] ^ SIGN), uint16(x[3] ^ SIGN),
+        uint16(x[4] ^ SIGN), uint16(x[5] ^ SIGN), uint16(x[6] ^ SIGN), uint16(x[7] ^ SIGN),
+    ))  # fmt: skip
+
+
+@functools.cache
+def block_span(block_q: int, block_kv: int, causal: bool):
+    """``span(q, k) -> (m0, sq_len, sk_len, shift_keys, tiles, full)`` of the block a flash
+    kernel runs: its first query row (causal: the blocks with the most tiles first, so the
+    light ones fill the last wave), the lengths, the causal shift (key ``j`` is visible to
+    query ``i`` iff ``j <= i + shift_keys``), the K/V tiles it reads (up to its last visible
+    key) and how many of them need no mask (before the diagonal and the end of K)."""
+
+    @cuda.jit(device=True, **INLINE)
+    def span(q, k):
+        m0 = cuda.blockIdx.x * block_q
+        if causal:
+            m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * block_q
+        sq_len = int32(q.shape[1])
+        sk_len = int32(k.shape[1])
+        shift_keys = sk_len - sq_len
+        kv_end = sk_len
+        mask_from = sk_len  # keys from here on are masked for some row of the block
+        if causal:
+            kv_end = min(sk_len, max(0, m0 + block_q + shift_keys))
+            mask_from = min(sk_len, m0 + shift_keys + 1)
+        tiles = int32((kv_end + block_kv - 1) // block_kv)
+        full = min(tiles, int32(mask_from // block_kv))
+        return m0, sq_len, sk_len, shift_keys, tiles, full
+
+    return span
+
+
 @functools.cache
 def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig, bf16: bool = False):
     block_q, block_kv, stages, threads = cfg.block_q, cfg.block_kv, cfg.num_stages, cfg.threads
@@ -219,6 +260,7 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig, bf16: bool
     mma = mma_m16n8k16_bf16 if bf16 else mma_m16n8k16
     pack = pack_bf16x2 if bf16 else pack_f16x2
     store_pair = store_bf16x2 if bf16 else store_f16x2
+    span = block_span(block_q, block_kv, causal)
 
     @cuda.jit(device=True)
     def chunk_at(r, c):
@@ -241,15 +283,6 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig, bf16: bool
             x6 = src[bz, row, col + 6] if ok else z
             x7 = src[bz, row, col + 7] if ok else z
             store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
-
-    @cuda.jit(device=True, **INLINE)
-    def negate_chunk(bits, offset):
-        """Flip the sign bits of the 8 elements at ``bits[offset:offset + 8]``."""
-        x = load16_shared(bits, offset)
-        store16_shared(bits, offset, (
-            uint16(x[0] ^ SIGN), uint16(x[1] ^ SIGN), uint16(x[2] ^ SIGN), uint16(x[3] ^ SIGN),
-            uint16(x[4] ^ SIGN), uint16(x[5] ^ SIGN), uint16(x[6] ^ SIGN), uint16(x[7] ^ SIGN),
-        ))  # fmt: skip
 
     @cuda.jit(device=True, **INLINE)
     def load_kv(smem, k, v, bz, kt, stage, dst, r0, c0, sk_len):
@@ -406,18 +439,7 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig, bf16: bool
         lane = tid % WARP_SIZE
         warp = tid // WARP_SIZE
         bz = cuda.blockIdx.y
-        m0 = cuda.blockIdx.x * block_q
-        if causal:  # the blocks with the most tiles first: the light ones fill the last wave
-            m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * block_q
-        sq_len = int32(q.shape[1])
-        sk_len = int32(k.shape[1])
-        shift_keys = sk_len - sq_len  # causal: key j is visible to query i iff j <= i + shift
-        kv_end = sk_len
-        mask_from = sk_len  # keys from here on are masked for some row of the block
-        if causal:
-            kv_end = min(sk_len, max(0, m0 + block_q + shift_keys))
-            mask_from = min(sk_len, m0 + shift_keys + 1)
-        tiles = int32((kv_end + block_kv - 1) // block_kv)
+        m0, sq_len, sk_len, shift_keys, tiles, full = span(q, k)
 
         # Q: one cp.async group of its own, then the first stages - 1 K/V tiles.
         qr0, qc0 = tid // q_threads, tid % q_threads
@@ -479,10 +501,9 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig, bf16: bool
                 for i in range(4):
                     oacc[m, j, i] = ZERO
 
-        # Tiles before mask_from need no mask: the steady state, unrolled over the stages so
-        # that stage offsets are constants. The masked tail (the diagonal, the end of K) runs
-        # one body with run-time stage offsets.
-        full = min(tiles, int32(mask_from // block_kv))
+        # Tiles before the mask (full) need none: the steady state, unrolled over the stages
+        # so that stage offsets are constants. The masked tail (the diagonal, the end of K)
+        # runs one body with run-time stage offsets.
         kt = int32(0)
         while kt < full:  # a run-time bound: `while`, not range()
             kv_step(smem, k, v, bz, kt, tiles, 0, False, qf, pf, sacc, oacc, row_max, row_sum,

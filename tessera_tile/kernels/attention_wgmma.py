@@ -75,7 +75,6 @@ from numba.types import float16
 from .. import dynamic_shared
 from .._fusion.device import exp2_approx, max_nan, rcp_approx
 from ..bfloat16 import pack_bf16x2
-from ..memory import load16_shared, store16_shared
 from ..mma import (
     SWIZZLE_128B,
     fence_proxy_async,
@@ -91,6 +90,8 @@ from ..mma import (
     wgmma_zeros,
 )
 from ..pipeline import cp_async_cg_16_zfill, cp_async_commit_group, cp_async_wait_group
+from .attention import block_span, negate_chunk
+from .matmul_wgmma import ALIGN, WARPGROUP, swizzle_start
 from .tc_tiles import CHUNK, INLINE, WARP_SIZE
 
 __all__ = [
@@ -103,14 +104,11 @@ __all__ = [
 
 MIN_COMPUTE_CAPABILITY = (9, 0)  # wgmma: sm_90a
 HEAD_DIMS = (64, 128)  # whole 128-byte swizzle rows
-WARPGROUP = 4  # warps
 ROWS = 64  # query rows per warpgroup (one m64 accumulator)
-ALIGN = 1024  # bytes: a 128B swizzle atom (8 rows of 128 bytes)
 BLOCK = 64  # elements of one 128-byte column block
 ZERO = float32(0.0)
 NEG_INF = float32(-np.inf)
 FLT_MIN = float32(np.finfo(np.float32).tiny)
-SIGN = uint16(0x8000)  # the sign bit of a float16 or bfloat16
 
 
 class WgmmaAttentionConfig(NamedTuple):
@@ -236,6 +234,7 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
     pack = pack_bf16x2 if bf16 else pack_f16x2
     store_pair = store_bf16x2 if bf16 else store_f16x2
     unpack_s, rescale = _tuple_helpers(block_kv // 2, d // 2)
+    span = block_span(block_q, block_kv, causal)
     unpack_o, _ = _tuple_helpers(d // 2, d // 2)
 
     @cuda.jit(device=True)
@@ -243,15 +242,6 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
         """Descriptor offset (16-byte units) of k16 step ``w`` in a K-major tile of ``rows``:
         32 bytes along the swizzled row, a column block of ``rows`` x 128 bytes per 4 steps."""
         return uint64((w // 4) * rows * 8 + (w % 4) * 2)
-
-    @cuda.jit(device=True, **INLINE)
-    def negate_chunk(bits, offset):
-        """Flip the sign bits of the 8 elements at ``bits[offset:offset + 8]``."""
-        x = load16_shared(bits, offset)
-        store16_shared(bits, offset, (
-            uint16(x[0] ^ SIGN), uint16(x[1] ^ SIGN), uint16(x[2] ^ SIGN), uint16(x[3] ^ SIGN),
-            uint16(x[4] ^ SIGN), uint16(x[5] ^ SIGN), uint16(x[6] ^ SIGN), uint16(x[7] ^ SIGN),
-        ))  # fmt: skip
 
     @cuda.jit(device=True, **INLINE)
     def load_kv(smem, k, v, bz, kt, base, dst, r0, col, sk_len):
@@ -382,29 +372,14 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
         ol = cuda.local.array((dt, 4), float32)
         row_max = cuda.local.array(2, float32)  # FlashAttention's m and l, scaled by c
         row_sum = cuda.local.array(2, float32)
-        # The arrays start at the first 1024-byte boundary of the dynamic array: the address
-        # bits 4..9 of its start are its descriptor's low 6 bits.
-        probe = wgmma_descriptor(smem, 0, 16, 16, 0)
-        pad = int32(((uint64(64) - (probe & uint64(63))) & uint64(63)) * uint64(CHUNK))
+        pad = swizzle_start(smem)  # the tiles start at the first 1024-byte boundary
         tid = cuda.threadIdx.x
         lane = tid % WARP_SIZE
         warp = tid // WARP_SIZE
         # the warpgroup, from lane 0: warp-uniform for the compiler too (uniform descriptors)
         group = cuda.shfl_sync(0xFFFFFFFF, warp // WARPGROUP, 0)
         bz = cuda.blockIdx.y
-        m0 = cuda.blockIdx.x * block_q
-        if causal:  # the blocks with the most tiles first: the light ones fill the last wave
-            m0 = (cuda.gridDim.x - 1 - cuda.blockIdx.x) * block_q
-        sq_len = int32(q.shape[1])
-        sk_len = int32(k.shape[1])
-        shift_keys = sk_len - sq_len  # causal: key j is visible to query i iff j <= i + shift
-        kv_end = sk_len
-        mask_from = sk_len  # keys from here on are masked for some row of the block
-        if causal:
-            kv_end = min(sk_len, max(0, m0 + block_q + shift_keys))
-            mask_from = min(sk_len, m0 + shift_keys + 1)
-        tiles = int32((kv_end + block_kv - 1) // block_kv)
-        full = min(tiles, int32(mask_from // block_kv))  # tiles that need no mask
+        m0, sq_len, sk_len, shift_keys, tiles, full = span(q, k)  # full: tiles with no mask
 
         # This thread's chunk: column block cb, physical chunk pc of rows r0 + p * row_step.
         r0 = tid // per_row

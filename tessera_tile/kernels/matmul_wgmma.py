@@ -261,6 +261,17 @@ def _identity(x):
     return x
 
 
+@cuda.jit(device=True, **INLINE)
+def swizzle_start(smem):
+    """Elements from the start of the 16-bit dynamic shared array ``smem`` to its first
+    1024-byte boundary, where a kernel's swizzled tiles start (the swizzle is a function of the
+    address): the address bits 4..9 of the start are its descriptor's low 6 bits. Compiled,
+    the array is declared ``.align 1024`` and this is 0; the simulator keeps no such
+    alignment."""
+    probe = wgmma_descriptor(smem, 0, 16, 16, 0)
+    return int32(((uint64(64) - (probe & uint64(63))) & uint64(63)) * uint64(CHUNK))
+
+
 def _unpacker(count: int):
     """``unpack(acc, out)``: the ``count`` float32 of a wgmma accumulator tuple into ``out[0, j,
     q]`` (``j = i // 4``, ``q = i % 4``: the 16 x 8 tiles :mod:`.matmul_tc`'s epilogue reads),
@@ -387,10 +398,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
     @cuda.jit(device=True, **INLINE)
     def body(a, b, bias, c, extra_args, b2):
         smem = cuda.shared.array(0, elem, alignment=ALIGN)
-        # The ring starts at the first 1024-byte boundary of the dynamic array: the address
-        # bits 4..9 of its start are its descriptor's low 6 bits.
-        probe = wgmma_descriptor(smem, 0, 16, 16, 0)
-        pad = int32(((uint64(64) - (probe & uint64(63))) & uint64(63)) * uint64(CHUNK))
+        pad = swizzle_start(smem)  # the ring starts at the first 1024-byte boundary
         accl = cuda.local.array((1, nt, 4), float32)
         a_dst = cuda.local.array(a_passes, int32)
         b_dst = cuda.local.array(b_passes, int32)

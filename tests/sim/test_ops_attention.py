@@ -245,10 +245,19 @@ def test_infinities_as_ieee(side, dtype, where):
     """As the docstring says, IEEE arithmetic: a +inf score makes its row NaN (inf - inf), a
     -inf score gives its key weight 0 (the other keys within the module's bound), and inf in
     v passes through P @ V (the other columns within the bound)."""
-    q, k, v = operands(np.random.default_rng(12), (20, 16), (20, 16), dtype)
+
+    def attend(q, k, v):
+        return back(ops.attention(*on(side, q, k, v), scale=0.25), side)
+
+    check_infinities(where, *operands(np.random.default_rng(12), (20, 16), (20, 16), dtype), attend)
+
+
+def check_infinities(where, q, k, v, attend):
+    """test_infinities_as_ieee's checks of ``attend(q, k, v)`` (scale 0.25), with one infinity
+    put ``where`` it says."""
     q[:, 0] = np.abs(q[:, 0]) + 0.5  # q . k[5] is +-inf for every row, never inf * 0
     (v if where == "v +inf" else k)[5, 0] = -np.inf if where == "k -inf" else np.inf
-    got = back(ops.attention(*on(side, q, k, v), scale=0.25), side)
+    got = attend(q, k, v)
     if where == "k +inf":
         assert np.isnan(got).all()
     elif where == "k -inf":
