@@ -115,3 +115,19 @@ def test_ops_attention_inspected_for_sm90_is_this_kernel(dtype):
     assert ampere.count("HMMA") > 0 and ampere.count("HGMMA") == 0
     assert "warpgroup MMA" in str(ops.attention.explain(q, q, q, arch="sm_90"))
     assert "warpgroup MMA" not in str(ops.attention.explain(q, q, q, arch="sm_80"))
+
+
+EDGES = [(64, aw.WgmmaAttentionConfig(128, 8)), (64, aw.WgmmaAttentionConfig(128, 4)),
+         (64, aw.WgmmaAttentionConfig(32, 8)), (128, aw.WgmmaAttentionConfig(32, 4)),
+         (64, aw.WgmmaAttentionConfig(128, 8, 2, False)),
+         (128, aw.WgmmaAttentionConfig(64, 4, 3, False))]  # fmt: skip
+
+
+@pytest.mark.parametrize(("d", "cfg"), EDGES, ids=[f"d{d}-{tuple(c)}" for d, c in EDGES])
+def test_the_configs_it_allows_compile_without_spills(d, cfg, record_property):
+    """The largest accumulators ``validate`` allows (128-key tiles at D = 64, overlapped: two
+    score accumulators of 64 float32 beside O's 32) and the smallest tiles, causal."""
+    _, report = build(d, True, False, cfg)
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    assert ptxas_advisories(report) == []
+    record_property("resources", f"{report.name} sm_90: regs {report.registers}, 0 spills")
