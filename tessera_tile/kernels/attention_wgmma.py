@@ -96,13 +96,11 @@ from .tc_tiles import CHUNK, INLINE, WARP_SIZE
 
 __all__ = [
     "HEAD_DIMS",
-    "MIN_COMPUTE_CAPABILITY",
     "WgmmaAttentionConfig",
     "default_config",
     "wgmma_attention",
 ]
 
-MIN_COMPUTE_CAPABILITY = (9, 0)  # wgmma: sm_90a
 HEAD_DIMS = (64, 128)  # whole 128-byte swizzle rows
 ROWS = 64  # query rows per warpgroup (one m64 accumulator)
 BLOCK = 64  # elements of one 128-byte column block
@@ -128,11 +126,6 @@ class WgmmaAttentionConfig(NamedTuple):
     @property
     def block_q(self) -> int:
         return ROWS * self.warpgroups
-
-    @property
-    def warp_rows(self) -> int:
-        """Query rows per warp (of its warpgroup's m64 accumulator)."""
-        return 16
 
     @property
     def threads(self) -> int:
