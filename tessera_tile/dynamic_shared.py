@@ -75,10 +75,14 @@ WGMMA_ARCHS = ("sm_90", "sm_90a")  # what numba-cuda builds for compute capabili
 
 
 @contextlib.contextmanager
-def planning_for(arch: str):
+def planning_for(arch: str | None):
     """Inside, plans are made for ``arch`` (an offline ``inspect`` or ``explain``): ``"sm_90"``
     (or ``"sm_90a"``) plans what a GPU of compute capability 9.0 runs, the warpgroup-MMA
-    kernels; another architecture the others; wherever this runs."""
+    kernels; another architecture the others; wherever this runs. ``None`` changes nothing
+    (plans for where kernels run)."""
+    if arch is None:
+        yield
+        return
     shared_limits.block_limit(arch)  # an unknown architecture: ValueError, naming the known
     saved, _planning.target = _planning.target, arch
     try:

@@ -261,21 +261,19 @@ class FusedFunction:
         warpgroup-MMA GEMM and attention kernels). On Dask arrays:
         :func:`tessera_tile.dask.explain`'s report (per chunk, and between chunks).
         """
-        if arch is not None:
-            with dynamic_shared.planning_for(arch):
-                return self.explain(*args, **kwargs)
-        if _on_dask(args, kwargs):
-            return _dask().explain(self, *args, **kwargs)
-        _, program, shapes, stages = self._bound(args, kwargs)
-        return Explain(
-            kernels=len(stages),
-            ir=ir.format_ir(program.trace.outputs),
-            source="\n\n".join(b.generated.source for b in stages),
-            bytes_fused=int(np.sum([b.predicted_bytes() for b in stages], dtype=np.int64)),
-            bytes_unfused=schedule.unfused_bytes(program.trace, shapes),
-            reasons=list(program.plan.reasons),
-            stages=[f"{b.generated.name}: {_describe(b)}" for b in stages],
-        )
+        with dynamic_shared.planning_for(arch):  # the stages' reports plan their kernels too
+            if _on_dask(args, kwargs):
+                return _dask().explain(self, *args, **kwargs)
+            _, program, shapes, stages = self._bound(args, kwargs)
+            return Explain(
+                kernels=len(stages),
+                ir=ir.format_ir(program.trace.outputs),
+                source="\n\n".join(b.generated.source for b in stages),
+                bytes_fused=int(np.sum([b.predicted_bytes() for b in stages], dtype=np.int64)),
+                bytes_unfused=schedule.unfused_bytes(program.trace, shapes),
+                reasons=list(program.plan.reasons),
+                stages=[f"{b.generated.name}: {_describe(b)}" for b in stages],
+            )
 
     def flops(self, *args, **kwargs) -> int:
         """Counted FLOPs of a call on ``args`` (see :mod:`tessera_tile.profiling`)."""

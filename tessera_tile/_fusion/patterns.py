@@ -110,29 +110,23 @@ def _causal_mask(s: Node) -> tuple[Node, Node] | None:
     return cond, scores
 
 
-def _constant_along_k(c: Node, operand: Node, side: int) -> bool:
-    """Whether ``c``, broadcast against the 2-D (or more) ``operand`` (``side`` 0: A, whose K
-    axis is the last; 1: B, whose K axis is the second last), is the same all along K."""
-    if not c.ndim:
-        return True
-    if operand.ndim < 2:
-        return False
-    padded = (1,) * max(0, operand.ndim - c.ndim) + tuple(c.shape)
-    return padded[-1 if side == 0 else -2] == 1
-
-
 def _factor(operand: Node, side: int) -> tuple[Node, Node] | None:
     """``(array, factor)`` of ``factor * array`` or ``array * factor``, where the product keeps
-    the array's dtype and the factor is the same all along K: a scalar, or an array of a row
-    scale of A (``(M, 1)``) or a column scale of B (``(N,)``, ``(1, N)``)."""
+    the array's dtype and the factor is the same all along K (``side`` 0: A, whose K axis is
+    its last; 1: B, whose K axis is its second last): a constant or scalar argument, or an
+    array of a row scale of A (``(M, 1)``) or a column scale of B (``(N,)``, ``(1, N)``)."""
     if operand.op is not Op.MUL:
         return None
+    k_axis = -1 if side == 0 else -2
     for a, c in (operand.srcs, operand.srcs[::-1]):
-        if operand.dtype == a.dtype and tuple(a.shape) == tuple(operand.shape):
-            if c.op in (Op.CONST, Op.SCALAR) and not c.ndim:
+        if operand.dtype != a.dtype or tuple(a.shape) != tuple(operand.shape):
+            continue
+        if c.ndim:  # broadcast against the operand (2-D or more): extent 1 along K
+            padded = (1,) * max(0, operand.ndim - c.ndim) + tuple(c.shape)
+            if padded[k_axis] == 1:
                 return a, c
-            if c.ndim and _constant_along_k(c, operand, side):
-                return a, c
+        elif c.op in (Op.CONST, Op.SCALAR):
+            return a, c
     return None
 
 

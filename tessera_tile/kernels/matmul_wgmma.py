@@ -272,7 +272,7 @@ def swizzle_start(smem):
     return int32(((uint64(64) - (probe & uint64(63))) & uint64(63)) * uint64(CHUNK))
 
 
-def _unpacker(count: int):
+def unpacker(count: int):
     """``unpack(acc, out)``: the ``count`` float32 of a wgmma accumulator tuple into ``out[0, j,
     q]`` (``j = i // 4``, ``q = i % 4``: the 16 x 8 tiles :mod:`.matmul_tc`'s epilogue reads),
     statement by statement so that every index is a constant (registers, no local memory)."""
@@ -327,7 +327,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
     epilogue = _epilogue(
         1, nt, has_bias, True, act, store, bf16=cfg.bf16, extras=extras, stores=stores
     )
-    unpack = _unpacker(tile_n // 2)
+    unpack = unpacker(tile_n // 2)
 
     @cuda.jit(device=True)
     def a_chunk(r, c):

@@ -76,8 +76,6 @@ class PrebuiltOp:
         """What the call would do, without running it (see the class docstring): where it runs
         now, or on ``arch`` (``"sm_90"``: what a GPU of compute capability 9.0 runs, the
         warpgroup-MMA kernels)."""
-        if arch is None:
-            return self._plan(*args, **kwargs).explain()
         with dynamic_shared.planning_for(arch):
             return self._plan(*args, **kwargs).explain()
 

@@ -179,3 +179,5 @@ def test_planning_for_an_unknown_architecture_is_refused():
         assert dynamic_shared.wgmma()
     with dynamic_shared.planning_for("sm_80"):
         assert not dynamic_shared.wgmma()
+        with dynamic_shared.planning_for(None):  # None: as planned around it
+            assert not dynamic_shared.wgmma()
