@@ -59,7 +59,11 @@ starts on a 1024-byte boundary, as the swizzle is a function of the address):
 Every ``cp.async`` moves one 16-byte chunk; the threads of a row take its chunks in order, so a
 quarter-warp writes one whole 128-byte row (any chunk permutation inside it is conflict free)
 and reads 128 contiguous global bytes. Rows past M, k-rows past K and columns past N are copies
-of 0 source bytes: zero-filled. Shared memory above 48 KiB needs the opt-in
+of 0 source bytes: zero-filled. Each copy names its source by an element offset
+(:func:`~tessera_tile.pipeline.cp_async_cg_16_zfill_at`), not an index: about 2 instructions of
+address arithmetic per copy, where an index made the compiler rebuild the address from every
+index and stride (128 x 128 x 64 with one warpgroup: 195 instructions per k-tile with indices,
+144 with offsets; Triton's loop, 177). Shared memory above 48 KiB needs the opt-in
 (:func:`tessera_tile.dynamic_shared.launch`). ``Plan.shared`` includes 1 KiB of slack to align
 the ring: compiled, the dynamic array is declared ``.align 1024`` and the slack stays unused, but
 the simulator's dynamic shared memory keeps no such alignment, so the kernel finds the boundary
@@ -83,7 +87,7 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
-from numba import boolean, cuda, float32, int32, uint16, uint64
+from numba import boolean, cuda, float32, int32, int64, uint16, uint64
 from numba.types import float16
 
 from ..mma import (
@@ -100,7 +104,7 @@ from ..mma import (
     wgmma_wait_group,
     wgmma_zeros,
 )
-from ..pipeline import cp_async_cg_16_zfill, cp_async_commit_group, cp_async_wait_group
+from ..pipeline import cp_async_cg_16_zfill_at, cp_async_commit_group, cp_async_wait_group
 from ..sim import compat
 from .epilogue import ElementEpilogue
 from .matmul_tc import _epilogue
@@ -335,27 +339,29 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         return c ^ ((r // a_lines) % a_chunks)
 
     @cuda.jit(device=True, **INLINE)
-    def load_tile(smem, a, b, bz, m0, n0, kt, base, a_dst, a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r,
-                  b_c):  # fmt: skip
+    def load_tile(smem, a, b, kt, base, a_src, a_dst, a_ok, b_src, b_dst, b_ok, b_k, a_r, a_c):
         """This thread's chunks of k-tile ``kt`` of the A and B panels into the stage at
-        ``smem[base:]``, zero-filled outside the operands: rows ``a_r`` (``b_r``) and chunk
-        ``a_c`` (``b_c``) of the tiles, then ``a_step`` (``b_step``) rows on per pass; ``b_ok``:
-        that B chunk is inside B."""
+        ``smem[base:]``, zero-filled outside the operands: A's chunk ``p`` from element
+        ``a_src[p]`` of ``a`` (B's from ``b_src``, ``p * b_step`` rows on) at k-tile 0, moved
+        along K, into ``a_dst[p]`` (``b_dst[p]``); ``a_ok`` / ``b_ok``: that row / column is
+        inside the operand. Each source is an offset pair: its first part is the same for every
+        k-tile (A) or every copy of the tile (B), so the compiler makes that address once and
+        adds the second (2 instructions a copy)."""
         k0 = kt * tile_k
         left = int32(a.shape[2] - k0)  # k-columns (B: k-rows) left: 32-bit guards
-        ka = k0 + a_c * CHUNK
         a_in = int32(a_c * CHUNK) < left  # K is a multiple of the chunk: all in or all out
+        b_rows = b.strides[1] // 2  # elements: the rows are 16-bit
+        b_k0 = b_src + int64(k0) * b_rows
         for p in range(a_passes):
             if a_exact or a_r + p * a_step < tile_m:
-                cp_async_cg_16_zfill(
-                    smem, base + a_dst[p], a, (bz, m0 + a_r + p * a_step, ka),
-                    16 if a_ok[p] and a_in else 0,
-                )  # fmt: skip
+                cp_async_cg_16_zfill_at(
+                    smem, base + a_dst[p], a, (a_src[p], k0), 16 if a_ok[p] and a_in else 0
+                )
         for p in range(b_passes):
-            if b_exact or b_r + p * b_step < tile_k:
-                cp_async_cg_16_zfill(
-                    smem, base + a_stage + b_dst[p], b, (bz, k0 + b_r + p * b_step,
-                    n0 + b_c * CHUNK), 16 if b_ok and b_k[p] < left else 0,
+            if b_exact or b_k[p] < tile_k:
+                cp_async_cg_16_zfill_at(
+                    smem, base + a_stage + b_dst[p], b, (b_k0, p * b_step * b_rows),
+                    16 if b_ok and b_k[p] < left else 0,
                 )  # fmt: skip
 
     @cuda.jit(device=True, **INLINE)
@@ -373,8 +379,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         return acc0, acc1
 
     @cuda.jit(device=True, **INLINE)
-    def tile_step(smem, pad, a, b, bz, m0, n0, kt, tiles, s, desc_a, desc_b, acc0, acc1, a_dst,
-                  a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r, b_c):  # fmt: skip
+    def tile_step(smem, pad, a, b, kt, tiles, s, desc_a, desc_b, acc0, acc1, copies):
         """k-tile ``kt`` in stage ``s`` (a constant): wait for it, refill the stage of tile
         ``kt - 2`` with tile ``kt + stages - 2``, issue tile ``kt``'s MMAs and retire those of
         tile ``kt - 1``."""
@@ -383,8 +388,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         cuda.syncthreads()
         if int32(kt + ahead) < tiles:
             base = pad + ((s + ahead) % stages) * stage
-            load_tile(smem, a, b, bz, m0, n0, kt + ahead, base, a_dst, a_ok, b_dst, b_ok, b_k,
-                      a_r, a_c, b_r, b_c)  # fmt: skip
+            load_tile(smem, a, b, kt + ahead, base, *copies)
         cp_async_commit_group()
         wgmma_fence()
         offset = uint64(s * stage16)
@@ -400,6 +404,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         smem = cuda.shared.array(0, elem, alignment=ALIGN)
         pad = swizzle_start(smem)  # the ring starts at the first 1024-byte boundary
         accl = cuda.local.array((1, nt, 4), float32)
+        a_src = cuda.local.array(a_passes, int64)
         a_dst = cuda.local.array(a_passes, int32)
         b_dst = cuda.local.array(b_passes, int32)
         b_k = cuda.local.array(b_passes, int32)
@@ -417,13 +422,18 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         n = c.shape[2]
         tiles = int32((a.shape[2] + tile_k - 1) // tile_k)  # 32-bit loop control
 
-        # This thread's copy targets (swizzled offsets inside a stage's A and B) and guards.
+        # This thread's copies: sources at k-tile 0 (elements from a[0, 0, 0] and b[0, 0, 0]),
+        # targets (swizzled offsets inside a stage's A and B) and guards.
         a_r = tid // a_chunks
         a_c = tid % a_chunks
         b_r = tid // b_chunks
         b_c = tid % b_chunks
+        a_rows, b_rows = a.strides[1] // 2, b.strides[1] // 2  # row strides, in elements
+        a_first = bz * (a.strides[0] // 2) + int64(m0 + a_r) * a_rows + a_c * CHUNK
+        b_src = bz * (b.strides[0] // 2) + int64(b_r) * b_rows + n0 + b_c * CHUNK
         for p in range(a_passes):
             r = a_r + p * a_step
+            a_src[p] = a_first + p * a_step * a_rows
             a_ok[p] = m0 + r < m
             a_dst[p] = r * tile_k + a_chunk(r, a_c) * CHUNK
         blk, cc = b_c // 8, b_c % 8
@@ -432,6 +442,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
             b_k[p] = int32(r)
             b_dst[p] = blk * b_block + r * B_BLOCK + (cc ^ (r % 8)) * CHUNK
         b_ok = n0 + b_c * CHUNK < n
+        copies = (a_src, a_dst, a_ok, b_src, b_dst, b_ok, b_k, a_r, a_c)
 
         # Stage 0's descriptors: this warpgroup's rows of A, all of B.
         desc_a = wgmma_descriptor(smem, pad + group * wg_m * tile_k, 16, a_sbo, a_swizzle)
@@ -441,35 +452,30 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
 
         for kt in range(ahead):  # prologue: tiles 0 .. stages - 3 in flight, a group each
             if kt < tiles:
-                load_tile(smem, a, b, bz, m0, n0, kt, pad + kt * stage, a_dst, a_ok, b_dst,
-                          b_ok, b_k, a_r, a_c, b_r, b_c)  # fmt: skip
+                load_tile(smem, a, b, kt, pad + kt * stage, *copies)
             cp_async_commit_group()
 
         # Steady state, unrolled over the stages so that every stage offset is a constant.
         kt = int32(0)
         while kt < tiles:  # a run-time bound: `while`, not range()
             acc0, acc1 = tile_step(
-                smem, pad, a, b, bz, m0, n0, kt, tiles, 0, desc_a, desc_b, acc0, acc1, a_dst,
-                a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r, b_c,
-            )  # fmt: skip
+                smem, pad, a, b, kt, tiles, 0, desc_a, desc_b, acc0, acc1, copies
+            )
             kt = int32(kt + 1)
             if kt < tiles:
                 acc0, acc1 = tile_step(
-                    smem, pad, a, b, bz, m0, n0, kt, tiles, 1, desc_a, desc_b, acc0, acc1, a_dst,
-                    a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r, b_c,
-                )  # fmt: skip
+                    smem, pad, a, b, kt, tiles, 1, desc_a, desc_b, acc0, acc1, copies
+                )
                 kt = int32(kt + 1)
                 if kt < tiles:
                     acc0, acc1 = tile_step(
-                        smem, pad, a, b, bz, m0, n0, kt, tiles, 2, desc_a, desc_b, acc0, acc1,
-                        a_dst, a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r, b_c,
-                    )  # fmt: skip
+                        smem, pad, a, b, kt, tiles, 2, desc_a, desc_b, acc0, acc1, copies
+                    )
                     kt = int32(kt + 1)
                     if stages > 3 and kt < tiles:
                         acc0, acc1 = tile_step(
-                            smem, pad, a, b, bz, m0, n0, kt, tiles, 3, desc_a, desc_b, acc0,
-                            acc1, a_dst, a_ok, b_dst, b_ok, b_k, a_r, a_c, b_r, b_c,
-                        )  # fmt: skip
+                            smem, pad, a, b, kt, tiles, 3, desc_a, desc_b, acc0, acc1, copies
+                        )
                         kt = int32(kt + 1)
 
         # Epilogue: warp w of the warpgroup holds rows 16 w + g (+ 8) of each 64-row block,

@@ -62,6 +62,8 @@ def raw_intrinsics(x, y):
     pipeline.cp_async_cg_16(buf, 4 * t, x, 4 * t + 64)
     pipeline.cp_async_8(buf, 2 * t, x, 2 * t + 128)
     pipeline.cp_async_4_zfill(buf, t, x, t + 192, 0)
+    pipeline.cp_async_cg_16_zfill_at(buf, 4 * t, x, 4 * t + 32, 16)
+    pipeline.cp_async_cg_16_zfill_at(buf, 4 * t, x, (4 * t, 48), 8)
     pipeline.cp_async_commit_group()
     pipeline.cp_async_wait_group(1)
     pipeline.cp_async_wait_all()
@@ -117,7 +119,7 @@ def test_two_operand_panels(arch, copy_bytes):
 def test_raw_intrinsics(arch):
     report = inspect.compile(raw_intrinsics, f"void({F32_1D}, {F32_1D})", arch=arch)
     check(report)
-    assert report.count("LDGSTS") == 4, report
+    assert report.count("LDGSTS") == 6, report
     for ptx in (
         "cp.async.ca.shared.global",
         "cp.async.cg.shared.global",

@@ -126,6 +126,26 @@ def test_device_arrays():
     assert_close(got, *reference(a, b, bias), False)
 
 
+@pytest.mark.parametrize("cfg", [ONE_GROUP, TWO_BLOCKS], ids=["one-group", "two-blocks"])
+def test_strided_device_views(cfg):
+    """Sources are element offsets from the strides: A every other batch of padded rows, B one
+    matrix broadcast over the batch (batch stride 0), as ops pass views."""
+    from tessera_tile import _arrays
+
+    batch, m, n, k = 2, 70, 72, 136
+    rng = np.random.default_rng(11)
+    a_full = rng.standard_normal((2 * batch, m, k + 8)).astype(np.float16)
+    b_one = rng.standard_normal((k, n)).astype(np.float16)
+    a = a_full[::2, :, :k]
+    b = np.broadcast_to(b_one, (batch, k, n))
+    d_a = cuda.to_device(a_full)[::2, :, :k]
+    d_b = _arrays.view(cuda.to_device(b_one), (batch, k, n), (0, *b_one.strides))
+    d_c = cuda.to_device(np.full((batch, m, n), np.nan, np.float16))
+    kernel = wg.wgmma_matmul(*cfg)
+    wg.plan(batch, m, n, k, wg.WgmmaConfig(*cfg)).launch(kernel, d_a, d_b, np.zeros(1), d_c)
+    assert_close(d_c.copy_to_host(), *reference(a, b), False)
+
+
 def test_empty_inner_dimension_is_activation_of_bias():
     a, b, bias = operands(1, 20, 64, 0, seed=4)
     got = run(a, b, bias, ONE_GROUP, has_bias=True, activation=epilogue.ACTIVATIONS["relu"])

@@ -4,9 +4,11 @@ import functools
 
 import numpy as np
 import pytest
+from helpers import on
 from hypothesis import given
 from hypothesis import strategies as st
 from numba import cuda, float32
+from numba.types import float16
 from pipeline_kernels import stream_sum_kernel
 
 import tessera_tile  # noqa: F401 - installs the warp-aware simulator
@@ -207,6 +209,81 @@ def test_every_copy_width_and_zero_fill():
 
 
 @cuda.jit
+def copy_at(x, offsets, nbytes, y):
+    """Thread t: 16 bytes ``offsets[t]`` elements from ``x[0, 0, 0]`` into ``y[t]``."""
+    buf = cuda.shared.array((4, 8), float16, alignment=ALIGN)
+    t = cuda.threadIdx.x
+    pipeline.cp_async_cg_16_zfill_at(buf, (t, 0), x, offsets[t], nbytes[t])
+    pipeline.cp_async_wait_all()
+    for i in range(8):
+        y[t, i] = buf[t, i]
+
+
+@cuda.jit
+def copy_at_pair(x, offsets, nbytes, y):
+    """copy_at with each offset as a pair: 40 elements back, then ``offsets[t] + 40``."""
+    buf = cuda.shared.array((4, 8), float16, alignment=ALIGN)
+    t = cuda.threadIdx.x
+    pipeline.cp_async_cg_16_zfill_at(buf, (t, 0), x, (offsets[t] + 40, -40), nbytes[t])
+    pipeline.cp_async_wait_all()
+    for i in range(8):
+        y[t, i] = buf[t, i]
+
+
+# Offsets count elements from the first element of a view, through the allocation's memory.
+# The view: row 2 of each batch of a (2, 3, 12) float16 array (batches of 72 bytes); its first
+# element is element 24 of the allocation.
+AT_CASES = (  # (offset, bytes read)
+    (8, 16),  # across the row's end, out of the view: batch 1's row 0
+    (-24, 16),  # before the view, inside the allocation
+    (40, 16),  # inside the view's batch 1
+    (16, 8),  # half read, half zero-filled
+)
+
+
+@pytest.mark.parametrize("kernel", [copy_at, copy_at_pair], ids=["offset", "pair"])
+def test_copy_from_an_element_offset_reads_the_memory_at_that_address(kernel, side):
+    full = np.arange(2 * 3 * 12, dtype=np.float16).reshape(2, 3, 12)
+    offsets = np.array([o for o, _ in AT_CASES], np.int64)
+    nbytes = np.array([n for _, n in AT_CASES], np.int32)
+    y = np.full((4, 8), -1, np.float16)
+    if side == "host":  # a kernel takes contiguous host arrays only: offsets from full[0, 0, 0]
+        kernel[1, 4](full, offsets + 24, nbytes, y)
+        got = y
+    else:
+        d_full, d_offsets, d_nbytes, d_y = on(side, full, offsets, nbytes, y)
+        kernel[1, 4](d_full[:, 2:, :], d_offsets, d_nbytes, d_y)
+        got = d_y.copy_to_host()
+    flat = full.ravel()
+    expected = np.stack([flat[24 + o : 24 + o + 8] for o in offsets])
+    expected[3, 4:] = 0  # 8 of 16 bytes read, the rest zero-filled
+    np.testing.assert_array_equal(got, expected)
+
+
+@cuda.jit
+def copy_at_one(x, offset, y):
+    buf = cuda.shared.array(8, float16, alignment=ALIGN)
+    pipeline.cp_async_cg_16_zfill_at(buf, 0, x, offset, 16)
+    pipeline.cp_async_wait_all()
+    y[0] = buf[0]
+
+
+@pytest.mark.sim_only(reason="on a GPU the launch fails with an address error")
+@pytest.mark.parametrize(
+    ("offset", "message"),
+    [
+        (4, "not 16-byte aligned"),
+        (16, "leave the array's allocation"),
+        (-8, "leave the array's allocation"),
+    ],  # fmt: skip
+)
+def test_copy_from_an_element_offset_outside_the_allocation_is_an_error(offset, message):
+    x = np.arange(16, dtype=np.float16).reshape(2, 8)
+    with pytest.raises(sim.SimulationError, match=message):
+        copy_at_one[1, 1](x, offset, np.zeros(1, np.float16))
+
+
+@cuda.jit
 def misaligned(x, y):
     buf = cuda.shared.array(16, float32, alignment=ALIGN)
     pipeline.cp_async_16(buf, 0, x, 1)  # x + 4 bytes is not 16-byte aligned
@@ -233,6 +310,7 @@ def test_twins_list_the_intrinsics():
         "cp_async_8_zfill",
         "cp_async_16_zfill",
         "cp_async_cg_16_zfill",
+        "cp_async_cg_16_zfill_at",
         "cp_async_commit_group",
         "cp_async_wait_group",
         "cp_async_wait_all",
