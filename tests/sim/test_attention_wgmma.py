@@ -17,6 +17,7 @@ import pytest
 from helpers import SIDES, SIMULATED, attention_reference, back, on, on_sm90a, wgmma_skip
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numba import cuda
 from test_ops_attention import check, check_infinities, operands, tolerance
 
 import tessera_tile as tt
@@ -91,6 +92,28 @@ def test_kernel_on_device_arrays_with_a_negative_scale():
     with on_sm90a():
         got = run_kernel(q, k, v, False, aw.default_config(128), -0.3, side="device")
     check(got, q, k, v, False, -0.3)
+
+
+def test_kernel_on_strided_device_views():
+    """K and V are copied from element offsets built from their strides: K every other batch
+    of rows padded to 72, V one matrix broadcast over the batch (batch stride 0)."""
+    from tessera_tile import _arrays
+
+    rng = np.random.default_rng(8)
+    q, k_full, v_one = (
+        rng.standard_normal(shape).astype(np.float16)
+        for shape in ((2, 70, 64), (4, 130, 72), (1, 130, 64))
+    )
+    k, v = k_full[::2, :, :64], np.broadcast_to(v_one, (2, 130, 64))
+    cfg = aw.default_config(64)
+    d_q, d_o = cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))
+    d_k = cuda.to_device(k_full)[::2, :, :64]
+    d_v = _arrays.view(cuda.to_device(v_one), v.shape, (0, *v_one.strides[1:]))
+    with on_sm90a():
+        kernel = aw.wgmma_attention(64, True, cfg, False)
+        params = (d_q, d_k, d_v, d_o, np.float32(LOG2E / 8))
+        dynamic_shared.launch(kernel, (1, 2), cfg.threads, cfg.shared_bytes(64), params)
+    check(d_o.copy_to_host(), q, k, v, True)
 
 
 def test_default_configs_and_shared_memory():
