@@ -251,9 +251,7 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
             n = 16 if row < sk_len else 0
             at = base + dst + p * row_step * BLOCK
             cp_async_cg_16_zfill_at(smem, at, k, (k_base, p * row_step * k_rows), n)
-            cp_async_cg_16_zfill_at(
-                smem, at + stages * tile, v, (v_base, p * row_step * v_rows), n
-            )
+            cp_async_cg_16_zfill_at(smem, at + stages * tile, v, (v_base, p * row_step * v_rows), n)
 
     @cuda.jit(device=True, **INLINE)
     def scores(desc_q, desc_k):
