@@ -78,8 +78,8 @@ fusion.set_dask_loader(lambda: _importlib.import_module("tessera_tile.dask"))
 # Submodules reachable as attributes (tt.inspect, tt.memory...), imported on first use: the
 # compile-only and primitive modules cost nothing to a user who only fuses.
 _LAZY = (
-    "dask", "inspect", "kernels", "memory", "mma", "ops", "pipeline", "sim", "tile_ir", "tuned",
-    "warp",
+    "dask", "inspect", "kernels", "mbarrier", "memory", "mma", "ops", "pipeline", "sim", "tile_ir",
+    "tuned", "warp",
 )  # fmt: skip
 
 

@@ -236,15 +236,41 @@ def _commit_twin() -> None:
     copies.pending = []
 
 
+def _land(copy) -> None:
+    dst, dst_run, src, src_run, valid, count = copy
+    values = np.zeros(count, dst.dtype)
+    if valid:
+        values[:valid] = sim.load(src, src_run)
+    sim.store(dst, dst_run, values)
+
+
 def _wait_group_twin(n) -> None:
     copies = _copies()
     keep = int(n)
     while len(copies.committed) > keep:
-        for dst, dst_run, src, src_run, valid, count in copies.committed.pop(0):
-            values = np.zeros(count, dst.dtype)
-            if valid:
-                values[:valid] = sim.load(src, src_run)
-            sim.store(dst, dst_run, values)
+        for copy in copies.committed.pop(0):
+            _land(copy)
+
+
+def issued_copies() -> Callable[[], None]:
+    """For twins of instructions that track this thread's earlier ``cp.async`` copies (the
+    arrive-on of ``cp.async.mbarrier.arrive``): a function that lands those of them still in
+    flight, in issue order, and forgets them (a later ``wait_group`` does not land them again).
+    Copies issued after this call are not its concern."""
+    copies = _copies()
+    held = [*(c for g in copies.committed for c in g), *copies.pending]  # ids stay unique
+    tracked = {id(c) for c in held}
+
+    def land() -> None:
+        for group in (*copies.committed, copies.pending):
+            for copy in group:
+                if id(copy) in tracked:
+                    _land(copy)
+            group[:] = [c for c in group if id(c) not in tracked]
+        held.clear()
+        tracked.clear()
+
+    return land
 
 
 def _wait_all_twin() -> None:

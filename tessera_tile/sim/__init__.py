@@ -36,7 +36,13 @@ from ..banks import wavefronts
 from . import engine
 from ._base import SimulationError, twin, twins
 from .profiler import Profile, Race
-from .scheduler import aligned_collective, in_shared_memory, register_aligned, strict_masks
+from .scheduler import (
+    aligned_collective,
+    block_until,
+    in_shared_memory,
+    register_aligned,
+    strict_masks,
+)
 from .shared_limits import SharedMemoryError, simulated_arch
 from .tracked_arrays import (
     OutOfBounds,
@@ -59,6 +65,7 @@ __all__ = [
     "TrackedArray",
     "address",
     "aligned_collective",
+    "block_until",
     "carved",
     "current_thread",
     "element_address",

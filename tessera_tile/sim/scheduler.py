@@ -38,6 +38,7 @@ from .warp_ops import (
     vote,
 )
 
+UNTIL = "until"  # a wait on a condition (block_until)
 _strict = False  # strict_masks(): a mask naming exited or absent lanes is an error
 # Warp collectives of ``.sync.aligned`` instructions that intrinsic twins define (ldmatrix,
 # mma.sync): kind -> compute(args by lane) -> results by lane.
@@ -121,6 +122,19 @@ def block_on(kind: str, mask: int = 0, arg=None):
     return t.parent.switch()
 
 
+def block_until(ready: Callable[[bool], bool], what: str) -> None:
+    """Suspend the current thread until ``ready(force)`` holds (for twins of waits on memory
+    that other threads change, such as ``mbarrier`` phases). It is asked first with ``force``
+    false, then, each time no thread can run, with ``force`` true: the moment a twin may
+    complete what the wait needs and was deferred (async copies land), the latest a GPU would
+    do it. ``what`` names the wait in a deadlock report."""
+    if ready(False):
+        return
+    t = current_thread()
+    t.wait = Wait(UNTIL, 0, (ready, what), user_site(3))
+    t.parent.switch()
+
+
 def in_shared_memory(array) -> bool:
     """Whether ``array`` (a view of) lies in the running block's shared memory (for twins of
     instructions that take only shared addresses, such as ``ldmatrix``)."""
@@ -154,6 +168,7 @@ class BlockRun:
         bx, by, bz = launch.block_dim
         self.nthreads = bx * by * bz
         self.shared: dict = {}
+        self.state: dict = {}  # per-block scratch for intrinsic twins (e.g. mbarriers)
         self.dynshared = np.full(launch.dynshared_size, 0xFF, dtype=np.uint8)
         self.barrier_epoch = 0
         self.warp_epoch = [0] * (-(-self.nthreads // WARP_SIZE))
@@ -188,6 +203,8 @@ class BlockRun:
                 break
             if self._resolve_warp_operations(live, runnable):
                 continue
+            if self._resolve_conditions(live, runnable):
+                continue
             if all(t.wait.kind == "syncthreads" for t in live):
                 self._release_barrier(live, runnable)
                 continue
@@ -214,7 +231,7 @@ class BlockRun:
     def _resolve_warp_operations(self, live, runnable) -> bool:
         by_warp: dict[int, dict[int, SimThread]] = {}
         for t in live:
-            if t.wait.kind != "syncthreads":
+            if t.wait.kind not in ("syncthreads", UNTIL):
                 by_warp.setdefault(t.warp, {})[t.lane] = t
         progressed = False
         for warp, waiting in by_warp.items():
@@ -230,6 +247,15 @@ class BlockRun:
                     g.wait = None
                     runnable.append((g, (results[g.lane],)))
                 self.warp_epoch[warp] += 1
+                progressed = True
+        return progressed
+
+    def _resolve_conditions(self, live, runnable) -> bool:
+        progressed = False
+        for t in live:
+            if t.wait is not None and t.wait.kind == UNTIL and t.wait.arg[0](True):
+                t.wait = None
+                runnable.append((t, (None,)))
                 progressed = True
         return progressed
 
@@ -344,7 +370,8 @@ class BlockRun:
     def _describe_waits(self, live) -> str:
         groups: dict = {}
         for t in live:
-            groups.setdefault((t.wait.kind, t.wait.site, t.warp), []).append(t.lane)
+            kind = t.wait.arg[1] if t.wait.kind == UNTIL else t.wait.kind
+            groups.setdefault((kind, t.wait.site, t.warp), []).append(t.lane)
         parts = [
             f"warp {warp} lanes {lane_ranges(lanes)} wait in {kind} at {format_site(site)}"
             for (kind, site, warp), lanes in sorted(groups.items(), key=lambda kv: kv[0][2])

@@ -15,7 +15,7 @@ LAYERS = {
     "sim": 1, "_arrays": 1, "autotune": 1, "dynamic_shared": 1,
     "inspect": 2, "sass": 2, "intrinsics": 2,
     "tile_ir": 3, "tile_config": 3,
-    "memory": 4, "pipeline": 4, "warp": 4, "mma": 4, "profiling": 4,
+    "memory": 4, "pipeline": 4, "mbarrier": 4, "warp": 4, "mma": 4, "profiling": 4,
     "_vector_access": 4, "_mma_twins": 4, "bfloat16": 4, "_carve": 4,
     "_fusion": 5, "fusion": 5,
     "kernels": 6, "ops": 6,
