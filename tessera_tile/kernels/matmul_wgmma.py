@@ -90,6 +90,7 @@ import numpy as np
 from numba import boolean, cuda, float32, int32, int64, uint16, uint64
 from numba.types import float16
 
+from ..mbarrier import cp_async_mbarrier_arrive, mbarrier_arrive, mbarrier_init, mbarrier_wait
 from ..mma import (
     SWIZZLE_64B,
     SWIZZLE_128B,
@@ -104,7 +105,12 @@ from ..mma import (
     wgmma_wait_group,
     wgmma_zeros,
 )
-from ..pipeline import cp_async_cg_16_zfill_at, cp_async_commit_group, cp_async_wait_group
+from ..pipeline import (
+    cp_async_cg_16_zfill_at,
+    cp_async_commit_group,
+    cp_async_wait_all,
+    cp_async_wait_group,
+)
 from ..sim import compat
 from .epilogue import ElementEpilogue
 from .matmul_tc import _epilogue
@@ -144,6 +150,7 @@ class WgmmaConfig(NamedTuple):
     num_stages: int = 4
     has_bias: bool = False
     bf16: bool = False
+    producer: bool = False  # a warpgroup that only copies, before the num_warps that multiply
 
     @property
     def itemsize(self) -> int:
@@ -151,11 +158,17 @@ class WgmmaConfig(NamedTuple):
 
     @property
     def warpgroups(self) -> int:
+        """The warpgroups that multiply (the producer's is not one of them)."""
         return self.num_warps // WARPGROUP
 
     @property
     def threads(self) -> int:
-        return WARP_SIZE * self.num_warps
+        return WARP_SIZE * (self.num_warps + (WARPGROUP if self.producer else 0))
+
+    @property
+    def copiers(self) -> int:
+        """Threads that issue the copies: the producer warpgroup's, else all."""
+        return WARP_SIZE * WARPGROUP if self.producer else self.threads
 
     @property
     def m_blocks(self) -> int:
@@ -174,8 +187,14 @@ class WgmmaConfig(NamedTuple):
 
     @property
     def shared_bytes(self) -> int:
-        """The ring, plus the slack that lets the kernel start it on a 1024-byte boundary."""
+        """The ring, plus the slack that lets the kernel start it on a 1024-byte boundary
+        (dynamic shared memory; a producer's mbarriers are :attr:`static_bytes` more)."""
         return self.num_stages * self.stage_bytes + ALIGN
+
+    @property
+    def static_bytes(self) -> int:
+        """Static shared memory: with a producer, a full and an empty mbarrier per stage."""
+        return 2 * 8 * self.num_stages if self.producer else 0
 
     @property
     def hgmma_per_k_tile(self) -> int:
@@ -211,7 +230,7 @@ class WgmmaConfig(NamedTuple):
                 f"{self.m_blocks} accumulators of 64 x {self.tile_n} per warpgroup are "
                 f"{self.m_blocks * self.tile_n // 2} float32 per thread; at most 128 fit"
             )
-        if self.shared_bytes > MAX_SHARED:
+        if self.shared_bytes + self.static_bytes > MAX_SHARED:
             raise ValueError(
                 f"{self.num_stages} stages of {self.tile_m}x{self.tile_k} + "
                 f"{self.tile_k}x{self.tile_n} tiles need {self.shared_bytes} B of shared "
@@ -244,17 +263,20 @@ def wgmma_matmul(
     has_bias: bool = False,
     *,
     bf16: bool = False,
+    producer: bool = False,
 ):
     """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` in
     float16 (``bf16``: bfloat16, every array its ``uint16`` bits) with float32 accumulation on
     the warpgroup MMA of sm_90a (memoised per configuration); with an
     :class:`~.epilogue.ElementEpilogue` as ``activation``, ``kernel(a, b, bias, c, extras)``.
 
-    ``num_warps``: 4 or 8 (one or two warpgroups). Operands need :func:`aligned_rows`. See the
-    module doc for the launch and the layouts; :func:`plan` gives grid, block and shared bytes.
+    ``num_warps``: 4 or 8 (one or two warpgroups that multiply). ``producer``: one more
+    warpgroup, first in the block, issues every copy (warp specialisation; see the module doc).
+    Operands need :func:`aligned_rows`. See the module doc for the launch and the layouts;
+    :func:`plan` gives grid, block and shared bytes.
     """
     cfg = WgmmaConfig(
-        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bf16=bool(bf16)
+        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(bf16), bool(producer)
     )
     cfg.validate(activation)
     return build_kernel(cfg, activation)
@@ -292,7 +314,8 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
     """The kernel of ``cfg`` (check it first: :meth:`WgmmaConfig.validate`); ``module`` names
     the module that ships it (its ``__module__``)."""
     tile_m, tile_n, tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
-    stages, threads = cfg.num_stages, cfg.threads
+    stages, copiers, producer = cfg.num_stages, cfg.copiers, cfg.producer
+    consumers = WARP_SIZE * cfg.num_warps  # threads that multiply
     ahead = stages - 2  # k-tiles of copies in flight ahead of the one multiplied
     lag = ahead - 1  # cp.async groups a k-tile's wait leaves in flight
     wg_m, m_blocks = tile_m // cfg.warpgroups, cfg.m_blocks
@@ -322,8 +345,8 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
     b_lbo, b_sbo = 2 * b_block, 1024
     b_step16 = 16 * 128 // 16
     b_chunks = tile_n // CHUNK
-    # Copies: the threads of a row take its chunks (one each); rows step by threads / chunks.
-    a_step, b_step = threads // a_chunks, threads // b_chunks
+    # Copies: the threads of a row take its chunks (one each); rows step by copiers / chunks.
+    a_step, b_step = copiers // a_chunks, copiers // b_chunks
     a_passes, b_passes = -(-tile_m // a_step), -(-tile_k // b_step)
     a_exact, b_exact = tile_m % a_step == 0, tile_k % b_step == 0
 
@@ -400,6 +423,78 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         return acc0, acc1
 
     @cuda.jit(device=True, **INLINE)
+    def plan_copies(a, b, tid, bz, m0, n0, m, n, a_src, a_dst, a_ok, b_dst, b_k):
+        """This thread's copies (thread ``tid`` of the copiers): sources at k-tile 0 (elements
+        from a[0, 0, 0] and b[0, 0, 0]), targets (swizzled offsets inside a stage's A and B)
+        and guards, into the arrays; returns the ``copies`` that :func:`load_tile` takes."""
+        a_r = tid // a_chunks
+        a_c = tid % a_chunks
+        b_r = tid // b_chunks
+        b_c = tid % b_chunks
+        a_rows, b_rows = a.strides[1] // 2, b.strides[1] // 2  # row strides, in elements
+        a_first = bz * (a.strides[0] // 2) + int64(m0 + a_r) * a_rows + a_c * CHUNK
+        b_src = bz * (b.strides[0] // 2) + int64(b_r) * b_rows + n0 + b_c * CHUNK
+        for p in range(a_passes):
+            r = a_r + p * a_step
+            a_src[p] = a_first + p * a_step * a_rows
+            a_ok[p] = m0 + r < m
+            a_dst[p] = r * tile_k + a_chunk(r, a_c) * CHUNK
+        blk, cc = b_c // 8, b_c % 8
+        for p in range(b_passes):
+            r = b_r + p * b_step
+            b_k[p] = int32(r)
+            b_dst[p] = blk * b_block + r * B_BLOCK + (cc ^ (r % 8)) * CHUNK
+        b_ok = n0 + b_c * CHUNK < n
+        return a_src, a_dst, a_ok, b_src, b_dst, b_ok, b_k, a_r, a_c
+
+    @cuda.jit(device=True, **INLINE)
+    def produce(smem, pad, a, b, full, empty, tiles, copies):
+        """The producer warpgroup: for each k-tile, wait until its stage is empty (every
+        consumer retired the MMAs that read it; a fresh barrier's parity 1 has completed),
+        copy the tile into it, and have the copies' completion arrive on the stage's full
+        barrier."""
+        kt = int32(0)
+        s = int32(0)
+        phase = int32(1)
+        while kt < tiles:
+            mbarrier_wait(empty, s, phase)
+            load_tile(smem, a, b, kt, pad + s * stage, *copies)
+            cp_async_mbarrier_arrive(full, s)
+            s = int32(s + 1)
+            if s == stages:
+                s = int32(0)
+                phase ^= 1
+            kt = int32(kt + 1)
+        cp_async_wait_all()  # no copy outlives its thread
+
+    @cuda.jit(device=True, **INLINE)
+    def consume(full, empty, tiles, desc_a, desc_b, acc0, acc1):
+        """A consumer warpgroup: for each k-tile, wait until its stage is full, order the
+        copies before the tensor cores' reads (async proxy), issue the MMAs, retire those of
+        the previous k-tile and release its stage."""
+        kt = int32(0)
+        s = int32(0)
+        prev = int32(0)
+        phase = int32(0)
+        while kt < tiles:
+            mbarrier_wait(full, s, phase)
+            fence_proxy_async()
+            wgmma_fence()
+            offset = uint64(s) * uint64(stage16)
+            acc0, acc1 = multiply(desc_a + offset, desc_b + offset, acc0, acc1)
+            wgmma_commit_group()
+            wgmma_wait_group(1, (ZERO,))  # tile kt - 1's MMAs retired: its stage is free
+            if kt > 0:
+                mbarrier_arrive(empty, prev)
+            prev = s
+            s = int32(s + 1)
+            if s == stages:
+                s = int32(0)
+                phase ^= 1
+            kt = int32(kt + 1)
+        return acc0, acc1
+
+    @cuda.jit(device=True, **INLINE)
     def body(a, b, bias, c, extra_args, b2):
         smem = cuda.shared.array(0, elem, alignment=ALIGN)
         pad = swizzle_start(smem)  # the ring starts at the first 1024-byte boundary
@@ -422,61 +517,61 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         n = c.shape[2]
         tiles = int32((a.shape[2] + tile_k - 1) // tile_k)  # 32-bit loop control
 
-        # This thread's copies: sources at k-tile 0 (elements from a[0, 0, 0] and b[0, 0, 0]),
-        # targets (swizzled offsets inside a stage's A and B) and guards.
-        a_r = tid // a_chunks
-        a_c = tid % a_chunks
-        b_r = tid // b_chunks
-        b_c = tid % b_chunks
-        a_rows, b_rows = a.strides[1] // 2, b.strides[1] // 2  # row strides, in elements
-        a_first = bz * (a.strides[0] // 2) + int64(m0 + a_r) * a_rows + a_c * CHUNK
-        b_src = bz * (b.strides[0] // 2) + int64(b_r) * b_rows + n0 + b_c * CHUNK
-        for p in range(a_passes):
-            r = a_r + p * a_step
-            a_src[p] = a_first + p * a_step * a_rows
-            a_ok[p] = m0 + r < m
-            a_dst[p] = r * tile_k + a_chunk(r, a_c) * CHUNK
-        blk, cc = b_c // 8, b_c % 8
-        for p in range(b_passes):
-            r = b_r + p * b_step
-            b_k[p] = int32(r)
-            b_dst[p] = blk * b_block + r * B_BLOCK + (cc ^ (r % 8)) * CHUNK
-        b_ok = n0 + b_c * CHUNK < n
-        copies = (a_src, a_dst, a_ok, b_src, b_dst, b_ok, b_k, a_r, a_c)
-
-        # Stage 0's descriptors: this warpgroup's rows of A, all of B.
-        desc_a = wgmma_descriptor(smem, pad + group * wg_m * tile_k, 16, a_sbo, a_swizzle)
-        desc_b = wgmma_descriptor(smem, pad + a_stage, b_lbo, b_sbo, SWIZZLE_128B)
-        acc0 = wgmma_zeros(tile_n)
-        acc1 = wgmma_zeros(tile_n)
-
-        for kt in range(ahead):  # prologue: tiles 0 .. stages - 3 in flight, a group each
-            if kt < tiles:
-                load_tile(smem, a, b, kt, pad + kt * stage, *copies)
-            cp_async_commit_group()
-
-        # Steady state, unrolled over the stages so that every stage offset is a constant.
-        kt = int32(0)
-        while kt < tiles:  # a run-time bound: `while`, not range()
-            acc0, acc1 = tile_step(
-                smem, pad, a, b, kt, tiles, 0, desc_a, desc_b, acc0, acc1, copies
+        if producer:
+            full = cuda.shared.array(stages, uint64)
+            empty = cuda.shared.array(stages, uint64)
+            if tid == 0:
+                for s in range(stages):
+                    mbarrier_init(full, s, copiers)  # a copy arrival per producer thread
+                    mbarrier_init(empty, s, consumers)  # an arrival per consumer thread
+            cuda.syncthreads()  # the barriers' initialisation, visible to every thread
+            if group == 0:
+                copies = plan_copies(a, b, tid, bz, m0, n0, m, n, a_src, a_dst, a_ok, b_dst, b_k)
+                produce(smem, pad, a, b, full, empty, tiles, copies)
+                return
+            group -= 1
+            warp -= WARPGROUP
+            desc_a = wgmma_descriptor(smem, pad + group * wg_m * tile_k, 16, a_sbo, a_swizzle)
+            desc_b = wgmma_descriptor(smem, pad + a_stage, b_lbo, b_sbo, SWIZZLE_128B)
+            acc0, acc1 = consume(
+                full, empty, tiles, desc_a, desc_b, wgmma_zeros(tile_n), wgmma_zeros(tile_n)
             )
-            kt = int32(kt + 1)
-            if kt < tiles:
+        else:
+            copies = plan_copies(a, b, tid, bz, m0, n0, m, n, a_src, a_dst, a_ok, b_dst, b_k)
+            # Stage 0's descriptors: this warpgroup's rows of A, all of B.
+            desc_a = wgmma_descriptor(smem, pad + group * wg_m * tile_k, 16, a_sbo, a_swizzle)
+            desc_b = wgmma_descriptor(smem, pad + a_stage, b_lbo, b_sbo, SWIZZLE_128B)
+            acc0 = wgmma_zeros(tile_n)
+            acc1 = wgmma_zeros(tile_n)
+
+            for kt in range(ahead):  # prologue: tiles 0 .. stages - 3 in flight, a group each
+                if kt < tiles:
+                    load_tile(smem, a, b, kt, pad + kt * stage, *copies)
+                cp_async_commit_group()
+
+            # Steady state, unrolled over the stages so that every stage offset is a constant.
+            kt = int32(0)
+            while kt < tiles:  # a run-time bound: `while`, not range()
                 acc0, acc1 = tile_step(
-                    smem, pad, a, b, kt, tiles, 1, desc_a, desc_b, acc0, acc1, copies
+                    smem, pad, a, b, kt, tiles, 0, desc_a, desc_b, acc0, acc1, copies
                 )
                 kt = int32(kt + 1)
                 if kt < tiles:
                     acc0, acc1 = tile_step(
-                        smem, pad, a, b, kt, tiles, 2, desc_a, desc_b, acc0, acc1, copies
+                        smem, pad, a, b, kt, tiles, 1, desc_a, desc_b, acc0, acc1, copies
                     )
                     kt = int32(kt + 1)
-                    if stages > 3 and kt < tiles:
+                    if kt < tiles:
                         acc0, acc1 = tile_step(
-                            smem, pad, a, b, kt, tiles, 3, desc_a, desc_b, acc0, acc1, copies
+                            smem, pad, a, b, kt, tiles, 2, desc_a, desc_b, acc0, acc1, copies
                         )
                         kt = int32(kt + 1)
+                        if stages > 3 and kt < tiles:
+                            acc0, acc1 = tile_step(
+                                smem, pad, a, b, kt, tiles, 3, desc_a, desc_b, acc0, acc1,
+                                copies,
+                            )  # fmt: skip
+                            kt = int32(kt + 1)
 
         # Epilogue: warp w of the warpgroup holds rows 16 w + g (+ 8) of each 64-row block,
         # columns 8 j + 2 t (+ 1): matmul_tc's 16 x 8 tiles, nt of them.
@@ -494,7 +589,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
     kernel.__module__ = module
     kernel.__name__ = kernel.__qualname__ = (
         f"matmul_wgmma{'_bf16' if cfg.bf16 else ''}_{tile_m}x{tile_n}x{tile_k}"
-        f"_w{cfg.num_warps}_s{stages}{'_bias' if has_bias else ''}"
+        f"_w{cfg.num_warps}{'_ws' if producer else ''}_s{stages}{'_bias' if has_bias else ''}"
         f"{'_' + activation.name if extras else ''}"
     )
     return cuda.jit(kernel)

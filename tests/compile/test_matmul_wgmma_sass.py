@@ -35,7 +35,10 @@ GELU = epilogue.ACTIVATIONS["gelu"]
 
 
 def build(cfg: wg.WgmmaConfig, activation=None):
-    kernel = wg.wgmma_matmul(*cfg[:5], activation=activation, has_bias=cfg.has_bias, bf16=cfg.bf16)
+    kernel = wg.wgmma_matmul(
+        *cfg[:5], activation=activation, has_bias=cfg.has_bias, bf16=cfg.bf16,
+        producer=cfg.producer,
+    )  # fmt: skip
     return inspect.compile(
         kernel,
         BF16 if cfg.bf16 else F16,
@@ -101,6 +104,43 @@ def test_main_loop_is_hgmma_on_descriptors(what, cfg, activation, record_propert
         + (f", Triton 3.5.1 {triton}" if triton is not None else "")
         + f" | Triton 3.9 sm_90a anchor, 128x128x32, {cfg.num_warps} warps: {hgmma} "
         f"HGMMA.64x128x16 per k-tile of 32, no shared loads, regs {regs}, {instr} instr",
+    )
+
+
+WS_CASES = [
+    ("f16", wg.DEFAULT._replace(producer=True), None),
+    ("bf16 bias gelu", wg.DEFAULT._replace(producer=True, has_bias=True, bf16=True), GELU),
+    ("f16 128x256x64 3 stages", wg.WgmmaConfig(128, 256, 64, 8, 3, producer=True), None),
+    ("f16 128x128x64 one warpgroup", wg.WgmmaConfig(128, 128, 64, 4, 3, producer=True), None),
+]
+
+
+@pytest.mark.parametrize(("what", "cfg", "activation"), WS_CASES, ids=[c[0] for c in WS_CASES])
+def test_warp_specialised_loops(what, cfg, activation, record_property):
+    """With a producer warpgroup the consumers' loop is the MMAs, a wait on the stage's full
+    mbarrier and an arrival on the previous stage's empty one (no copy, no __syncthreads); the
+    producer's is the copies, a wait on the empty mbarrier and the copies' arrival."""
+    report = build(cfg, activation)
+    assert report.spill_stores == report.spill_loads == 0, report
+    assert not report.uses_local_memory, report
+    assert ptxas_advisories(report) == []
+    consumer, producer = report.loop_with("HGMMA"), report.loop_with("LDGSTS")
+    assert consumer is not producer
+    assert consumer.count("HGMMA") == cfg.hgmma_per_k_tile, consumer.histogram
+    for opcode in ("LDGSTS", "BAR.SYNC", "LDS", "LDSM", "HMMA"):
+        assert consumer.count(opcode) == 0, (opcode, consumer.histogram)
+    for opcode in ("SYNCS.PHASECHK", "SYNCS.ARRIVE", "FENCE.VIEW.ASYNC.S", "WARPGROUP.ARRIVE"):
+        assert consumer.count(opcode) >= 1, (opcode, consumer.histogram)
+    chunks = (cfg.tile_m + cfg.tile_n) * cfg.tile_k // 8 // cfg.copiers
+    assert producer.count("LDGSTS.E.BYPASS.128") == chunks, producer.histogram
+    assert producer.count("ARRIVES.LDGSTSBAR") == 1 and producer.count("SYNCS.PHASECHK") >= 1
+    assert producer.count("HGMMA") == producer.count("BAR.SYNC") == 0, producer.histogram
+    warps = cfg.num_warps * consumer.instructions + 4 * producer.instructions
+    record_property(
+        "resources",
+        f"{report.name} sm_90a ({what}): regs {report.registers}; per k-tile of {cfg.tile_k}: "
+        f"consumer {consumer.instructions} instr ({cfg.hgmma_per_k_tile} HGMMA), producer "
+        f"{producer.instructions} ({chunks} LDGSTS); {warps} warp-instructions a block",
     )
 
 

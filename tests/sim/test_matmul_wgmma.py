@@ -60,13 +60,18 @@ def bits(x):
     return x.view(np.uint16) if x.dtype == BF16 else x
 
 
-def run(a, b, bias, cfg, *, bf16=False, has_bias=False, activation=None, extras=(), side="host"):
+def run(
+    a, b, bias, cfg, *, bf16=False, has_bias=False, activation=None, extras=(), side="host",
+    producer=False,
+):  # fmt: skip
     batch, m, k = a.shape
     n = b.shape[2]
     dtype = BF16 if bf16 else np.float16
     c = np.full((batch, m, n), np.nan, dtype)  # NaN until written
-    kernel = wg.wgmma_matmul(*cfg, activation=activation, has_bias=has_bias, bf16=bf16)
-    p = wg.plan(batch, m, n, k, wg.WgmmaConfig(*cfg, has_bias=has_bias, bf16=bf16))
+    kernel = wg.wgmma_matmul(
+        *cfg, activation=activation, has_bias=has_bias, bf16=bf16, producer=producer
+    )
+    p = wg.plan(batch, m, n, k, wg.WgmmaConfig(*cfg, has_bias, bf16, producer))
     dummy = np.zeros(1, bias.dtype)  # no bias: a 1-element stand-in, bits too for bfloat16
     args = on(side, bits(a), bits(b), bits(bias if has_bias else dummy), bits(c))
     p.launch(kernel, *args, *((extras,) if extras else ()))
@@ -120,14 +125,47 @@ def test_matches_numpy(cfg, shape, bf16):
     assert_close(got, *reference(a, b), bf16)
 
 
+# ---------------------------------------------------------------------------------------------
+# Warp specialisation: a producer warpgroup copies, the others multiply (mbarrier hand-off)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["f16", "bf16"])
+@pytest.mark.parametrize(
+    ("cfg", "shape"),
+    [
+        (DEFAULT, (1, 128, 120, 136)),  # 4 stages, 3 k-tiles: the ring never wraps
+        (DEFAULT, (2, 130, 72, 600)),  # 10 k-tiles: every stage refilled twice
+        (ONE_GROUP, (2, 70, 72, 200)),  # one consumer warpgroup, 7 k-tiles in a 3-ring
+        (TWO_BLOCKS, (1, 100, 56, 136)),  # one consumer warpgroup, two accumulators
+        (WIDE, (1, 72, 200, 64)),  # one k-tile
+    ],
+    ids=["default", "wraps", "one-group", "two-blocks", "wide"],
+)
+def test_warp_specialised_matches_numpy(cfg, shape, bf16):
+    batch, m, n, k = shape
+    a, b, bias = operands(batch, m, n, k, seed=m + n + k + bf16, bf16=bf16)
+    got = run(a, b, bias, cfg, bf16=bf16, producer=True)
+    assert_close(got, *reference(a, b), bf16)
+
+
+def test_warp_specialised_bias_gelu_on_device_arrays():
+    a, b, bias = operands(2, 90, 64, 264, seed=21)
+    gelu = epilogue.ACTIVATIONS["gelu"]
+    got = run(a, b, bias, TWO_GROUPS, has_bias=True, activation=gelu, side="device",
+              producer=True)  # fmt: skip
+    assert_close(got, *reference(a, b, bias, "gelu"), False)
+
+
 def test_device_arrays():
     a, b, bias = operands(2, 40, 72, 48, seed=3)
     got = run(a, b, bias, ONE_GROUP, has_bias=True, side="device")
     assert_close(got, *reference(a, b, bias), False)
 
 
+@pytest.mark.parametrize("producer", [False, True], ids=["", "producer"])
 @pytest.mark.parametrize("cfg", [ONE_GROUP, TWO_BLOCKS], ids=["one-group", "two-blocks"])
-def test_strided_device_views(cfg):
+def test_strided_device_views(cfg, producer):
     """Sources are element offsets from the strides: A every other batch of padded rows, B one
     matrix broadcast over the batch (batch stride 0), as ops pass views."""
     from tessera_tile import _arrays
@@ -141,8 +179,9 @@ def test_strided_device_views(cfg):
     d_a = cuda.to_device(a_full)[::2, :, :k]
     d_b = _arrays.view(cuda.to_device(b_one), (batch, k, n), (0, *b_one.strides))
     d_c = cuda.to_device(np.full((batch, m, n), np.nan, np.float16))
-    kernel = wg.wgmma_matmul(*cfg)
-    wg.plan(batch, m, n, k, wg.WgmmaConfig(*cfg)).launch(kernel, d_a, d_b, np.zeros(1), d_c)
+    kernel = wg.wgmma_matmul(*cfg, producer=producer)
+    plan = wg.plan(batch, m, n, k, wg.WgmmaConfig(*cfg, producer=producer))
+    plan.launch(kernel, d_a, d_b, np.zeros(1), d_c)
     assert_close(d_c.copy_to_host(), *reference(a, b), False)
 
 
@@ -205,13 +244,15 @@ def test_element_epilogue_reads_extras():
     k8=st.integers(0, 14),
     cfg=st.sampled_from([ONE_GROUP, TWO_GROUPS, TWO_BLOCKS]),
     bf16=st.booleans(),
+    producer=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_hypothesis_shapes(batch, m, n8, k8, cfg, bf16, seed):
-    """Any M, N and K multiples of 8 (the rows cp.async copies), bias included."""
+def test_hypothesis_shapes(batch, m, n8, k8, cfg, bf16, producer, seed):
+    """Any M, N and K multiples of 8 (the rows cp.async copies), bias included; with and
+    without a producer warpgroup."""
     n, k = 8 * n8, 8 * k8
     a, b, bias = operands(batch, m, n, k, seed=seed, bf16=bf16)
-    got = run(a, b, bias, cfg, bf16=bf16, has_bias=True)
+    got = run(a, b, bias, cfg, bf16=bf16, has_bias=True, producer=producer)
     assert_close(got, *reference(a, b, bias), bf16)
 
 
@@ -221,13 +262,14 @@ def test_hypothesis_shapes(batch, m, n8, k8, cfg, bf16, seed):
 
 
 @pytest.mark.sim_only(reason="the profiler exists only in the simulator")
-def test_conflict_free_copies_and_planned_traffic():
+@pytest.mark.parametrize("producer", [False, True], ids=["", "producer"])
+def test_conflict_free_copies_and_planned_traffic(producer):
     a, b, bias = operands(1, 128, 128, 136, seed=6)
     c = np.zeros((1, 128, 128), np.float16)
-    cfg = wg.WgmmaConfig(has_bias=True)
+    cfg = wg.WgmmaConfig(has_bias=True, producer=producer)
     p = wg.plan(1, 128, 128, 136, cfg)
     with sim.profile() as prof:
-        p.launch(wg.wgmma_matmul(has_bias=True), a, b, bias, c)
+        p.launch(wg.wgmma_matmul(has_bias=True, producer=producer), a, b, bias, c)
     assert_planned_profile(prof, p)
     assert_close(c, *reference(a, b, bias), False)
 
@@ -239,6 +281,9 @@ def test_plan_figures():
     assert p.bytes_a == 2 * 2 * 300 * 64 * 2 and p.bytes_b == 2 * 2 * 64 * 200 * 3
     assert p.bytes_c == 2 * 2 * 300 * 200 and p.bytes_bias == 0
     assert wg.DEFAULT.hgmma_per_k_tile == 4
+    specialised = wg.DEFAULT._replace(producer=True)
+    assert wg.plan(2, 300, 200, 64, specialised).block == (384, 1, 1)  # + a producer warpgroup
+    assert specialised.static_bytes == 2 * 4 * 8  # a full and an empty mbarrier per stage
 
 
 def test_bad_configurations_raise_naming_the_argument():
