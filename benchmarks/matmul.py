@@ -5,7 +5,8 @@ and (on a GPU only) TFLOP/s against CuPy's matmul. Prints tables; asserts nothin
     python benchmarks/matmul.py sass      # compiled offline for sm_80 and sm_90 (no GPU needed)
     python benchmarks/matmul.py traffic   # simulator: measured global bytes vs the prediction
     python benchmarks/matmul.py fused     # @tt.fuse GEMM stages: epilogue SASS beside ops.linear
-    python benchmarks/matmul.py gpu       # a GPU: TFLOP/s vs cupy.matmul (cuBLAS); else skipped
+    python benchmarks/matmul.py gpu       # a GPU: TFLOP/s vs cupy.matmul (cuBLAS), float32 and
+                                          # float16 (each wgmma tile on sm_90a); else skipped
     python benchmarks/matmul.py           # all of them
 
 The roofline figures are a MODEL, not a measurement: time >= max(FLOPs / peak, bytes / 3.35
@@ -285,6 +286,31 @@ def gpu() -> None:
         for label, fn in calls:
             seconds = time_ms(fn) / 1e3
             console.print(f"{label:17} {n}^3 float32: {2 * n**3 / seconds / 1e12:.1f} TFLOP/s")
+    float16_tiles()
+
+
+def float16_tiles(n: int = 4096) -> None:
+    """float16 n^3: each warpgroup-MMA tile the tuner offers (the warp-specialised 12-warp ones
+    included) where that kernel runs, else the tuner's choice, beside CuPy; with each result's
+    largest difference from CuPy's float32 product, relative to its largest element."""
+    import cupy as cp
+
+    from tessera_tile import dynamic_shared, ops, tile_config
+    from tessera_tile._bench_ref import time_ms
+
+    a = (cp.random.standard_normal((n, n), dtype=cp.float32) * 0.05).astype(cp.float16)
+    b = (cp.random.standard_normal((n, n), dtype=cp.float32) * 0.05).astype(cp.float16)
+    want = a.astype(cp.float32) @ b.astype(cp.float32)
+    scale = float(cp.abs(want).max())
+    configs = tile_config.WGMMA_CANDIDATES if dynamic_shared.wgmma() else (None,)
+    calls = [(str(c) if c else "tuned", lambda c=c: ops.matmul(a, b, config=c)) for c in configs]
+    for label, fn in [*calls, ("cupy", lambda: a @ b)]:
+        err = float(cp.abs(fn().astype(cp.float32) - want).max()) / scale
+        seconds = time_ms(fn) / 1e3
+        console.print(
+            f"{label:48} {n}^3 float16: {2 * n**3 / seconds / 1e12:.1f} TFLOP/s, "
+            f"largest error {err:.1e}"
+        )
 
 
 if __name__ == "__main__":

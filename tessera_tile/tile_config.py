@@ -14,17 +14,18 @@ plain value identity, ``config.fingerprint`` a short stable hash of it)::
     +----------------------+         tile_k columns of A and tile_k rows of B
 
 **Validation on construction** (``ValueError`` naming the field): positive ints; ``num_warps``
-1, 2, 4, 8 or 16 and ``num_stages`` 2, 3 or 4 (what :func:`tessera_tile.pipeline.ring_buffer`
-supports); for ``dtype="float32"`` (the SIMT kernel, which also serves float16 inputs given
-such a config, widening them into float32 tiles) the register tile must be 4 x 4, 4 x 8, 8 x 4
-or 8 x 8 and the
-thread grid must divide the warp layout (``threads_n`` 8, 16 or 32 lanes per tile row, so a
-quarter-warp never spans two rows of the C tile), ``tile_k`` a multiple of 4 (one ``LDS.128``
-of A holds 4 k values); for ``dtype="float16"`` (the tensor-core kernel's tiles) ``tile_m`` and
-``tile_k`` multiples of 16 and ``tile_n`` of 8 (mma.sync m16n8k16); for ``dtype="tf32"`` (float32
-tiles read as TF32 by the tensor cores, ``precision="tf32"``) ``tile_m`` a multiple of 16,
-``tile_k`` of 8 and ``tile_n`` of 32 (mma.sync m16n8k8; 8 chunks per B row for its conflict-free
-swizzle); the exact warp arrangement being the tensor-core kernels' to check.
+1, 2, 4, 8 or 16 (or 12 for float16 tiles: the warp-specialised warpgroup-MMA kernel, a
+producer warpgroup and two that multiply) and ``num_stages`` 2, 3 or 4 (what
+:func:`tessera_tile.pipeline.ring_buffer` supports); for ``dtype="float32"`` (the SIMT kernel,
+which also serves float16 inputs given such a config, widening them into float32 tiles) the
+register tile must be 4 x 4, 4 x 8, 8 x 4 or 8 x 8 and the thread grid must divide the warp
+layout (``threads_n`` 8, 16 or 32 lanes per tile row, so a quarter-warp never spans two rows of
+the C tile), ``tile_k`` a multiple of 4 (one ``LDS.128`` of A holds 4 k values); for
+``dtype="float16"`` (the tensor-core kernel's tiles) ``tile_m`` and ``tile_k`` multiples of 16
+and ``tile_n`` of 8 (mma.sync m16n8k16); for ``dtype="tf32"`` (float32 tiles read as TF32 by
+the tensor cores, ``precision="tf32"``) ``tile_m`` a multiple of 16, ``tile_k`` of 8 and
+``tile_n`` of 32 (mma.sync m16n8k8; 8 chunks per B row for its conflict-free swizzle); the
+exact warp arrangement being the tensor-core kernels' to check.
 
 **Shared memory.** The SIMT kernel's tiles are static shared arrays, limited to 48 KiB per
 block on every architecture (:data:`STATIC_SHARED_LIMIT`). The tensor-core kernels (float16,
@@ -51,7 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass, fields, replace
 
 from . import dynamic_shared
 from .dynamic_shared import BLOCK_LIMIT as ARCH_SHARED_LIMIT
@@ -71,6 +72,7 @@ __all__ = [
 ]
 
 WARP = 32
+WARP_SPECIALISED = 12  # num_warps of the warpgroup-MMA kernel with a producer warpgroup
 REGISTER_TILES = ((4, 4), (4, 8), (8, 4), (8, 8))  # (thread_m, thread_n) the SIMT kernel supports
 STAGED_BYTES = {"float32": 4, "float16": 2, "tf32": 4}
 TENSOR_STEPS = {  # tile dtype -> (tile_m, tile_n, tile_k) multiples, and the mma shape
@@ -108,7 +110,9 @@ class TileConfig:
     tile_k:
         the K step: columns of A and rows of B per shared-memory stage.
     num_warps:
-        warps per block (``threads = 32 * num_warps``).
+        warps per block (``threads = 32 * num_warps``): 1, 2, 4, 8 or 16; or 12 for float16
+        tiles, the warpgroup-MMA kernel's warp-specialised variant (sm_90a only): a producer
+        warpgroup that copies and two that multiply.
     num_stages:
         shared-memory stages of the ``cp.async`` ring (2, 3 or 4): ``num_stages - 1`` tiles in
         flight while one is multiplied.
@@ -129,8 +133,12 @@ class TileConfig:
     def __post_init__(self) -> None:
         for f in fields(self)[:5]:
             _positive_int(f.name, getattr(self, f.name))
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"TileConfig num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+        specialised = self.num_warps == WARP_SPECIALISED and self.dtype == "float16"
+        if self.num_warps not in (1, 2, 4, 8, 16) and not specialised:
+            raise ValueError(
+                "TileConfig num_warps must be 1, 2, 4, 8 or 16 (or 12 for float16 tiles: the "
+                f"warp-specialised warpgroup-MMA kernel), got {self.num_warps}"
+            )
         if self.num_stages not in (2, 3, 4):
             raise ValueError(f"TileConfig num_stages must be 2, 3 or 4, got {self.num_stages}")
         if self.dtype not in STAGED_BYTES:
@@ -296,7 +304,11 @@ def estimate(
     m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: int = 4, arch: str = "sm_90"
 ):
     """The analytic model's estimate for ``config`` on a ``batch`` of ``(m, k) @ (k, n)``
-    (blocks per SM from ``arch``'s shared memory per SM)."""
+    (blocks per SM from ``arch``'s shared memory per SM). A warp-specialised config is
+    modelled as its two warpgroups that multiply (what a producer warpgroup buys is latency,
+    which this model does not see)."""
+    if config.num_warps == WARP_SPECIALISED:
+        config = replace(config, num_warps=8)
     resident = blocks_per_sm(config, arch)
     tiles = batch * -(-m // config.tile_m) * -(-n // config.tile_n)
     per_sm = -(-tiles // SMS)  # blocks the busiest SM runs, `resident` at a time
@@ -342,10 +354,16 @@ TF32_CANDIDATES = (
 # 128 x 256 x 64 with 8 warps 0.378 ms in 4 stages and 0.388 in 3, 128 x 128 x 64 (8 warps, 3
 # stages) 0.390, against 0.413 for 128 x 128 x 32 and 0.424 for 256 x 128 x 64, the best of
 # the tiles above. The model scores them inf elsewhere (the mma.sync kernels keep their own).
+# After them, the same tiles warp-specialised (12 warps: a producer warpgroup and two that
+# multiply), not yet timed on a GPU: the model ties each with its 8-warp twin, so only a
+# measurement picks one.
 WGMMA_CANDIDATES = (
     TileConfig(128, 256, 64, 8, 4, dtype="float16"),
     TileConfig(128, 256, 64, 8, 3, dtype="float16"),
     TileConfig(128, 128, 64, 8, 3, dtype="float16"),
+    TileConfig(128, 256, 64, WARP_SPECIALISED, 4, dtype="float16"),
+    TileConfig(128, 256, 64, WARP_SPECIALISED, 3, dtype="float16"),
+    TileConfig(128, 128, 64, WARP_SPECIALISED, 4, dtype="float16"),
 )
 
 # Every config the matmul ops choose among: the SIMT candidates (float32 tiles), the
@@ -378,7 +396,9 @@ def score(
     apart by the bytes moved (a picosecond per gigabyte)."""
     if config.dtype != tile_dtype(dtype, precision) or not config.fits(arch):
         return math.inf
-    if config in WGMMA_CANDIDATES and not dynamic_shared.wgmma():
+    if (config in WGMMA_CANDIDATES or config.num_warps == WARP_SPECIALISED) and not (
+        dynamic_shared.wgmma()
+    ):
         return math.inf
     item = 2 if config.dtype == "float16" else 4
     e = estimate(

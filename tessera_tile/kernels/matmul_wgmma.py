@@ -69,11 +69,25 @@ the ring: compiled, the dynamic array is declared ``.align 1024`` and the slack 
 the simulator's dynamic shared memory keeps no such alignment, so the kernel finds the boundary
 itself (a few instructions, once).
 
-No warp specialisation: ``cp.async`` completes per thread (``wait_group``), so a producer
-warpgroup would have to signal the consumers through ``mbarrier`` arrivals
-(``cp.async.mbarrier.arrive``) that the library does not have; every thread copies and one
-barrier per k-tile publishes the tile, as in :mod:`.matmul_tc`. A producer warpgroup pays with
-TMA (bulk tensor copies, one thread issuing a whole tile), not with per-thread copies.
+Warp specialisation (``producer=True``): one more warpgroup, the block's first, issues every
+copy, and the others only multiply. They hand the stages over through two
+:mod:`tessera_tile.mbarrier` objects per stage::
+
+    producer, per k-tile kt (stage s):        consumers, per k-tile kt (stage s):
+      wait empty[s] (parity: pass ^ 1)          wait full[s] (parity: pass)
+      cp.async tile kt into stage s             fence.proxy.async.shared::cta
+      cp.async.mbarrier.arrive full[s]          wgmma.fence, the MMAs, commit
+        (arrives when the copies land)          wgmma.wait_group 1 (tile kt - 1 retired)
+                                                arrive empty[stage of kt - 1]
+
+``full`` expects the producer's 128 copy arrivals, ``empty`` one arrival per consumer thread;
+the producer's first pass waits on a fresh barrier's parity 1, which has completed. Every stage
+is in use (the producer may be ``stages`` tiles ahead), no ``__syncthreads`` runs in the loop,
+and the consumers' loop holds no copy and no address arithmetic. The consumer orders the landed
+copies before the tensor cores' reads with its own proxy fence after the wait (the wait
+acquires what the copies' arrival released); a GPU run has yet to confirm it. Which of the two
+variants is faster is for a GPU to say: the tuner offers both (``TileConfig`` with 12 warps is
+this variant) and times them there.
 
 Epilogue: the wgmma D fragment is, per warp, :mod:`.matmul_tc`'s 16 x 8 C tiles side by side
 (``docs/tensor_cores.md``), so the accumulators go through that module's generated epilogue

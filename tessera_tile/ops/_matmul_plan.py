@@ -24,6 +24,7 @@ from ..kernels import matmul_tf32 as tf32
 from ..kernels import matmul_wgmma as wg
 from ..tile_config import (
     CANDIDATES,
+    WARP_SPECIALISED,
     TileConfig,
     estimate,
     traffic_bytes,
@@ -96,6 +97,16 @@ DUAL = {
 }
 
 
+def warp_specialised_refusal(config: TileConfig, why: str) -> ValueError:
+    """The error of a 12-warp ``config`` (the warp-specialised wgmma kernel's) where it cannot
+    run, saying ``why``."""
+    return ValueError(
+        f"config {config} is the warp-specialised warpgroup-MMA kernel's (a producer warpgroup "
+        f"and two that multiply), which runs only on sm_90a, on one product whose rows are "
+        f"16-byte aligned; {why}: give 4 or 8 warps"
+    )
+
+
 def wgmma_config(config: TileConfig, dtype, has_bias: bool, dual: bool) -> wg.WgmmaConfig | None:
     """The warpgroup-MMA kernel's config for a float16 ``config`` where it runs (sm_90a: a GPU
     of compute capability 9.0 or more, or the simulator standing for one) and takes the tile;
@@ -103,9 +114,11 @@ def wgmma_config(config: TileConfig, dtype, has_bias: bool, dual: bool) -> wg.Wg
     if dual or config.dtype != "float16" or not dynamic_shared.wgmma():
         return None
     c = config
+    producer = c.num_warps == WARP_SPECIALISED  # a producer warpgroup and two that multiply
     cfg = wg.WgmmaConfig(
-        c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, has_bias, dtype == BFLOAT16
-    )
+        c.tile_m, c.tile_n, c.tile_k, 8 if producer else c.num_warps, c.num_stages, has_bias,
+        dtype == BFLOAT16, producer,
+    )  # fmt: skip
     try:
         cfg.validate()
     except ValueError:
@@ -177,15 +190,23 @@ def choose_kernel(
         signature = f"void({', '.join(types)})"
         warpgroups = wgmma_config(c, dtype, has_bias, dual) if tensor_rows == "aligned" else None
         if warpgroups is not None:
-            kernel = wg.wgmma_matmul(*warpgroups[:5], activation, has_bias, bf16=warpgroups.bf16)
+            kernel = wg.wgmma_matmul(
+                *warpgroups[:5], activation, has_bias, bf16=warpgroups.bf16,
+                producer=warpgroups.producer,
+            )  # fmt: skip
             reasons.append(
                 "sm_90a: the warpgroup-MMA (wgmma) kernel, operands read by the tensor cores "
                 "from shared memory through descriptors"
-            )
+                + (", a producer warpgroup copying for two that multiply (mbarriers)"
+                   if warpgroups.producer else "")
+            )  # fmt: skip
             return KernelChoice(
                 kernel, config, warpgroups.threads, signature, tuple(reasons),
                 warpgroups.shared_bytes, warpgroups.warps_m, wgmma=True,
             )  # fmt: skip
+        if c.num_warps == WARP_SPECIALISED:
+            raise warp_specialised_refusal(c, "here two products share A" if dual else
+                                           "here the tensor-core kernels run")  # fmt: skip
         kernel = tc.tensor_core_matmul(
             c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
             async_copy=tensor_rows == "aligned", bf16=dtype == BFLOAT16, dual=dual,
@@ -511,7 +532,11 @@ class Product(HandWritten):
         steps = (" ".join(x for x in epi if x), generated)  # a composer's epilogue comes last
         epi_text = " then ".join(s for s in steps if s) or "none"
         if any(choice.wgmma for *_, choice in launches):
-            cfg = f"{cfg} on warpgroup MMA (wgmma, sm_90a)"
+            cfg = f"{cfg} on warpgroup MMA (wgmma, sm_90a)" + (
+                ", warp-specialised (a producer warpgroup)"
+                if cfg.num_warps == WARP_SPECIALISED
+                else ""
+            )
         return [
             f"{name}: {self.name} {what} over batch "
             f"{self.batch or '()'} in {len(launches)} launch(es); tile {cfg}; epilogue "

@@ -419,3 +419,32 @@ def test_the_tuner_offers_the_wgmma_tiles_on_sm90a(side):
         got = ops.matmul(*on(side, a[0], b[0]), config=cfg)
     got = got if side == "host" else got.copy_to_host()
     assert_close(got[None], *reference(a, b), False)
+
+
+@pytest.mark.parametrize("side", ["host", "device"])
+def test_the_tuner_offers_warp_specialised_tiles_that_only_a_measurement_picks(side):
+    """The 12-warp WGMMA_CANDIDATES (a producer warpgroup, two that multiply) score as their
+    8-warp twins and come after them, so the model never picks one; an explicit one runs the
+    warp-specialised kernel on sm_90a and is refused, with the reason, where it cannot run."""
+    from tessera_tile import ops, tile_config
+    from tessera_tile.ops._matmul_plan import wgmma_config
+
+    specialised = [c for c in tile_config.WGMMA_CANDIDATES if c.num_warps == 12]
+    assert len(specialised) == 3
+    a, b, _ = operands(1, 130, 136, 200, seed=14)
+    with on_sm90a():
+        for shape in [(4096, 4096, 4096), (512, 512, 512), (130, 136, 200)]:
+            chosen = tile_config.default_config(*shape, dtype="float16")
+            assert chosen.num_warps != 12, (shape, chosen)
+            for cfg in specialised:
+                twin = tile_config.TileConfig(*cfg.key[:3], 8, cfg.num_stages, dtype="float16")
+                score = tile_config.score(cfg, *shape, dtype="float16")
+                assert score == tile_config.score(twin, *shape, dtype="float16")
+                assert wgmma_config(cfg, np.dtype(np.float16), False, False).producer
+        cfg = specialised[2]  # 128 x 128 x 64, 4 stages
+        assert "warp-specialised" in ops.matmul.explain(a[0], b[0], config=cfg).stages[0]
+        got = ops.matmul(*on(side, a[0], b[0]), config=cfg)
+    got = got if side == "host" else got.copy_to_host()
+    assert_close(got[None], *reference(a, b), False)
+    with pytest.raises(ValueError, match="runs only on sm_90a"):
+        ops.matmul(*on(side, a[0], b[0]), config=cfg)
