@@ -184,6 +184,7 @@ def gpu() -> None:
     from tessera_tile.kernels import attention_wgmma as aw
 
     in_turn = aw.WgmmaAttentionConfig(64, 8, 2, False)
+    producer = aw.WgmmaAttentionConfig(64, 8, 3, True, True)
 
     for s, d in ((1024, 64), (4096, 64), (4096, 128)):
         q, k, v = (cp.random.standard_normal((4, 16, s, d)).astype(cp.float16) for _ in range(3))
@@ -191,7 +192,11 @@ def gpu() -> None:
         scale = d**-0.5
         configs = [("tessera_tile", None)]
         if dynamic_shared.wgmma():  # the default is the overlapped wgmma kernel: the others
-            configs += [("wgmma in turn", in_turn), ("mma.sync", fa.default_config(d, s))]
+            configs += [
+                ("wgmma in turn", in_turn),
+                ("wgmma, producer warpgroup", producer),
+                ("mma.sync", fa.default_config(d, s)),
+            ]
         calls = [("cupy, 3 kernels", lambda q=q, k=k, v=v, c=scale: naive(cp, q, k, v, c))]
         calls += [
             (label, lambda q=q, k=k, v=v, c=c: ops.attention(q, k, v, config=c))

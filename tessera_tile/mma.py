@@ -616,8 +616,9 @@ def fence_proxy_async(typingctx):
     proxy fence must be used to establish an ordering between prior writes to shared memory
     matrices and subsequent reads of the same matrices in a wgmma.mma_async instruction").
     Per thread; put it between the writes (or their ``cp_async_wait_group``) and the barrier
-    that publishes them to the warpgroups. sm_90 and later; the simulator has one view of
-    shared memory, and its twin does nothing."""
+    that publishes them to the warpgroups, or, where another warpgroup wrote them and an
+    ``mbarrier`` hands them over, in the reading thread after its wait (which acquired them).
+    sm_90 and later; the simulator has one view of shared memory, and its twin does nothing."""
 
     def codegen(context, builder, sig, args):
         _require_sm90a("fence_proxy_async")

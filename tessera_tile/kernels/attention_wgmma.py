@@ -6,9 +6,10 @@ descriptors, P from registers. The score matrix never leaves the chip.
 :func:`wgmma_attention` makes the kernel ``kernel(q, k, v, o, scale_log2)`` of one head size,
 with the interface and launch of :mod:`.attention`'s (``q``, ``o``: ``(Z, Sq, D)``; ``k``,
 ``v``: ``(Z, Sk, D)``; ``scale_log2 = scale * log2(e)``; ``grid = (ceil(Sq / block_q), Z)``
-blocks of ``32 * num_warps`` threads with :meth:`WgmmaAttentionConfig.shared_bytes` of dynamic
-shared memory), for head sizes 64 and 128 and rows that ``cp.async`` can copy (every row
-16-byte aligned on a contiguous inner axis): the ops run :mod:`.attention`'s kernels otherwise.
+blocks of :attr:`WgmmaAttentionConfig.threads` with its
+:meth:`~WgmmaAttentionConfig.shared_bytes` of dynamic shared memory), for head sizes 64 and 128
+and rows that ``cp.async`` can copy (every row 16-byte aligned on a contiguous inner axis): the
+ops run :mod:`.attention`'s kernels otherwise.
 It needs a device of compute capability 9.0 (numba-cuda compiles for sm_90a there).
 
 Each warpgroup (4 warps, 128 threads) owns 64 query rows: one ``m64`` accumulator of the scores
@@ -51,8 +52,14 @@ registers of k16 step ``kk`` of ``P V`` (layout C of two tiles = layout A of one
 wgmma A-from-registers fragment is mma.sync's per warp). Masking, the causal block order, the
 negative-scale fold into Q, ``scale = 0`` and rows with no key follow :mod:`.attention`.
 
-Not here: FlashAttention-3's ping-pong between warpgroups (named barriers ordering one
-warpgroup's softmax against the other's products) and its producer warpgroup with TMA copies.
+Warp specialisation (``producer=True``): one more warpgroup, the block's first, copies Q
+(folding a negative scale into it, then arriving on Q's mbarrier) and every K/V tile, handed to
+the warpgroups that compute through a full and an empty :mod:`tessera_tile.mbarrier` per stage,
+as in :mod:`.matmul_wgmma`: a consumer waits on a tile's full barrier before the product that
+first reads it (overlapped: before issuing the next tile's scores), fences the async proxy, and
+releases the stage once the tile's ``P V`` has retired. No ``__syncthreads`` in the loop. Not
+here: FlashAttention-3's ping-pong between warpgroups (named barriers ordering one warpgroup's
+softmax against the other's products), TMA copies and ``setmaxnreg``.
 
 Shared memory (dynamic, one array starting on a 1024-byte boundary as the swizzle is a function
 of the address): the Q tile, then ``num_stages`` K tiles, then ``num_stages`` V tiles. Every
@@ -75,6 +82,7 @@ from numba.types import float16
 from .. import dynamic_shared
 from .._fusion.device import exp2_approx, max_nan, rcp_approx
 from ..bfloat16 import pack_bf16x2
+from ..mbarrier import mbarrier_arrive, mbarrier_init, mbarrier_wait
 from ..mma import (
     SWIZZLE_128B,
     fence_proxy_async,
@@ -96,7 +104,7 @@ from ..pipeline import (
     cp_async_wait_group,
 )
 from .attention import block_span, negate_chunk
-from .matmul_wgmma import ALIGN, WARPGROUP, swizzle_start, unpacker
+from .matmul_wgmma import ALIGN, WARPGROUP, producer_loop, swizzle_start, unpacker
 from .tc_tiles import CHUNK, INLINE, WARP_SIZE
 
 __all__ = [
@@ -116,16 +124,19 @@ FLT_MIN = float32(np.finfo(np.float32).tiny)
 
 class WgmmaAttentionConfig(NamedTuple):
     """One schedule: keys per K/V tile, warps (4 or 8: one or two warpgroups of 64 query rows),
-    pipeline stages, and whether the scores of the next tile are computed during the softmax
-    of this one (``overlap``: 3 stages)."""
+    pipeline stages, whether the scores of the next tile are computed during the softmax of
+    this one (``overlap``: 3 stages), and whether one more warpgroup issues every copy
+    (``producer``: warp specialisation, stages handed over through mbarriers)."""
 
     block_kv: int = 64
     num_warps: int = 8
     num_stages: int = 3
     overlap: bool = True
+    producer: bool = False
 
     @property
     def warpgroups(self) -> int:
+        """The warpgroups that compute (the producer's is not one of them)."""
         return self.num_warps // WARPGROUP
 
     @property
@@ -134,7 +145,18 @@ class WgmmaAttentionConfig(NamedTuple):
 
     @property
     def threads(self) -> int:
-        return WARP_SIZE * self.num_warps
+        return WARP_SIZE * (self.num_warps + (WARPGROUP if self.producer else 0))
+
+    @property
+    def copiers(self) -> int:
+        """Threads that issue the copies: the producer warpgroup's, else all."""
+        return WARP_SIZE * WARPGROUP if self.producer else self.threads
+
+    @property
+    def static_bytes(self) -> int:
+        """Static shared memory: with a producer, a full and an empty mbarrier per stage and
+        one for Q."""
+        return 8 * (2 * self.num_stages + 1) if self.producer else 0
 
     def shared_bytes(self, head_dim: int) -> int:
         """Dynamic shared memory a block launches with: Q, the K and V rings, and the slack
@@ -168,7 +190,7 @@ class WgmmaAttentionConfig(NamedTuple):
                 f"{(self.block_kv + head_dim) // 2} float32 per thread, beside P's registers; "
                 "at most 96 keep clear of spills (block_kv + head_dim <= 192)"
             )
-        nbytes, allowed = self.shared_bytes(head_dim), dynamic_shared.limit()
+        nbytes, allowed = self.shared_bytes(head_dim) + self.static_bytes, dynamic_shared.limit()
         if nbytes > allowed:
             raise ValueError(
                 f"{self} needs {nbytes} B of shared memory for head_dim {head_dim}; a block may "
@@ -204,8 +226,9 @@ def _rescaler(count: int):
 
 @functools.cache
 def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
-    block_q, block_kv, stages, threads = cfg.block_q, cfg.block_kv, cfg.num_stages, cfg.threads
-    overlap = cfg.overlap
+    block_q, block_kv, stages = cfg.block_q, cfg.block_kv, cfg.num_stages
+    overlap, producer, copiers = cfg.overlap, cfg.producer, cfg.copiers
+    consumers = WARP_SIZE * cfg.num_warps  # threads that compute
     # Tiles of copies in flight ahead of the one whose P V runs; the copy groups a refill's
     # wait leaves in flight (overlapped: none, as tile kt + 1 is needed at once).
     ahead, lag = stages - 1, stages - 3 if overlap else stages - 2
@@ -221,7 +244,7 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
     # Copies: the threads of a row take its chunks, one each; rows step by a multiple of 8,
     # so a thread's physical chunk (the swizzle) is the same in every row it copies.
     per_row = d // CHUNK
-    row_step = threads // per_row
+    row_step = copiers // per_row
     q_passes, kv_passes = block_q // row_step, block_kv // row_step
     elem = uint16 if bf16 else float16
     wgmma = wgmma_async_bf16 if bf16 else wgmma_async
@@ -329,13 +352,33 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
         cp_async_commit_group()
 
     @cuda.jit(device=True, **INLINE)
+    def acquire(full, kt, stage):
+        """With a producer: wait until K/V tile ``kt`` has landed in ``stage``, and order it
+        before the tensor cores' reads (async proxy)."""
+        mbarrier_wait(full, stage, (kt // stages) & 1)
+        fence_proxy_async()
+
+    @cuda.jit(device=True, **INLINE)
+    def load_stage(kt, s, payload):
+        smem, pad, k, v, src, dst, r0, sk_len = payload
+        load_kv(smem, k, v, src, kt, pad + k_at + s * tile, dst, r0, sk_len)
+
+    produce = producer_loop(load_stage, stages)
+
+    @cuda.jit(device=True, **INLINE)
     def kv_step(smem, pad, k, v, src, kt, stage, tiles, masked, desc_q, desc_k, desc_v, sacc,
-                oacc, sl, pf, row_max, row_sum, lim, c, dst, r0, sk_len, lane):  # fmt: skip
+                oacc, sl, pf, row_max, row_sum, lim, c, dst, r0, sk_len, lane, full,
+                empty):  # fmt: skip
         """K/V tile ``kt`` in ``stage``. In turn: refill, S, wait, softmax, O += P V, wait.
         Overlapped (``sacc``: tile ``kt``'s scores, retired): refill, S of tile ``kt + 1``
         issued, the softmax of tile ``kt`` while it runs, O += P V, wait for both; returns the
-        scores of tile ``kt + 1`` and O."""
-        refill(smem, pad, k, v, src, kt, stage, tiles, dst, r0, sk_len)
+        scores of tile ``kt + 1`` and O. With a producer, waiting for the tile a product reads
+        (``full``) replaces the refill, and the tile's stage is released at the end
+        (``empty``)."""
+        if not producer:
+            refill(smem, pad, k, v, src, kt, stage, tiles, dst, r0, sk_len)
+        elif not overlap:
+            acquire(full, kt, stage)
         offset = uint64(stage * tile16)
         if overlap:
             unpack_s(sacc, sl)  # before the registers are handed to the next product
@@ -343,6 +386,8 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
             # product issued on every path (a branch around it costs ptxas a null HGMMA)
             nxt = stage + 1 if stage + 1 < stages else 0
             nxt = nxt if int32(kt + 1) < tiles else stage
+            if producer and int32(kt + 1) < tiles:
+                acquire(full, kt + 1, nxt)
             wgmma_fence()
             sacc = scores(desc_q, desc_k + uint64(nxt * tile16))
             wgmma_commit_group()
@@ -360,11 +405,35 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
         if overlap:
             sacc = wgmma_wait_group(0, sacc)
         oacc = wgmma_wait_group(0, oacc)
+        if producer:  # tile kt's K and V read: the stage is the producer's again
+            mbarrier_arrive(empty, stage)
         return sacc, oacc
+
+    @cuda.jit(device=True, **INLINE)
+    def copy_q(smem, q, bz, m0, sq_len, q_dst, r0, col):
+        """This thread's chunks of the block's Q rows, as one cp.async group."""
+        for p in range(q_passes):
+            row = m0 + r0 + p * row_step
+            cp_async_cg_16_zfill(smem, q_dst + p * row_step * BLOCK, q, (bz, row, col),
+                                 16 if row < sq_len else 0)  # fmt: skip
+        cp_async_commit_group()
+
+    @cuda.jit(device=True, **INLINE)
+    def negate_q(bits, q_dst, scale_log2):
+        """A negative scale is folded into Q once: each copier flips the chunks it copied
+        (after they landed; published to the tensor cores by a fence and a barrier)."""
+        if scale_log2 < ZERO:
+            for p in range(q_passes):
+                negate_chunk(bits, q_dst + p * row_step * BLOCK)
 
     def kernel(q, k, v, o, scale_log2):
         smem = cuda.shared.array(0, elem, alignment=ALIGN)
         bits = cuda.shared.array(0, uint16, alignment=ALIGN)  # the same memory, as bits
+        # With a producer: K/V stage s landed (full) and released by every consumer (empty),
+        # and Q landed; unused (and not emitted) without one.
+        full = cuda.shared.array(stages, uint64)
+        empty = cuda.shared.array(stages, uint64)
+        q_ready = cuda.shared.array(1, uint64)
         # Local arrays indexed only by constants (loops over constants, unrolled): registers.
         sl = cuda.local.array((1, nt, 4), float32)  # the scores, as unpacked
         pf = cuda.local.array((kk_steps, 4), uint32)  # P as A registers
@@ -378,20 +447,15 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
         # the warpgroup, from lane 0: warp-uniform for the compiler too (uniform descriptors)
         group = cuda.shfl_sync(0xFFFFFFFF, warp // WARPGROUP, 0)
         bz = cuda.blockIdx.y
-        m0, sq_len, sk_len, shift_keys, tiles, full = span(q, k)  # full: tiles with no mask
+        m0, sq_len, sk_len, shift_keys, tiles, full_tiles = span(q, k)  # no mask in the first
 
-        # This thread's chunk: column block cb, physical chunk pc of rows r0 + p * row_step.
+        # This thread's chunk (as a copier): column block cb, physical chunk pc of rows r0 +
+        # p * row_step.
         r0 = tid // per_row
         chunk = tid % per_row
         col = chunk * CHUNK
         cb, pc = chunk // 8, (chunk % 8) ^ (r0 % 8)
-        # Q: one cp.async group of its own, then the first stages - 1 K/V tiles.
         q_dst = pad + cb * block_q * BLOCK + r0 * BLOCK + pc * CHUNK
-        for p in range(q_passes):
-            row = m0 + r0 + p * row_step
-            cp_async_cg_16_zfill(smem, q_dst + p * row_step * BLOCK, q, (bz, row, col),
-                                 16 if row < sq_len else 0)  # fmt: skip
-        cp_async_commit_group()
         dst = cb * block_kv * BLOCK + r0 * BLOCK + pc * CHUNK
         k_rows, v_rows = k.strides[1] // 2, v.strides[1] // 2  # row strides, in elements
         src = (
@@ -400,18 +464,34 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
             k_rows,
             v_rows,
         )
-        for kt in range(ahead):
-            if kt < tiles:
-                load_kv(smem, k, v, src, kt, pad + k_at + kt * tile, dst, r0, sk_len)
-            cp_async_commit_group()
-        cp_async_wait_group(ahead)  # Q's group
-        # A negative scale is folded into Q once: each thread flips the chunks it copied
-        # (published to the tensor cores by the next fence and barrier).
+        if producer:
+            if tid == 0:
+                for s in range(stages):
+                    mbarrier_init(full, s, copiers)  # a copy arrival per producer thread
+                    mbarrier_init(empty, s, consumers)  # an arrival per consumer thread
+                mbarrier_init(q_ready, 0, copiers)
+            cuda.syncthreads()  # the barriers' initialisation, visible to every thread
+            if group == 0:  # the producer: Q (landed, folded, released), then K/V tiles
+                copy_q(smem, q, bz, m0, sq_len, q_dst, r0, col)
+                cp_async_wait_group(0)
+                negate_q(bits, q_dst, scale_log2)
+                mbarrier_arrive(q_ready, 0)
+                produce(full, empty, tiles, (smem, pad, k, v, src, dst, r0, sk_len))
+                return
+            group -= 1
+            warp -= WARPGROUP
+            mbarrier_wait(q_ready, 0, 0)
+        else:
+            # Q: one cp.async group of its own, then the first stages - 1 K/V tiles.
+            copy_q(smem, q, bz, m0, sq_len, q_dst, r0, col)
+            for kt in range(ahead):
+                if kt < tiles:
+                    load_kv(smem, k, v, src, kt, pad + k_at + kt * tile, dst, r0, sk_len)
+                cp_async_commit_group()
+            cp_async_wait_group(ahead)  # Q's group
+            negate_q(bits, q_dst, scale_log2)
         c = abs(scale_log2)
         c = max(c, FLT_MIN)
-        if scale_log2 < ZERO:
-            for p in range(q_passes):
-                negate_chunk(bits, q_dst + p * row_step * BLOCK)
 
         # Descriptors of this warpgroup's Q rows, and of stage 0's K and V.
         desc_q = wgmma_descriptor(smem, pad + group * ROWS * BLOCK, 16, 1024, SWIZZLE_128B)
@@ -426,27 +506,30 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
             row_sum[h] = ZERO
 
         if overlap and tiles > 0:  # tile 0's scores: the loop starts with them retired
-            cp_async_wait_group(first_lag)  # Q and tile 0 landed
-            fence_proxy_async()
-            cuda.syncthreads()
+            if producer:
+                acquire(full, 0, 0)
+            else:
+                cp_async_wait_group(first_lag)  # Q and tile 0 landed
+                fence_proxy_async()
+                cuda.syncthreads()
             wgmma_fence()
             sacc = scores(desc_q, desc_k)
             wgmma_commit_group()
             sacc = wgmma_wait_group(0, sacc)
         kt = int32(0)
         stage = int32(0)  # kt % stages, counted (a 64-bit modulo costs a dozen instructions)
-        while kt < full:  # a run-time bound: `while`, not range()
+        while kt < full_tiles:  # a run-time bound: `while`, not range()
             # two tiles per pass: ptxas moves fewer of the scores' registers (overlapped, 19
             # instructions per tile fewer than with one, as measured)
             s2, oacc = kv_step(smem, pad, k, v, src, kt, stage, tiles, False, desc_q, desc_k,
                                desc_v, sacc, oacc, sl, pf, row_max, row_sum, lim, c, dst, r0,
-                               sk_len, lane)  # fmt: skip
+                               sk_len, lane, full, empty)  # fmt: skip
             kt = int32(kt + 1)
             stage = int32(stage + 1 if stage + 1 < stages else 0)
-            if kt < full:
+            if kt < full_tiles:
                 sacc, oacc = kv_step(smem, pad, k, v, src, kt, stage, tiles, False, desc_q,
                                      desc_k, desc_v, s2, oacc, sl, pf, row_max, row_sum, lim,
-                                     c, dst, r0, sk_len, lane)  # fmt: skip
+                                     c, dst, r0, sk_len, lane, full, empty)  # fmt: skip
                 kt = int32(kt + 1)
                 stage = int32(stage + 1 if stage + 1 < stages else 0)
             else:
@@ -454,10 +537,11 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
         while kt < tiles:  # the diagonal and the end of K: masked
             sacc, oacc = kv_step(smem, pad, k, v, src, kt, stage, tiles, True, desc_q, desc_k,
                                  desc_v, sacc, oacc, sl, pf, row_max, row_sum, lim, c, dst, r0,
-                                 sk_len, lane)  # fmt: skip
+                                 sk_len, lane, full, empty)  # fmt: skip
             kt = int32(kt + 1)
             stage = int32(stage + 1 if stage + 1 < stages else 0)
-        cp_async_wait_group(0)  # no copy outlives the block (tiles past the last: empty)
+        if not producer:
+            cp_async_wait_group(0)  # no copy outlives the block (tiles past the last: empty)
 
         # O / l, once per row (l is the quad's sum of per-lane partials); no key: 0.
         unpack_o(oacc, ol)
@@ -475,6 +559,7 @@ def _build(d: int, causal: bool, cfg: WgmmaAttentionConfig, bf16: bool):
 
     kernel.__name__ = kernel.__qualname__ = (
         f"flash_attention_wgmma{'_bf16' if bf16 else ''}_d{d}{'_causal' if causal else ''}"
-        f"_kv{block_kv}_w{cfg.num_warps}_s{stages}{'_overlap' if overlap else ''}"
+        f"_kv{block_kv}_w{cfg.num_warps}{'_ws' if producer else ''}_s{stages}"
+        f"{'_overlap' if overlap else ''}"
     )
     return cuda.jit(kernel)

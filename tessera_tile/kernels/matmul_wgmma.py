@@ -12,8 +12,8 @@ interface of :func:`.matmul_tc.tensor_core_matmul`'s kernels:
 * ``bias``: ``(N,)``, added to every row (ignored unless ``has_bias``: pass a 1-element array);
   with an :class:`~.epilogue.ElementEpilogue` as ``activation``, ``kernel(a, b, bias, c,
   extras)``;
-* launch ``grid = (ceil(N / tile_n), ceil(M / tile_m), batch)`` blocks of ``32 * num_warps``
-  threads with ``Plan.shared`` bytes of dynamic shared memory (:func:`plan`;
+* launch ``grid = (ceil(N / tile_n), ceil(M / tile_m), batch)`` blocks of
+  :attr:`WgmmaConfig.threads` with ``Plan.shared`` bytes of dynamic shared memory (:func:`plan`;
   ``plan(...).launch(kernel, a, b, bias, c)`` opts in past 48 KiB and launches). It needs a
   device of compute capability 9.0 (numba-cuda compiles for sm_90a there); building it for an
   older target is refused with the wgmma intrinsics' message.
@@ -122,7 +122,6 @@ from ..mma import (
 from ..pipeline import (
     cp_async_cg_16_zfill_at,
     cp_async_commit_group,
-    cp_async_wait_all,
     cp_async_wait_group,
 )
 from ..sim import compat
@@ -323,6 +322,39 @@ def unpacker(count: int):
     return cuda.jit(device=True, **INLINE)(namespace["unpack"])
 
 
+def producer_loop(load, stages: int):
+    """``produce(full, empty, tiles, payload)``: a producer warpgroup's loop over ``tiles``
+    tiles in a ring of ``stages``: wait until the tile's stage is empty (every consumer has
+    released it; on the first pass a fresh barrier's parity 1, which has completed), issue its
+    copies with ``load(kt, stage, payload)``, and make their landing the producer's arrival on
+    the stage's full barrier; then wait until the consumers have released every stage, so
+    that no copy is in flight when the producer exits (the consumers must release each tile's
+    stage, the last included). ``full`` and ``empty`` hold an mbarrier per stage."""
+
+    @cuda.jit(device=True, **INLINE)
+    def produce(full, empty, tiles, payload):
+        kt = int32(0)
+        s = int32(0)
+        phase = int32(1)
+        while kt < tiles:
+            mbarrier_wait(empty, s, phase)
+            load(kt, s, payload)
+            cp_async_mbarrier_arrive(full, s)
+            s = int32(s + 1)
+            if s == stages:
+                s = int32(0)
+                phase ^= 1
+            kt = int32(kt + 1)
+        for _ in range(stages):  # the tail: a stage never filled passes at once
+            mbarrier_wait(empty, s, phase)
+            s = int32(s + 1)
+            if s == stages:
+                s = int32(0)
+                phase ^= 1
+
+    return produce
+
+
 @functools.cache
 def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
     """The kernel of ``cfg`` (check it first: :meth:`WgmmaConfig.validate`); ``module`` names
@@ -462,24 +494,11 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         return a_src, a_dst, a_ok, b_src, b_dst, b_ok, b_k, a_r, a_c
 
     @cuda.jit(device=True, **INLINE)
-    def produce(smem, pad, a, b, full, empty, tiles, copies):
-        """The producer warpgroup: for each k-tile, wait until its stage is empty (every
-        consumer retired the MMAs that read it; a fresh barrier's parity 1 has completed),
-        copy the tile into it, and have the copies' completion arrive on the stage's full
-        barrier."""
-        kt = int32(0)
-        s = int32(0)
-        phase = int32(1)
-        while kt < tiles:
-            mbarrier_wait(empty, s, phase)
-            load_tile(smem, a, b, kt, pad + s * stage, *copies)
-            cp_async_mbarrier_arrive(full, s)
-            s = int32(s + 1)
-            if s == stages:
-                s = int32(0)
-                phase ^= 1
-            kt = int32(kt + 1)
-        cp_async_wait_all()  # no copy outlives its thread
+    def load_stage(kt, s, payload):
+        smem, pad, a, b, copies = payload
+        load_tile(smem, a, b, kt, pad + s * stage, *copies)
+
+    produce = producer_loop(load_stage, stages)
 
     @cuda.jit(device=True, **INLINE)
     def consume(full, empty, tiles, desc_a, desc_b, acc0, acc1):
@@ -506,6 +525,9 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
                 s = int32(0)
                 phase ^= 1
             kt = int32(kt + 1)
+        acc0 = wgmma_wait_group(0, acc0)
+        if tiles > 0:  # the last tile's stage, released for the producer's tail
+            mbarrier_arrive(empty, prev)
         return acc0, acc1
 
     @cuda.jit(device=True, **INLINE)
@@ -541,7 +563,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
             cuda.syncthreads()  # the barriers' initialisation, visible to every thread
             if group == 0:
                 copies = plan_copies(a, b, tid, bz, m0, n0, m, n, a_src, a_dst, a_ok, b_dst, b_k)
-                produce(smem, pad, a, b, full, empty, tiles, copies)
+                produce(full, empty, tiles, (smem, pad, a, b, copies))
                 return
             group -= 1
             warp -= WARPGROUP

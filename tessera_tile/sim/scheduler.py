@@ -124,15 +124,21 @@ def block_on(kind: str, mask: int = 0, arg=None):
 
 def block_until(ready: Callable[[bool], bool], what: str) -> None:
     """Suspend the current thread until ``ready(force)`` holds (for twins of waits on memory
-    that other threads change, such as ``mbarrier`` phases). It is asked first with ``force``
-    false, then, each time no thread can run, with ``force`` true: the moment a twin may
-    complete what the wait needs and was deferred (async copies land), the latest a GPU would
-    do it. ``what`` names the wait in a deadlock report."""
+    that other threads change, such as ``mbarrier`` phases). ``ready(False)`` must only look;
+    the scheduler asks it whenever no thread can run. When it holds for no waiting thread, each
+    waiting thread is resumed once to ask ``ready(True)``, in its own context: the moment a
+    twin may do what it deferred (land async copies), the latest a GPU would do it. ``what``
+    names the wait in a deadlock report."""
     if ready(False):
         return
     t = current_thread()
-    t.wait = Wait(UNTIL, 0, (ready, what), user_site(3))
-    t.parent.switch()
+    site = user_site(3)
+    while True:
+        t.wait = Wait(UNTIL, 0, (ready, what), site)
+        if ready(bool(t.parent.switch())):
+            t.block.forced.clear()  # progress: every waiting thread may be forced again
+            return
+        t.block.forced.add(t.tid)
 
 
 def in_shared_memory(array) -> bool:
@@ -169,6 +175,7 @@ class BlockRun:
         self.nthreads = bx * by * bz
         self.shared: dict = {}
         self.state: dict = {}  # per-block scratch for intrinsic twins (e.g. mbarriers)
+        self.forced: set = set()  # threads whose forced condition failed since the last progress
         self.dynshared = np.full(launch.dynshared_size, 0xFF, dtype=np.uint8)
         self.barrier_epoch = 0
         self.warp_epoch = [0] * (-(-self.nthreads // WARP_SIZE))
@@ -202,11 +209,13 @@ class BlockRun:
             if not live:
                 break
             if self._resolve_warp_operations(live, runnable):
+                self.forced.clear()
                 continue
             if self._resolve_conditions(live, runnable):
                 continue
             if all(t.wait.kind == "syncthreads" for t in live):
                 self._release_barrier(live, runnable)
+                self.forced.clear()
                 continue
             raise SimulationError("deadlock: " + self._describe_waits(live))
         if self.recorder:
@@ -251,13 +260,17 @@ class BlockRun:
         return progressed
 
     def _resolve_conditions(self, live, runnable) -> bool:
-        progressed = False
-        for t in live:
-            if t.wait is not None and t.wait.kind == UNTIL and t.wait.arg[0](True):
-                t.wait = None
-                runnable.append((t, (None,)))
-                progressed = True
-        return progressed
+        """Resume the threads whose condition holds; else force, once each since the last
+        progress, those still waiting (see :func:`block_until`)."""
+        waiting = [t for t in live if t.wait is not None and t.wait.kind == UNTIL]
+        ready = [t for t in waiting if t.wait.arg[0](False)]
+        if ready:
+            self.forced.clear()
+        force = not ready
+        for t in ready or [t for t in waiting if t.tid not in self.forced]:
+            t.wait = None
+            runnable.append((t, (force,)))
+        return bool(runnable)
 
     def _ready_group(self, warp: int, t: SimThread, waiting: dict) -> dict | None:
         """The lanes taking part in ``t``'s warp operation, once all of them have arrived.

@@ -95,6 +95,54 @@ def test_both_products_are_hgmma_on_descriptors(d, causal, bf16, cfg, record_pro
     )
 
 
+WS_CASES = [(64, False, False, aw.WgmmaAttentionConfig(64, 8, 3, True, True)),
+            (64, True, True, aw.WgmmaAttentionConfig(64, 8, 3, True, True)),
+            (128, False, False, aw.WgmmaAttentionConfig(64, 8, 3, True, True)),
+            (64, False, False, aw.WgmmaAttentionConfig(64, 8, 2, False, True))]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("d", "causal", "bf16", "cfg"), WS_CASES,
+    ids=[f"d{d}{'-causal' * c}{'-bf16' * b}{'-in-turn' * (not g.overlap)}"
+         for d, c, b, g in WS_CASES],
+)  # fmt: skip
+def test_warp_specialised_loops(d, causal, bf16, cfg, record_property):
+    """With a producer warpgroup the consumers' loop holds both products and the softmax, waits
+    on the tiles' full mbarriers and releases their stages (no copy, no __syncthreads); the
+    producer's loop holds the K/V copies and their mbarrier arrival."""
+    cfg, report = build(d, causal, bf16, cfg)
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    assert ptxas_advisories(report) == []
+    consumer, producer = report.loop_with("HGMMA"), report.loop_with("LDGSTS")
+    assert consumer is not producer
+    per_tile = d // 16 + cfg.block_kv // 16
+    tiles = consumer.count("HGMMA") // per_tile
+    assert tiles == 2 and consumer.count("HGMMA") == tiles * per_tile, consumer.histogram
+    for opcode in ("LDGSTS", "BAR.SYNC", "LDS", "LDSM", "HMMA"):
+        assert consumer.count(opcode) == 0, (opcode, consumer.histogram)
+    for opcode in ("SYNCS.PHASECHK", "SYNCS.ARRIVE", "FENCE.VIEW.ASYNC.S"):
+        assert consumer.count(opcode) >= tiles, (opcode, consumer.histogram)
+    chunks = 2 * cfg.block_kv * d // 8 // cfg.copiers
+    produced = producer.count("ARRIVES.LDGSTSBAR")  # tiles a pass (ptxas may unroll)
+    assert produced and producer.count("LDGSTS.E.BYPASS.128") == produced * chunks
+    assert producer.count("HGMMA") == producer.count("BAR.SYNC") == 0, producer.histogram
+    scores = 64 * cfg.block_kv // 128
+    per = consumer.instructions / tiles
+    record_property(
+        "resources",
+        f"{report.name} sm_90: regs {report.registers}; per K/V tile of {cfg.block_kv}: "
+        f"consumer {per:.0f} instr ({per / scores:.1f} per score), producer "
+        f"{producer.instructions / produced:.0f} ({chunks} LDGSTS) | {ANCHOR}",
+    )
+
+
+def test_without_a_producer_no_mbarrier_is_emitted():
+    """The barriers a producer needs are declared in every kernel and dropped where unused."""
+    _, report = build(64, True, False)
+    assert report.shared_bytes == 0, report  # static, from ptxas
+    assert report.count("SYNCS") == 0, report.histogram
+
+
 def test_sm80_is_refused_with_our_message():
     kernel = aw._build.__wrapped__(64, False, aw.default_config(64), False)  # a fresh build
     with pytest.raises(Exception, match="wgmma needs compute capability 9.0") as info:

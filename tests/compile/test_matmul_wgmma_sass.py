@@ -132,15 +132,17 @@ def test_warp_specialised_loops(what, cfg, activation, record_property):
     for opcode in ("SYNCS.PHASECHK", "SYNCS.ARRIVE", "FENCE.VIEW.ASYNC.S", "WARPGROUP.ARRIVE"):
         assert consumer.count(opcode) >= 1, (opcode, consumer.histogram)
     chunks = (cfg.tile_m + cfg.tile_n) * cfg.tile_k // 8 // cfg.copiers
-    assert producer.count("LDGSTS.E.BYPASS.128") == chunks, producer.histogram
-    assert producer.count("ARRIVES.LDGSTSBAR") == 1 and producer.count("SYNCS.PHASECHK") >= 1
+    produced = producer.count("ARRIVES.LDGSTSBAR")  # tiles a pass (ptxas may unroll)
+    assert produced and producer.count("LDGSTS.E.BYPASS.128") == produced * chunks
+    assert producer.count("SYNCS.PHASECHK") >= produced, producer.histogram
     assert producer.count("HGMMA") == producer.count("BAR.SYNC") == 0, producer.histogram
-    warps = cfg.num_warps * consumer.instructions + 4 * producer.instructions
+    per_copier = producer.instructions / produced
+    warps = cfg.num_warps * consumer.instructions + 4 * per_copier
     record_property(
         "resources",
         f"{report.name} sm_90a ({what}): regs {report.registers}; per k-tile of {cfg.tile_k}: "
         f"consumer {consumer.instructions} instr ({cfg.hgmma_per_k_tile} HGMMA), producer "
-        f"{producer.instructions} ({chunks} LDGSTS); {warps} warp-instructions a block",
+        f"{per_copier:.0f} ({chunks} LDGSTS); {warps:.0f} warp-instructions a block",
     )
 
 

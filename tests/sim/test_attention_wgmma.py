@@ -34,6 +34,11 @@ NARROW_KEYS = aw.WgmmaAttentionConfig(32, 8)  # 128 rows, 32-key tiles
 WIDE_KEYS = aw.WgmmaAttentionConfig(128, 4)  # 128-key tiles (D = 64 only)
 IN_TURN = aw.WgmmaAttentionConfig(64, 8, 2, False)  # no overlap: S, softmax, P V in turn
 IN_TURN_3 = aw.WgmmaAttentionConfig(64, 4, 3, False)  # the same, 3 stages
+# warp-specialised: one more warpgroup copies Q, K and V, handed over through mbarriers
+PRODUCER = aw.WgmmaAttentionConfig(64, 8, 3, True, True)
+PRODUCER_ONE_GROUP = aw.WgmmaAttentionConfig(64, 4, 3, True, True)
+PRODUCER_IN_TURN = aw.WgmmaAttentionConfig(64, 8, 2, False, True)
+PRODUCER_NARROW = aw.WgmmaAttentionConfig(32, 8, 3, False, True)
 
 
 @pytest.fixture(params=SIDES)
@@ -71,9 +76,11 @@ def run_kernel(q, k, v, causal, cfg, scale, side="host"):
 @pytest.mark.parametrize(
     ("d", "cfg"),
     [(64, None), (64, ONE_GROUP), (64, NARROW_KEYS), (64, WIDE_KEYS), (64, IN_TURN),
-     (64, IN_TURN_3), (128, None), (128, ONE_GROUP), (128, IN_TURN)],
+     (64, IN_TURN_3), (128, None), (128, ONE_GROUP), (128, IN_TURN), (64, PRODUCER),
+     (64, PRODUCER_IN_TURN), (64, PRODUCER_NARROW), (128, PRODUCER_ONE_GROUP)],
     ids=["d64", "d64-one-group", "d64-32-keys", "d64-128-keys", "d64-in-turn",
-         "d64-in-turn-3-stages", "d128", "d128-one-group", "d128-in-turn"],
+         "d64-in-turn-3-stages", "d128", "d128-one-group", "d128-in-turn", "d64-producer",
+         "d64-producer-in-turn", "d64-producer-32-keys", "d128-producer-one-group"],
 )  # fmt: skip
 @pytest.mark.parametrize("causal", [False, True])
 def test_kernel_matches_numpy(d, cfg, causal, dtype):
@@ -85,16 +92,20 @@ def test_kernel_matches_numpy(d, cfg, causal, dtype):
     check(got, q, k, v, causal)
 
 
-def test_kernel_on_device_arrays_with_a_negative_scale():
-    """A negative scale is folded into Q in shared memory (the sign bits of each thread's
-    chunks), before the first tile's fence makes it visible to the tensor cores."""
-    q, k, v = operands(np.random.default_rng(5), (1, 64, 128), (1, 100, 128))
+@pytest.mark.parametrize("producer", [False, True], ids=["", "producer"])
+def test_kernel_on_device_arrays_with_a_negative_scale(producer):
+    """A negative scale is folded into Q in shared memory (the sign bits of each copier's
+    chunks), before the first tile's fence makes it visible to the tensor cores (with a
+    producer: before its arrival on Q's mbarrier)."""
+    q, k, v = operands(np.random.default_rng(5), (1, 64, 128), (1, 300, 128))
+    cfg = aw.default_config(128)._replace(producer=producer)
     with on_sm90a():
-        got = run_kernel(q, k, v, False, aw.default_config(128), -0.3, side="device")
+        got = run_kernel(q, k, v, False, cfg, -0.3, side="device")
     check(got, q, k, v, False, -0.3)
 
 
-def test_kernel_on_strided_device_views():
+@pytest.mark.parametrize("producer", [False, True], ids=["", "producer"])
+def test_kernel_on_strided_device_views(producer):
     """K and V are copied from element offsets built from their strides: K every other batch
     of rows padded to 72, V one matrix broadcast over the batch (batch stride 0)."""
     from tessera_tile import _arrays
@@ -105,7 +116,7 @@ def test_kernel_on_strided_device_views():
         for shape in ((2, 70, 64), (4, 130, 72), (1, 130, 64))
     )
     k, v = k_full[::2, :, :64], np.broadcast_to(v_one, (2, 130, 64))
-    cfg = aw.default_config(64)
+    cfg = aw.default_config(64)._replace(producer=producer)
     d_q, d_o = cuda.to_device(q), cuda.to_device(np.full(q.shape, np.nan, np.float16))
     d_k = cuda.to_device(k_full)[::2, :, :64]
     d_v = _arrays.view(cuda.to_device(v_one), v.shape, (0, *v_one.strides[1:]))
@@ -183,6 +194,18 @@ def test_op_chooses_the_wgmma_kernel_on_sm90a(side, dtype):
     np.testing.assert_array_equal(got[:, :30], 0)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["f16", "bf16"])
+def test_op_runs_a_warp_specialised_config(side, dtype):
+    """An explicit WgmmaAttentionConfig with a producer warpgroup runs that kernel (12 warps
+    for two warpgroups of query rows)."""
+    q, k, v = operands(np.random.default_rng(12), (2, 130, 64), (2, 200, 64), dtype)
+    with on_sm90a():
+        name = kernel_name(q, k, v, config=PRODUCER)
+        assert name.startswith("flash_attention_wgmma") and "_w8_ws_" in name, name
+        got = back(ops.attention(*on(side, q, k, v), causal=True, config=PRODUCER), side)
+    check(got, q, k, v, True)
+
+
 @pytest.mark.parametrize("scale", [0.0, -1.5])
 def test_op_scale(scale):
     """scale 0 averages V (c is clamped, not 0 * inf); a negative scale flips Q's sign bits."""
@@ -227,15 +250,16 @@ def test_op_infinities_as_ieee(where):
 
 
 @pytest.mark.sim_only(reason="the profiler measures traffic and bank conflicts in the simulator")
+@pytest.mark.parametrize("config", [None, PRODUCER], ids=["default", "producer"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_op_traffic_as_predicted(causal):
+def test_op_traffic_as_predicted(causal, config):
     """Q read once, K and V once per block of 128 query rows up to its last visible key, O
     written once; cp.async writes and the sign flips conflict-free."""
     q, k, v = operands(np.random.default_rng(2), (2, 200, 64), (2, 200, 64))
     with on_sm90a():
-        ex = ops.attention.explain(q, k, v, causal=causal, scale=-0.125)
+        ex = ops.attention.explain(q, k, v, causal=causal, scale=-0.125, config=config)
         with sim.profile() as prof:
-            got = ops.attention(q, k, v, causal=causal, scale=-0.125)
+            got = ops.attention(q, k, v, causal=causal, scale=-0.125, config=config)
     check(got, q, k, v, causal, -0.125)
     assert prof.bank_conflicts == 0, str(prof)
     assert prof.races == [] and prof.out_of_bounds == [], str(prof)
