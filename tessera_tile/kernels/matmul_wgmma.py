@@ -81,7 +81,8 @@ copy, and the others only multiply. They hand the stages over through two
                                                 arrive empty[stage of kt - 1]
 
 ``full`` expects the producer's 128 copy arrivals, ``empty`` one arrival per consumer thread;
-the producer's first pass waits on a fresh barrier's parity 1, which has completed. Every stage
+the producer's first pass waits on a fresh barrier's parity 1, which has completed, and after
+the last tile it waits until every stage is released (no copy in flight at its exit). Every stage
 is in use (the producer may be ``stages`` tiles ahead), no ``__syncthreads`` runs in the loop,
 and the consumers' loop holds no copy and no address arithmetic. The consumer orders the landed
 copies before the tensor cores' reads with its own proxy fence after the wait (the wait
