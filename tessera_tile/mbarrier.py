@@ -194,19 +194,31 @@ def mbarrier_init(typingctx, bars, index, count):
     return types.void(bars, types.unliteral(index), types.unliteral(count)), codegen
 
 
-@sim.twin(_arrive_twin)
-@intrinsic
-def mbarrier_arrive(typingctx, bars, index):
-    """``mbarrier.arrive.shared.b64``: one arrival on ``bars[index]`` (release)."""
-    _check("mbarrier_arrive", bars, index)
+def _arrival(name: str, text: str, doc: str):
+    """The typing of an intrinsic ``name(bars, index)`` whose PTX ``text`` takes the barrier's
+    shared address as ``$0``."""
 
-    def codegen(context, builder, sig, args):
-        address = _shared_address(context, builder, sig, args)
-        text = "{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [$0]; }"
-        _asm(builder, text, "r,~{memory}", [address])
-        return context.get_dummy_value()
+    def impl(typingctx, bars, index):
+        _check(name, bars, index)
 
-    return types.void(bars, types.unliteral(index)), codegen
+        def codegen(context, builder, sig, args):
+            _asm(builder, text, "r,~{memory}", [_shared_address(context, builder, sig, args)])
+            return context.get_dummy_value()
+
+        return types.void(bars, types.unliteral(index)), codegen
+
+    impl.__name__ = impl.__qualname__ = name
+    impl.__doc__ = doc
+    return intrinsic(impl)
+
+
+mbarrier_arrive = sim.twin(_arrive_twin)(
+    _arrival(
+        "mbarrier_arrive",
+        "{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [$0]; }",
+        "``mbarrier.arrive.shared.b64``: one arrival on ``bars[index]`` (release).",
+    )
+)
 
 
 @sim.twin(_wait_twin)
@@ -234,17 +246,11 @@ def mbarrier_wait(typingctx, bars, index, parity):
     return types.void(bars, types.unliteral(index), types.unliteral(parity)), codegen
 
 
-@sim.twin(_cp_async_arrive_twin)
-@intrinsic
-def cp_async_mbarrier_arrive(typingctx, bars, index):
-    """``cp.async.mbarrier.arrive.noinc.shared.b64``: an arrival on ``bars[index]`` once this
-    thread's earlier ``cp.async`` copies have landed; counted among the expected arrivals."""
-    _check("cp_async_mbarrier_arrive", bars, index)
-
-    def codegen(context, builder, sig, args):
-        address = _shared_address(context, builder, sig, args)
-        text = "cp.async.mbarrier.arrive.noinc.shared.b64 [$0];"
-        _asm(builder, text, "r,~{memory}", [address])
-        return context.get_dummy_value()
-
-    return types.void(bars, types.unliteral(index)), codegen
+cp_async_mbarrier_arrive = sim.twin(_cp_async_arrive_twin)(
+    _arrival(
+        "cp_async_mbarrier_arrive",
+        "cp.async.mbarrier.arrive.noinc.shared.b64 [$0];",
+        "``cp.async.mbarrier.arrive.noinc.shared.b64``: an arrival on ``bars[index]`` once this "
+        "thread's earlier ``cp.async`` copies have landed; counted among the expected arrivals.",
+    )
+)

@@ -158,45 +158,32 @@ def _run(array, index, n: int, what: str, size: int):
             raise sim.SimulationError(
                 f"cp.async {what}: index {key} out of bounds for shape {tuple(shape)}"
             )
-    if n > 1 and array.strides[-1] != array.itemsize:
-        raise sim.SimulationError(f"cp.async {what}: the last axis is not contiguous")
-    if sim.element_address(array, key) % size:
-        raise sim.SimulationError(
-            f"cp.async {what}: address of index {key} is not {size}-byte aligned"
-        )
-    # The copy is an address range: it may cross a row end (the next row of a contiguous
-    # array), not the end of the allocation.
-    if not sim.in_allocation(array, key, n * array.itemsize):
-        raise sim.SimulationError(
-            f"cp.async {what}: {n * array.itemsize} bytes from index {key} leave the "
-            f"array's allocation (shape {tuple(shape)})"
-        )
-    return (*key[:-1], slice(key[-1], key[-1] + n))
-
-
-def _flat_index(src, offset) -> tuple:
-    """The run key of element ``offset`` of ``src``'s memory: ``[0, ..., 0, offset]``, whose
-    address (no bounds check) is ``offset`` elements from ``src[0, ..., 0]``."""
-    return (0,) * (src.ndim - 1) + (int(offset),)
+    return _address_run(array, key, n, what, size, f"index {key}")
 
 
 def _at_run(array, offset, n: int, size: int):
     """The run of ``n`` elements ``offset`` elements (an int or a pair, added) from
     ``array[0, ..., 0]``: any address inside the array's allocation, as the GPU reads it
-    (across row ends, past the view)."""
-    if isinstance(offset, tuple):
-        offset = sum(int(o) for o in offset)
-    if array.strides[-1] != array.itemsize:
-        raise sim.SimulationError("cp.async global source: the last axis is not contiguous")
-    key = _flat_index(array, offset)
+    (across row ends, past the view). Its key is ``[0, ..., 0, offset]``, whose address (no
+    bounds check) is that."""
+    offset = sum(int(o) for o in offset) if isinstance(offset, tuple) else int(offset)
+    key = (0,) * (array.ndim - 1) + (offset,)
+    return _address_run(array, key, n, "global source", size, f"element offset {offset}")
+
+
+def _address_run(array, key: tuple, n: int, what: str, size: int, where: str):
+    """The run of ``n`` elements from the address of ``array[key]``, checked as the GPU
+    would: a contiguous last axis, ``size``-byte alignment, inside the allocation."""
+    if n > 1 and array.strides[-1] != array.itemsize:
+        raise sim.SimulationError(f"cp.async {what}: the last axis is not contiguous")
     if sim.element_address(array, key) % size:
-        raise sim.SimulationError(
-            f"cp.async global source: element offset {int(offset)} is not {size}-byte aligned"
-        )
+        raise sim.SimulationError(f"cp.async {what}: address of {where} is not {size}-byte aligned")
+    # The copy is an address range: it may cross a row end (the next row of a contiguous
+    # array), not the end of the allocation.
     if not sim.in_allocation(array, key, n * array.itemsize):
         raise sim.SimulationError(
-            f"cp.async global source: {n * array.itemsize} bytes at element offset "
-            f"{int(offset)} leave the array's allocation (shape {tuple(array.shape)})"
+            f"cp.async {what}: {n * array.itemsize} bytes from {where} leave the "
+            f"array's allocation (shape {tuple(array.shape)})"
         )
     return (*key[:-1], slice(key[-1], key[-1] + n))
 
