@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import _arrays as arrays
 from .. import dynamic_shared
+from ..autotune import autotune
 from ..kernels import attention as tensor_cores
 from ..kernels import attention_simt as simt
 from ..kernels import attention_wgmma as warpgroups
@@ -159,10 +160,13 @@ class Attention(HandWritten):
         return not (self.sq and math.prod(self.batch))
 
     def tile_config(self):
+        """The given config; on the wgmma kernel the tuner's choice for these operands (the
+        choice made for their shape bucket, else the model's: reports time nothing, a launch
+        tunes first); else the family's default."""
         if self.config is not None:
             return self.config
         if self.wgmma:
-            return warpgroups.default_config(self.d, self.sq)
+            return TUNED_WGMMA.expected(self.q, self.k, self.v, self.causal)
         return self.family.choose(self.d, self.sq)
 
     def launch_config(self, aligned: bool):
@@ -216,8 +220,12 @@ class Attention(HandWritten):
         return dict(zip(NAMES, (self.q, self.k, self.v), strict=True))
 
     def launches(self, records, result) -> list:
+        """The launches on device records ``q``, ``k``, ``v`` and the result; on the wgmma
+        kernel the first launch of a shape bucket tunes first (times, on a GPU)."""
         if self.empty:
             return []
+        if self.config is None and self.wgmma:
+            TUNED_WGMMA.choose(*records[:3], self.causal)
         geo, mats, planned = self.plan_launches([*records, result])
         scale_log2 = np.float32(self.scale * LOG2E)
         kind = view_dtype(self.dtype)
@@ -436,7 +444,9 @@ def attention(q, k, v, *, causal=False, scale=None, config=None):
     (float32); default, the family's :func:`default_config` for D (float16 and bfloat16: and
     Sq). On sm_90a (a GPU of compute capability 9.0 or more, or the simulator standing for
     one) float16 and bfloat16 with D 64 or 128 run on the warpgroup-MMA kernel unless an
-    ``AttentionConfig`` asks for the mma.sync one. ``out=`` and ``stream=`` as for every op.
+    ``AttentionConfig`` asks for the mma.sync one; its default config is then its tuner's
+    choice (:data:`WGMMA_CHOICES`: the default, or the same with a producer warpgroup, timed
+    on a GPU; the default without one). ``out=`` and ``stream=`` as for every op.
     """
     q, k, v = _operands(q, k, v)
     batch = _batch(q, k, v)
@@ -472,3 +482,33 @@ def _check_positions(call: Attention) -> None:
 
 
 attention = PrebuiltOp(attention)
+
+
+# --------------------------------------------------------------------------------------------
+# the wgmma kernel's config: its default, or the same with a producer warpgroup, where it pays
+
+# The default (overlapped, 64-key tiles) with two warpgroups of query rows and with one, each
+# without and with a producer warpgroup. The model scores the pair of the default's warps for
+# (D, Sq) alike and the other pair inf: without a GPU the default runs, and on one the first
+# call of a shape bucket times the pair.
+WGMMA_CHOICES = tuple(
+    warpgroups.WgmmaAttentionConfig(64, warps, 3, True, producer)
+    for warps in (8, 4)
+    for producer in (False, True)
+)
+
+
+def wgmma_model(config, q, k, v, causal) -> float:
+    """0 for the configs with the default's warps for these operands, inf for the others."""
+    default = warpgroups.default_config(q.shape[-1], q.shape[-2])
+    return 0.0 if config.num_warps == default.num_warps else math.inf
+
+
+def _tuned_wgmma(q, k, v, causal, *, config):
+    return attention(q, k, v, causal=causal, config=config)
+
+
+_tuned_wgmma.__qualname__ = _tuned_wgmma.__name__ = "attention"
+TUNED_WGMMA = autotune(WGMMA_CHOICES, key=["q", "k", "v", "causal"], model=wgmma_model)(
+    _tuned_wgmma
+)

@@ -295,3 +295,26 @@ def test_the_fused_attention_pattern_runs_on_the_wgmma_kernel(side):
     check(got, q, k, v, False, 0.125)
     if SIMULATED:  # back on the simulator's default device: the mma.sync kernel again
         assert "flash_attention_wgmma" not in fused_attention.explain(q, k, v).stages[0]
+
+
+def test_the_tuner_offers_a_producer_warpgroup_that_only_a_measurement_picks(side, monkeypatch):
+    """Without a config the wgmma kernel's is its tuner's: the default and the same with a
+    producer warpgroup, scored alike for the default's warps (inf for the others), so the model
+    keeps the default; a choice of the producer (as a GPU timing would make) is launched."""
+    from tessera_tile.ops import _attention
+
+    q, k, v = operands(np.random.default_rng(13), (2, 130, 64), (2, 210, 64))
+    for rows, warps in ((130, 8), (40, 4)):
+        pair = [c for c in _attention.WGMMA_CHOICES if c.num_warps == warps]
+        assert [c.producer for c in pair] == [False, True]
+        for c in _attention.WGMMA_CHOICES:
+            score = _attention.wgmma_model(c, q[:, :rows], k, v, False)
+            assert score == (0.0 if c in pair else math.inf), (rows, c)
+    with on_sm90a():
+        assert "_ws_" not in kernel_name(q, k, v, causal=True)
+        measured = aw.WgmmaAttentionConfig(64, 8, 3, True, True)
+        for method in ("expected", "choose"):
+            monkeypatch.setattr(_attention.TUNED_WGMMA, method, lambda *args: measured)
+        assert "_ws_" in kernel_name(q, k, v, causal=True)
+        got = back(ops.attention(*on(side, q, k, v), causal=True), side)
+    check(got, q, k, v, True)
