@@ -96,7 +96,6 @@ def test_both_products_are_hgmma_on_descriptors(d, causal, bf16, cfg, record_pro
 
 
 WS_CASES = [(64, False, False, aw.WgmmaAttentionConfig(64, 8, 3, True, True)),
-            (64, True, True, aw.WgmmaAttentionConfig(64, 8, 3, True, True)),
             (128, False, False, aw.WgmmaAttentionConfig(64, 8, 3, True, True)),
             (64, False, False, aw.WgmmaAttentionConfig(64, 8, 2, False, True))]  # fmt: skip
 
