@@ -1,6 +1,7 @@
 """Device plumbing shared by :mod:`memory`, :mod:`pipeline` and :mod:`warp`: the thread's rank
 in its block, and the typing and pointer helpers of the inline-PTX intrinsics."""
 
+from llvmlite import ir
 from numba import cuda
 from numba.core import types
 
@@ -37,6 +38,20 @@ def check_index(name: str, array, index) -> None:
         raise NumbaTypeError(f"{name}: {index} is not an integer or a tuple of integers")
     if count != array.ndim:
         raise NumbaTypeError(f"{name}: {count} indices for a {array.ndim}-d array")
+
+
+def shared_address(builder, ptr):
+    """Codegen: a generic pointer into shared memory as the 32-bit shared-window address
+    (cvta.to.shared) that PTX's ``[r]`` operand wants."""
+    byte = ir.IntType(8)
+    shared = builder.addrspacecast(builder.bitcast(ptr, byte.as_pointer()), byte.as_pointer(3))
+    return builder.ptrtoint(shared, ir.IntType(32))
+
+
+def void_asm(builder, text: str, operands=(), constraints: str = "~{memory}") -> None:
+    """Codegen: the side-effecting inline PTX ``text`` with no result."""
+    fnty = ir.FunctionType(ir.VoidType(), [op.type for op in operands])
+    builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), list(operands))
 
 
 def element_pointer(context, builder, array_type, array, index_type, index):

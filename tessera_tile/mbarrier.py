@@ -47,12 +47,17 @@ memory starts as NaN in the simulator), a wait that can never complete as a dead
 
 from __future__ import annotations
 
-from llvmlite import ir
 from numba import types
 from numba.cuda.extending import intrinsic
 
 from . import sim
-from .intrinsics import check_index, element_pointer, target_compute_capability
+from .intrinsics import (
+    check_index,
+    element_pointer,
+    shared_address,
+    target_compute_capability,
+    void_asm,
+)
 from .pipeline import issued_copies
 from .sim.compat import NumbaTypeError
 
@@ -164,17 +169,10 @@ def _check(name: str, bars, index) -> None:
         raise NumbaTypeError(f"{name}: an mbarrier is a 64-bit integer, not {bars.dtype}")
 
 
-def _shared_address(context, builder, sig, args):
-    """The 32-bit shared-window address of ``bars[index]`` (the first two arguments)."""
+def _barrier_address(context, builder, sig, args):
+    """The shared-window address of ``bars[index]`` (the first two arguments)."""
     ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-    byte = ir.IntType(8)
-    shared = builder.addrspacecast(builder.bitcast(ptr, byte.as_pointer()), byte.as_pointer(3))
-    return builder.ptrtoint(shared, ir.IntType(32))
-
-
-def _asm(builder, text: str, constraints: str, operands) -> None:
-    fnty = ir.FunctionType(ir.VoidType(), [op.type for op in operands])
-    builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), operands)
+    return shared_address(builder, ptr)
 
 
 @sim.twin(_init_twin)
@@ -187,8 +185,8 @@ def mbarrier_init(typingctx, bars, index, count):
 
     def codegen(context, builder, sig, args):
         count32 = context.cast(builder, args[2], sig.args[2], types.uint32)
-        address = _shared_address(context, builder, sig, args)
-        _asm(builder, "mbarrier.init.shared.b64 [$0], $1;", "r,r,~{memory}", [address, count32])
+        address = _barrier_address(context, builder, sig, args)
+        void_asm(builder, "mbarrier.init.shared.b64 [$0], $1;", [address, count32], "r,r,~{memory}")
         return context.get_dummy_value()
 
     return types.void(bars, types.unliteral(index), types.unliteral(count)), codegen
@@ -202,7 +200,7 @@ def _arrival(name: str, text: str, doc: str):
         _check(name, bars, index)
 
         def codegen(context, builder, sig, args):
-            _asm(builder, text, "r,~{memory}", [_shared_address(context, builder, sig, args)])
+            void_asm(builder, text, [_barrier_address(context, builder, sig, args)], "r,~{memory}")
             return context.get_dummy_value()
 
         return types.void(bars, types.unliteral(index)), codegen
@@ -234,13 +232,13 @@ def mbarrier_wait(typingctx, bars, index, parity):
         cc = target_compute_capability()
         test = "try_wait" if cc is not None and cc >= (9, 0) else "test_wait"
         parity32 = context.cast(builder, args[2], sig.args[2], types.uint32)
-        address = _shared_address(context, builder, sig, args)
+        address = _barrier_address(context, builder, sig, args)
         text = (
             "{ .reg .pred done; WAIT: "
             f"mbarrier.{test}.parity.shared.b64 done, [$0], $1; "
             "@!done bra WAIT; }"
         )
-        _asm(builder, text, "r,r,~{memory}", [address, parity32])
+        void_asm(builder, text, [address, parity32], "r,r,~{memory}")
         return context.get_dummy_value()
 
     return types.void(bars, types.unliteral(index), types.unliteral(parity)), codegen

@@ -170,7 +170,13 @@ from ._mma_twins import WgmmaAccumulator as WgmmaAccumulator
 from ._mma_twins import WgmmaError as WgmmaError
 from ._mma_twins import decode_descriptor as decode_descriptor
 from ._mma_twins import encode_descriptor as encode_descriptor
-from .intrinsics import check_index, element_pointer, target_compute_capability
+from .intrinsics import (
+    check_index,
+    element_pointer,
+    shared_address,
+    target_compute_capability,
+    void_asm,
+)
 from .sim.compat import NumbaTypeError
 
 __all__ = [
@@ -212,13 +218,6 @@ WARP_SIZE = 32
 _I32 = ir.IntType(32)
 
 
-def _shared_address(builder, ptr):
-    """Generic -> 32-bit shared-window address (cvta.to.shared), as PTX's [r] operand wants."""
-    byte = ir.IntType(8)
-    shared = builder.addrspacecast(builder.bitcast(ptr, byte.as_pointer()), byte.as_pointer(3))
-    return builder.ptrtoint(shared, _I32)
-
-
 def _make_ldmatrix(count: int, trans: bool):
     name = f"ldmatrix_x{count}{'_trans' if trans else ''}"
     outs = ", ".join(f"${i}" for i in range(count))
@@ -237,7 +236,7 @@ def _make_ldmatrix(count: int, trans: bool):
 
         def codegen(context, builder, sig, args):
             ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            addr = _shared_address(builder, ptr)
+            addr = shared_address(builder, ptr)
             ret = _I32 if count == 1 else ir.LiteralStructType([_I32] * count)
             fnty = ir.FunctionType(ret, [_I32])
             res = builder.call(ir.InlineAsm(fnty, asm, constraints, side_effect=True), [addr])
@@ -400,7 +399,7 @@ def load_f32x2_shared(typingctx, smem, index):
         fnty = ir.FunctionType(ir.LiteralStructType([f32, f32]), [_I32])
         asm = ir.InlineAsm(fnty, "ld.shared.v2.f32 {$0, $1}, [$2];", "=f,=f,r,~{memory}",
                            side_effect=True)  # fmt: skip
-        res = builder.call(asm, [_shared_address(builder, ptr)])
+        res = builder.call(asm, [shared_address(builder, ptr)])
         values = [builder.extract_value(res, i) for i in range(2)]
         return context.make_tuple(builder, sig.return_type, values)
 
@@ -453,7 +452,7 @@ def _make_pair_store(space: str, kind: str = "f16"):
             hi = context.cast(builder, args[3], sig.args[3], types.float32)
             # cvt packs its first source in the upper half.
             if space == "shared":
-                addr, cons = _shared_address(builder, ptr), "r,f,f,~{memory}"
+                addr, cons = shared_address(builder, ptr), "r,f,f,~{memory}"
                 st = "st.shared.b32"
             else:
                 addr, cons = ptr, "l,f,f,~{memory}"
@@ -567,11 +566,6 @@ def _require_sm90a(name: str) -> None:
         )
 
 
-def _void_wgmma_asm(builder, asm: str) -> None:
-    fnty = ir.FunctionType(ir.VoidType(), [])
-    builder.call(ir.InlineAsm(fnty, asm, "~{memory}", side_effect=True), [])
-
-
 @sim.twin(_wgmma_fence_twin)
 @intrinsic
 def wgmma_fence(typingctx):
@@ -583,7 +577,7 @@ def wgmma_fence(typingctx):
 
     def codegen(context, builder, sig, args):
         _require_sm90a("wgmma_fence")
-        _void_wgmma_asm(builder, "wgmma.fence.sync.aligned;")
+        void_asm(builder, "wgmma.fence.sync.aligned;")
         return context.get_dummy_value()
 
     return types.void(), codegen
@@ -597,7 +591,7 @@ def wgmma_commit_group(typingctx):
 
     def codegen(context, builder, sig, args):
         _require_sm90a("wgmma_commit_group")
-        _void_wgmma_asm(builder, "wgmma.commit_group.sync.aligned;")
+        void_asm(builder, "wgmma.commit_group.sync.aligned;")
         return context.get_dummy_value()
 
     return types.void(), codegen
@@ -622,7 +616,7 @@ def fence_proxy_async(typingctx):
 
     def codegen(context, builder, sig, args):
         _require_sm90a("fence_proxy_async")
-        _void_wgmma_asm(builder, "fence.proxy.async.shared::cta;")
+        void_asm(builder, "fence.proxy.async.shared::cta;")
         return context.get_dummy_value()
 
     return types.void(), codegen
@@ -822,7 +816,7 @@ def wgmma_descriptor(typingctx, smem, index, leading_byte_offset, stride_byte_of
 
     def codegen(context, builder, sig, args):
         ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        addr = builder.zext(_shared_address(builder, ptr), _I64)
+        addr = builder.zext(shared_address(builder, ptr), _I64)
 
         def field(value, ty):
             v = context.cast(builder, value, ty, types.uint64)

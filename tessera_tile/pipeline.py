@@ -99,7 +99,14 @@ from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
 from . import sim
-from .intrinsics import check_index, element_pointer, integer_count, thread_rank
+from .intrinsics import (
+    check_index,
+    element_pointer,
+    integer_count,
+    shared_address,
+    thread_rank,
+    void_asm,
+)
 from .sim.compat import NumbaTypeError, as_dtype, cgutils
 
 __all__ = [
@@ -245,8 +252,8 @@ def issued_copies() -> Callable[[], None]:
     flight, in issue order, and forgets them (a later ``wait_group`` does not land them again).
     Copies issued after this call are not its concern."""
     copies = _copies()
-    held = [*(c for g in copies.committed for c in g), *copies.pending]  # ids stay unique
-    tracked = {id(c) for c in held}
+    # by identity (the dict holds them, so their ids stay unique)
+    tracked = {id(c): c for c in (*(c for g in copies.committed for c in g), *copies.pending)}
 
     def land() -> None:
         for group in (*copies.committed, copies.pending):
@@ -254,7 +261,6 @@ def issued_copies() -> Callable[[], None]:
                 if id(copy) in tracked:
                     _land(copy)
             group[:] = [c for c in group if id(c) not in tracked]
-        held.clear()
         tracked.clear()
 
     return land
@@ -313,21 +319,13 @@ def _make_copy(size: int, cache: str, zfill: bool, at: bool = False) -> Any:
             else:
                 sptr = element_pointer(context, builder, src_t, llargs[2], src_it, llargs[3])
             byte = ir.IntType(8)
-            # Generic -> shared window (cvta.to.shared): a 32-bit address, as PTX wants.
-            dshared = builder.addrspacecast(
-                builder.bitcast(dptr, byte.as_pointer()), byte.as_pointer(3)
-            )
             sglobal = builder.addrspacecast(
                 builder.bitcast(sptr, byte.as_pointer()), byte.as_pointer(1)
             )
-            operands = [
-                builder.ptrtoint(dshared, ir.IntType(32)),
-                builder.ptrtoint(sglobal, ir.IntType(64)),
-            ]
+            operands = [shared_address(builder, dptr), builder.ptrtoint(sglobal, ir.IntType(64))]
             if zfill:
                 operands.append(context.cast(builder, llargs[4], sig.args[4], types.uint32))
-            fnty = ir.FunctionType(ir.VoidType(), [op.type for op in operands])
-            builder.call(ir.InlineAsm(fnty, asm, constraints, side_effect=True), operands)
+            void_asm(builder, asm, operands, constraints)
             return context.get_dummy_value()
 
         return types.void(*args), codegen
@@ -359,11 +357,6 @@ def _make_copy(size: int, cache: str, zfill: bool, at: bool = False) -> Any:
     return sim.twin(twin_fn)(intrinsic(impl))
 
 
-def _void_asm(builder, asm: str) -> None:
-    fnty = ir.FunctionType(ir.VoidType(), [])
-    builder.call(ir.InlineAsm(fnty, asm, "~{memory}", side_effect=True), [])
-
-
 cp_async_4 = _make_copy(4, "ca", zfill=False)
 cp_async_8 = _make_copy(8, "ca", zfill=False)
 cp_async_16 = _make_copy(16, "ca", zfill=False)
@@ -381,7 +374,7 @@ def cp_async_commit_group(typingctx):
     """``cp.async.commit_group``: close this thread's pending copies into one group."""
 
     def codegen(context, builder, sig, args):
-        _void_asm(builder, "cp.async.commit_group;")
+        void_asm(builder, "cp.async.commit_group;")
         return context.get_dummy_value()
 
     return types.void(), codegen
@@ -398,7 +391,7 @@ def cp_async_wait_group(typingctx, n):
         raise NumbaTypeError(f"cp_async_wait_group: n must be in 0..7, got {pending}")
 
     def codegen(context, builder, sig, args):
-        _void_asm(builder, f"cp.async.wait_group {pending};")
+        void_asm(builder, f"cp.async.wait_group {pending};")
         return context.get_dummy_value()
 
     return types.void(n), codegen
@@ -410,7 +403,7 @@ def cp_async_wait_all(typingctx):
     """``cp.async.wait_all``: commit the pending copies and wait for every group."""
 
     def codegen(context, builder, sig, args):
-        _void_asm(builder, "cp.async.wait_all;")
+        void_asm(builder, "cp.async.wait_all;")
         return context.get_dummy_value()
 
     return types.void(), codegen

@@ -396,9 +396,8 @@ def score(
     apart by the bytes moved (a picosecond per gigabyte)."""
     if config.dtype != tile_dtype(dtype, precision) or not config.fits(arch):
         return math.inf
-    if (config in WGMMA_CANDIDATES or config.num_warps == WARP_SPECIALISED) and not (
-        dynamic_shared.wgmma()
-    ):
+    wgmma_only = config in WGMMA_CANDIDATES or config.num_warps == WARP_SPECIALISED
+    if wgmma_only and not dynamic_shared.wgmma():
         return math.inf
     item = 2 if config.dtype == "float16" else 4
     e = estimate(

@@ -171,6 +171,9 @@ class WgmmaAttentionConfig(NamedTuple):
                 f"head_dim must be one of {HEAD_DIMS} (whole 128-byte swizzled rows), got "
                 f"{head_dim}"
             )
+        for name in ("overlap", "producer"):
+            if not isinstance(getattr(self, name), bool | np.bool_):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.block_kv not in (32, 64, 128):
             raise ValueError(f"block_kv must be 32, 64 or 128, got {self.block_kv}")
         if self.num_warps not in (4, 8):

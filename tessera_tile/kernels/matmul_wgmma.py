@@ -323,6 +323,20 @@ def unpacker(count: int):
     return cuda.jit(device=True, **INLINE)(namespace["unpack"])
 
 
+def stage_counter(stages: int):
+    """``advance(s, phase)``: the next stage of a ring of ``stages``, and the parity its
+    mbarrier waits take (it flips at each wrap)."""
+
+    @cuda.jit(device=True, **INLINE)
+    def advance(s, phase):
+        s = int32(s + 1)
+        if s == stages:
+            return int32(0), int32(phase ^ 1)
+        return s, int32(phase)
+
+    return advance
+
+
 def producer_loop(load, stages: int):
     """``produce(full, empty, tiles, payload)``: a producer warpgroup's loop over ``tiles``
     tiles in a ring of ``stages``: wait until the tile's stage is empty (every consumer has
@@ -331,6 +345,8 @@ def producer_loop(load, stages: int):
     the stage's full barrier; then wait until the consumers have released every stage, so
     that no copy is in flight when the producer exits (the consumers must release each tile's
     stage, the last included). ``full`` and ``empty`` hold an mbarrier per stage."""
+
+    advance = stage_counter(stages)
 
     @cuda.jit(device=True, **INLINE)
     def produce(full, empty, tiles, payload):
@@ -341,17 +357,11 @@ def producer_loop(load, stages: int):
             mbarrier_wait(empty, s, phase)
             load(kt, s, payload)
             cp_async_mbarrier_arrive(full, s)
-            s = int32(s + 1)
-            if s == stages:
-                s = int32(0)
-                phase ^= 1
+            s, phase = advance(s, phase)
             kt = int32(kt + 1)
         for _ in range(stages):  # the tail: a stage never filled passes at once
             mbarrier_wait(empty, s, phase)
-            s = int32(s + 1)
-            if s == stages:
-                s = int32(0)
-                phase ^= 1
+            s, phase = advance(s, phase)
 
     return produce
 
@@ -500,6 +510,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         load_tile(smem, a, b, kt, pad + s * stage, *copies)
 
     produce = producer_loop(load_stage, stages)
+    advance = stage_counter(stages)
 
     @cuda.jit(device=True, **INLINE)
     def consume(full, empty, tiles, desc_a, desc_b, acc0, acc1):
@@ -521,10 +532,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
             if kt > 0:
                 mbarrier_arrive(empty, prev)
             prev = s
-            s = int32(s + 1)
-            if s == stages:
-                s = int32(0)
-                phase ^= 1
+            s, phase = advance(s, phase)
             kt = int32(kt + 1)
         acc0 = wgmma_wait_group(0, acc0)
         if tiles > 0:  # the last tile's stage, released for the producer's tail
@@ -566,21 +574,18 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
                 copies = plan_copies(a, b, tid, bz, m0, n0, m, n, a_src, a_dst, a_ok, b_dst, b_k)
                 produce(full, empty, tiles, (smem, pad, a, b, copies))
                 return
-            group -= 1
+            group -= 1  # the warpgroups that multiply, numbered after the producer
             warp -= WARPGROUP
-            desc_a = wgmma_descriptor(smem, pad + group * wg_m * tile_k, 16, a_sbo, a_swizzle)
-            desc_b = wgmma_descriptor(smem, pad + a_stage, b_lbo, b_sbo, SWIZZLE_128B)
-            acc0, acc1 = consume(
-                full, empty, tiles, desc_a, desc_b, wgmma_zeros(tile_n), wgmma_zeros(tile_n)
-            )
+
+        # Stage 0's descriptors: this warpgroup's rows of A, all of B.
+        desc_a = wgmma_descriptor(smem, pad + group * wg_m * tile_k, 16, a_sbo, a_swizzle)
+        desc_b = wgmma_descriptor(smem, pad + a_stage, b_lbo, b_sbo, SWIZZLE_128B)
+        acc0 = wgmma_zeros(tile_n)
+        acc1 = wgmma_zeros(tile_n)
+        if producer:
+            acc0, acc1 = consume(full, empty, tiles, desc_a, desc_b, acc0, acc1)
         else:
             copies = plan_copies(a, b, tid, bz, m0, n0, m, n, a_src, a_dst, a_ok, b_dst, b_k)
-            # Stage 0's descriptors: this warpgroup's rows of A, all of B.
-            desc_a = wgmma_descriptor(smem, pad + group * wg_m * tile_k, 16, a_sbo, a_swizzle)
-            desc_b = wgmma_descriptor(smem, pad + a_stage, b_lbo, b_sbo, SWIZZLE_128B)
-            acc0 = wgmma_zeros(tile_n)
-            acc1 = wgmma_zeros(tile_n)
-
             for kt in range(ahead):  # prologue: tiles 0 .. stages - 3 in flight, a group each
                 if kt < tiles:
                     load_tile(smem, a, b, kt, pad + kt * stage, *copies)

@@ -24,7 +24,6 @@ from .. import dynamic_shared
 from ..autotune import autotune
 from ..kernels import matmul_tc as tc
 from ..kernels import matmul_tf32 as tf32
-from ..kernels import matmul_wgmma as wg
 from ..tile_config import (
     CHOICES,
     PRECISIONS,
@@ -47,6 +46,7 @@ from ._matmul_plan import (
     INT32_MAX,
     TC_UNALIGNED,
     Product,
+    as_wgmma,
     warp_specialised_refusal,
 )
 
@@ -85,7 +85,7 @@ def _check_config(config) -> TileConfig | None:
     if c.num_warps == WARP_SPECIALISED:  # the warp-specialised wgmma kernel's own limits
         if not dynamic_shared.wgmma():
             raise warp_specialised_refusal(c, f"this device is {dynamic_shared.arch()}")
-        wg.WgmmaConfig(c.tile_m, c.tile_n, c.tile_k, 8, c.num_stages, producer=True).validate()
+        as_wgmma(c).validate()
     elif config.dtype == "float16":  # the tensor-core kernels' own limits
         tc.tensor_core_matmul(c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages)
     elif config.dtype == "tf32":

@@ -107,18 +107,23 @@ def warp_specialised_refusal(config: TileConfig, why: str) -> ValueError:
     )
 
 
+def as_wgmma(c: TileConfig, has_bias: bool = False, bf16: bool = False) -> wg.WgmmaConfig:
+    """The warpgroup-MMA kernel's config of a float16 ``c`` (not validated): 12 warps are a
+    producer warpgroup and two that multiply."""
+    producer = c.num_warps == WARP_SPECIALISED
+    warps = 8 if producer else c.num_warps
+    return wg.WgmmaConfig(
+        c.tile_m, c.tile_n, c.tile_k, warps, c.num_stages, has_bias, bf16, producer
+    )
+
+
 def wgmma_config(config: TileConfig, dtype, has_bias: bool, dual: bool) -> wg.WgmmaConfig | None:
     """The warpgroup-MMA kernel's config for a float16 ``config`` where it runs (sm_90a: a GPU
     of compute capability 9.0 or more, or the simulator standing for one) and takes the tile;
     else None (the mma.sync kernels)."""
     if dual or config.dtype != "float16" or not dynamic_shared.wgmma():
         return None
-    c = config
-    producer = c.num_warps == WARP_SPECIALISED  # a producer warpgroup and two that multiply
-    cfg = wg.WgmmaConfig(
-        c.tile_m, c.tile_n, c.tile_k, 8 if producer else c.num_warps, c.num_stages, has_bias,
-        dtype == BFLOAT16, producer,
-    )  # fmt: skip
+    cfg = as_wgmma(config, has_bias, dtype == BFLOAT16)
     try:
         cfg.validate()
     except ValueError:

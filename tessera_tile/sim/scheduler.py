@@ -266,11 +266,11 @@ class BlockRun:
         ready = [t for t in waiting if t.wait.arg[0](False)]
         if ready:
             self.forced.clear()
-        force = not ready
-        for t in ready or [t for t in waiting if t.tid not in self.forced]:
+        resumed = ready or [t for t in waiting if t.tid not in self.forced]
+        for t in resumed:
             t.wait = None
-            runnable.append((t, (force,)))
-        return bool(runnable)
+            runnable.append((t, (not ready,)))  # not ready: forced
+        return bool(resumed)
 
     def _ready_group(self, warp: int, t: SimThread, waiting: dict) -> dict | None:
         """The lanes taking part in ``t``'s warp operation, once all of them have arrived.

@@ -158,6 +158,7 @@ def test_default_configs_and_shared_memory():
         (64, aw.WgmmaAttentionConfig(64, 8, 4, False), "num_stages"),
         (64, aw.WgmmaAttentionConfig(64, 8, 2), "overlap needs num_stages=3"),
         (128, aw.WgmmaAttentionConfig(128), "block_kv \\+ head_dim <= 192"),
+        (64, aw.WgmmaAttentionConfig(64, 8, 3, True, "yes"), "producer must be a bool"),
     ],
 )
 def test_bad_configs_are_refused(d, config, message):
