@@ -63,7 +63,7 @@ class Parts:
     epilogue writes."""
 
     product: Node
-    a: Node
+    a: Node  # the arrays the kernel reads: an operand, or the one its prologue is computed from
     b: Node
     b2: Node | None  # a dual stage's second right operand (its product: product2)
     product2: Node | None
@@ -76,6 +76,9 @@ class Parts:
     # positions in stage.outputs: of the stored result (None: none), of the sides
     stored_at: int | None
     sides_at: tuple[int, ...]
+    # the operands computed from a and b as their tiles land (plan.prologue_leaf), or None
+    pro_a: Node | None = None
+    pro_b: Node | None = None
 
     @property
     def generated(self) -> bool:
@@ -86,7 +89,13 @@ class Parts:
     def ops(self) -> int:
         """Elementwise ops the kernel runs on the accumulator (the bias add included)."""
         results = [n for n in (self.stored, *self.sides) if n is not None]
-        return sum(1 for n in ir.walk(results) if n.op in ir.ELEMENTWISE)
+        products = {id(n) for n in ir.walk([m for m in (self.product, self.product2) if m])}
+        return sum(1 for n in ir.walk(results) if n.op in ir.ELEMENTWISE and id(n) not in products)
+
+    @property
+    def prologues(self) -> tuple[tuple[str, Node], ...]:
+        """``(operand name, operand)`` of each operand computed as its tiles land."""
+        return tuple((side, n) for side, n in (("a", self.pro_a), ("b", self.pro_b)) if n)
 
 
 def _bias(stage, product: Node) -> Node | None:
@@ -126,13 +135,56 @@ def parts(stage) -> Parts:
         return tuple(found.values())
 
     a, b = product.srcs
+    pro_a, pro_b = (n if n.op in ir.ELEMENTWISE else None for n in (a, b))
+    # the planner kept a computed operand in the stage only as a prologue: the kernel reads its
+    # leaf (plan.prologue_leaf)
+    a, b = (n if pro is None else _leaf(pro) for n, pro in ((a, pro_a), (b, pro_b)))
     b2 = product2.srcs[1] if product2 is not None else None
     extras, scalars = leaves({Op.INPUT}), leaves({Op.SCALAR})
     stored = results[stored_at] if stored_at is not None else None
     sides = tuple(results[i] for i in sides_at)
     return Parts(
-        product, a, b, b2, product2, bias, extras, scalars, stored, sides, x, stored_at, sides_at
-    )
+        product, a, b, b2, product2, bias, extras, scalars, stored, sides, x, stored_at, sides_at,
+        pro_a, pro_b,
+    )  # fmt: skip
+
+
+def _leaf(operand: Node) -> Node:
+    return next(n for n in ir.walk([operand]) if n.op is Op.INPUT)
+
+
+def _emit(roots, env: dict, skip: set, math: str, lines: list[str]) -> None:
+    """Statements computing ``roots`` into ``env`` (node key -> expression), one per
+    elementwise node below them that is not in ``env`` or ``skip`` (ids); constants inline."""
+    count = 0
+    for n in ir.walk(roots):
+        if n.key in env or id(n) in skip or n.op is Op.INPUT:
+            continue
+        if n.op is Op.CONST:
+            value = literal(n.arg)
+            env[n.key] = value if n.weak else f"{TYPE_NAMES[compute_dtype(n.dtype)]}({value})"
+            continue
+        args = [env[s.key] for s in n.srcs]
+        # the numerics policy's one rcp.approx per sigmoid and silu (schedule.approximated)
+        fast = math == "fast" and n.op in (Op.SIGMOID, Op.SILU)
+        fast = fast and compute_dtype(n.dtype) == np.dtype(np.float32)
+        lines.append(f"    t{count} = {(emit_approx if fast else emit_elementwise)(n, args)}")
+        env[n.key] = f"t{count}"
+        count += 1
+
+
+def prologue_source(operand: Node, math: str) -> tuple[str, str]:
+    """``(name, source)`` of the device function ``fn(x: float32) -> float32`` computing one
+    element of a prologue ``operand`` from its leaf's element ``x``, rounded to the operand's
+    dtype as the composer stores it (``kernels.prologue``)."""
+    digest = hashlib.blake2b(f"{operand.key}{math}".encode(), digest_size=4).hexdigest()
+    name = f"prologue_{digest}"
+    lines = [f"def {name}(x):"]
+    env = {_leaf(operand).key: "x"}
+    _emit([operand], env, set(), math, lines)
+    value = load_cast(operand.dtype, store_cast(operand, env[operand.key]))
+    lines.append(f"    return float32({value})")
+    return name, "\n".join(lines) + "\n"
 
 
 def epilogue_source(stage, math: str) -> tuple[str, str]:
@@ -159,24 +211,10 @@ def epilogue_source(stage, math: str) -> tuple[str, str]:
         env[leaf.key] = f"v{i}"
         at = f"e{i}[uint64(z), uint64(row), uint64(col)]"
         lines.append(f"    v{i} = {load_cast(leaf.dtype, at)}")
-    count = 0
-    # the products (and bias): the kernel's part
+    # the products (and bias, and operand prologues): the kernel's part
     below = {id(n) for n in ir.walk([p.x, *([p.product2] if second else [])])}
     results = [n for n in (p.stored, *p.sides) if n is not None]
-    for n in ir.walk(results):
-        if n.key in env or id(n) in below or n.op is Op.INPUT:
-            continue
-        if n.op is Op.CONST:
-            value = literal(n.arg)
-            env[n.key] = value if n.weak else f"{TYPE_NAMES[compute_dtype(n.dtype)]}({value})"
-            continue
-        args = [env[s.key] for s in n.srcs]
-        # the numerics policy's one rcp.approx per sigmoid and silu (schedule.approximated)
-        fast = math == "fast" and n.op in (Op.SIGMOID, Op.SILU)
-        fast = fast and compute_dtype(n.dtype) == np.dtype(np.float32)
-        lines.append(f"    t{count} = {(emit_approx if fast else emit_elementwise)(n, args)}")
-        env[n.key] = f"t{count}"
-        count += 1
+    _emit(results, env, below, math, lines)
     for i, side in enumerate(p.sides):  # each side result written once, in its own dtype
         at = f"o{i}[uint64(z), uint64(row), uint64(col)]"
         lines.append(f"    {at} = {store_cast(side, env[side.key])}")

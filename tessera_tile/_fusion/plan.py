@@ -117,6 +117,38 @@ def _dual(products) -> bool:
     return a.key == a2.key and b.shape == b2.shape and b.dtype == b2.dtype
 
 
+def prologue_leaf(operand: Node, nodes, outputs) -> Node | None:
+    """The one array a matmul operand is computed from, where the GEMM kernel can apply the
+    computation to the array's tiles as they land (an operand *prologue*), else None.
+
+    That is an elementwise chain over one array of the operand's shape and dtype and constants
+    (no scalar argument), whose values nothing but the product reads. The kernel reads the
+    array where it would have read the operand, the same bytes, and the operand is never written
+    and read back; its elements are computed once per tile of C that reads them (``N / tile_n``
+    times for A) instead of once. A chain that changes the dtype (float32 cast into a float16
+    operand) would read the wider array once per tile of C, more bytes than writing the narrow
+    operand once past two tiles of C: it runs in a kernel of its own.
+    """
+    if operand.op not in ir.ELEMENTWISE:
+        return None
+    chain = list(ir.walk([operand]))
+    leaves = {n.key: n for n in chain if n.op is Op.INPUT}
+    if len(leaves) != 1 or any(
+        n.op not in ir.ELEMENTWISE and n.op not in (Op.INPUT, Op.CONST) for n in chain
+    ):
+        return None
+    (leaf,) = leaves.values()
+    if tuple(leaf.shape) != tuple(operand.shape) or leaf.dtype != operand.dtype:
+        return None
+    inner = {id(n) for n in chain if n.op is not Op.INPUT}
+    if any(id(n) in inner for n, _ in outputs):
+        return None
+    for n in nodes:  # read by nothing but the chain and the product
+        if id(n) not in inner and n.op is not Op.MATMUL and any(id(s) in inner for s in n.srcs):
+            return None
+    return leaf
+
+
 def _is_reduce(n: Node) -> bool:
     return n.op in ir.REDUCE
 
@@ -338,6 +370,8 @@ class _Planner:
                     s = s.srcs[0]  # the view is read in place: what it views must be in memory
                 elif s.op is Op.INPUT or s.op is Op.SWAPAXES:
                     continue
+                elif len(products) == 1 and prologue_leaf(s, nodes, outputs) is not None:
+                    continue  # applied to the tiles as they land: the kernel reads the leaf
                 if s.op is not Op.INPUT:
                     return (
                         "materialize",

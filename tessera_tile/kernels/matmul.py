@@ -49,6 +49,7 @@ from ..memory import aligned16, load16_shared, store16
 from ..pipeline import SHARED_ALIGN, ring_buffer
 from ..tile_config import CANDIDATES, TileConfig
 from .epilogue import ACTIVATIONS, ElementEpilogue, identity
+from .prologue import element_pass, name_of
 from .tc_tiles import INLINE, entry_point
 
 __all__ = ["KV", "activation_name", "simt_matmul"]
@@ -123,6 +124,7 @@ def simt_matmul(
     async_copy: bool = True,
     vector_store: bool = True,
     dual: bool = False,
+    prologue: tuple = (None, None),
 ):
     """The kernel ``kernel(a, b, bias, c)`` for these choices (memoised; see the module doc);
     with an :class:`~.epilogue.ElementEpilogue` as ``activation``, ``kernel(a, b, bias, c,
@@ -134,6 +136,8 @@ def simt_matmul(
     rows and batches and a contiguous inner axis; 4 takes any strides). ``async_copy=False``
     stages synchronously, converting to float32 (float16 inputs). ``vector_store``: C's rows
     have a contiguous inner axis and are float32 (16-byte stores where aligned).
+    ``prologue``: an :class:`~.prologue.ElementPrologue` (or None) for A and for B, applied to
+    each float32 tile as it lands (:mod:`.prologue`).
     """
     if config.dtype != "float32":
         raise ValueError(f"the SIMT kernel stages float32 tiles; config has {config.dtype}")
@@ -158,6 +162,9 @@ def simt_matmul(
     extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
     if dual and not extras:
         raise ValueError("a dual product needs an ElementEpilogue (b2 is its first extra)")
+    pro_a, pro_b = (p is not None for p in prologue)
+    apply_a = element_pass(getattr(prologue[0], "fn", None), tile_m, tile_k, threads, 1)
+    apply_b = element_pass(getattr(prologue[1], "fn", None), tile_k, tile_n, threads, 0)
     b2_shape = b_shape if dual else (1, 1, 1)
     acc2_shape = (tm, tn) if dual else (1, 1)
     # rows of C this thread stores: none where the epilogue writes every result itself
@@ -255,6 +262,10 @@ def simt_matmul(
             if dual:
                 ring_b.load_tile(sb2, b2_panel, kt + ahead)
             ring_a.commit()
+            if pro_a or pro_b:  # the prologue on tile kt, in place (module .prologue)
+                apply_a(sa, s, kt * tile_k, a_panel.shape[1], tid)
+                apply_b(sb, s, kt * tile_k, b_panel.shape[0], tid)
+                cuda.syncthreads()
             for kk in range(0, tile_k, KV):
                 for i in range(tm):  # A[row, kk .. kk+3]: a quarter-warp reads one vector
                     v = read16_shared(sa, s, arow + uint32(i * threads_m), uint32(kk))
@@ -293,6 +304,8 @@ def simt_matmul(
         parts.append("dual")
     if not vector_store:
         parts.append("scalar_store")
+    if any(prologue):
+        parts.append(name_of(prologue)[1:])
     kernel.__module__ = __name__
     kernel.__name__ = kernel.__qualname__ = "_".join(parts)
     return cuda.jit(kernel)  # lazy: an eager signature would ask for a GPU at import time

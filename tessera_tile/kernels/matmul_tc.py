@@ -90,6 +90,7 @@ from ..pipeline import (
 )
 from .epilogue import ElementEpilogue
 from .matmul_tc_plan import Plan, aligned_rows, check_operands, plan
+from .prologue import chunk_passes, name_of
 from .tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, entry_point, tile_copies
 
 __all__ = [
@@ -119,6 +120,7 @@ def tensor_core_matmul(
     async_copy: bool = True,
     bf16: bool = False,
     dual: bool = False,
+    prologue: tuple = (None, None),
 ):
     """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` in
     float16 (or, with ``bf16``, bfloat16, every array its ``uint16`` bits) with float32
@@ -133,13 +135,16 @@ def tensor_core_matmul(
     ``a @ b2``, ``b2`` the first of ``extras`` (B's shape and layout): every A fragment
     feeds both, and the epilogue's function takes both accumulators,
     ``fn(x, x2, z, row, col, extras)``.
+
+    ``prologue``: an :class:`~.prologue.ElementPrologue` (or None) for A and for B, applied to
+    each tile in shared memory as it lands (:mod:`.prologue`).
     """
     cfg = TensorCoreConfig(
         tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(async_copy),
         bf16=bool(bf16), dual=bool(dual),
     )  # fmt: skip
     cfg.validate(activation)
-    return build_kernel(cfg, activation)
+    return build_kernel(cfg, activation, prologue=tuple(prologue))
 
 
 @cuda.jit(device=True)
@@ -148,9 +153,12 @@ def _identity(x):
 
 
 @functools.cache
-def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
+def build_kernel(
+    cfg: TensorCoreConfig, activation, module: str = __name__, prologue: tuple = (None, None)
+):
     """The kernel of ``cfg``, float16 or TF32 (check it first: :meth:`TensorCoreConfig.validate`);
-    ``module`` names the module that ships it (its ``__module__``)."""
+    ``module`` names the module that ships it (its ``__module__``); ``prologue`` the A and B
+    :class:`~.prologue.ElementPrologue` (or None each)."""
     tile_m, tile_n, tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
     stages, threads = cfg.num_stages, cfg.threads
     warps_n = cfg.warps_n
@@ -184,6 +192,11 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
     q_a, step_a, passes_a, exact_a = cp_a.per_row, cp_a.row_step, cp_a.passes, cp_a.exact
     q_b, step_b, passes_b, exact_b = cp_b.per_row, cp_b.row_step, cp_b.passes, cp_b.exact
     per_a, per_b = ck_a // q_a, ck_b // q_b  # chunks per thread and pass
+
+    kind = "f32" if tf32 else "bf16" if cfg.bf16 else "f16"
+    along_k = chunk_passes(getattr(prologue[0], "fn", None), kind)[0]
+    whole = chunk_passes(getattr(prologue[1], "fn", None), kind)[1]
+    pro_a, pro_b = (p is not None for p in prologue)
 
     store = store_bf16x2 if cfg.bf16 else store_f32x2 if tf32 else store_f16x2
     epilogue = _epilogue(
@@ -298,6 +311,24 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
             cp_async_wait_group(lag)
         cuda.syncthreads()
 
+    @cuda.jit(device=True, **INLINE)
+    def transform(sa, sb, k, kt, s, a_dst, a_ok, b_dst, a_r, a_c, b_r):
+        """The prologue on this thread's chunks of k-tile ``kt`` (landed in stage ``s``), the
+        ones it copied (:mod:`.prologue`: k indices past K stay 0), then a barrier."""
+        k0 = kt * tile_k
+        if pro_a:
+            for p in range(passes_a):
+                if exact_a or a_r + p * step_a < tile_m:
+                    for i in range(per_a):
+                        if a_ok[p]:
+                            along_k(sa, s * a_stage + a_dst[p, i], k0 + (a_c + q_a * i) * CHUNK, k)
+        if pro_b:
+            for p in range(passes_b):
+                if (exact_b or b_r + p * step_b < tile_k) and k0 + b_r + p * step_b < k:
+                    for i in range(per_b):
+                        whole(sb, s * b_stage + b_dst[p, i])
+        cuda.syncthreads()
+
     mma = mma_m16n8k8_tf32 if tf32 else (mma_m16n8k16_bf16 if cfg.bf16 else mma_m16n8k16)
 
     @cuda.jit(device=True, **INLINE)
@@ -400,6 +431,8 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
             load_tile(sa, sb, sb2, a, b, b2, bz, m0, n0, kt + ahead, (s + ahead) % stages,
                       a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
         commit()
+        if pro_a or pro_b:
+            transform(sa, sb, a.shape[2], kt, s, a_dst, a_ok, b_dst, a_r, a_c, b_r)
         # The k steps written out (LLVM does not unroll a loop this large) and inlined, so
         # the fragments and accumulators stay constant-indexed registers.
         a_base = s * a_stage
@@ -522,6 +555,7 @@ def build_kernel(cfg: TensorCoreConfig, activation, module: str = __name__):
         f"_w{cfg.num_warps}_s{stages}"
         f"{'_bias' if has_bias else ''}{'' if async_copy else '_sync'}"
         f"{'_dual' if dual else ''}{'_' + activation.name if extras else ''}"
+        f"{name_of(prologue)}"
     )
     return cuda.jit(kernel)
 

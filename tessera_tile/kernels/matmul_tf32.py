@@ -86,10 +86,11 @@ def tf32_matmul(
     activation=None,
     has_bias: bool = False,
     dual: bool = False,
+    prologue: tuple = (None, None),
 ):
     """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` for
     float32 operands on TF32 tensor cores, float32 accumulation (memoised per configuration);
-    ``dual``: two products of ``a``, as :func:`~.matmul_tc.tensor_core_matmul`'s.
+    ``dual`` and ``prologue``: as :func:`~.matmul_tc.tensor_core_matmul`'s.
 
     ``tile_k`` 8, 16 or 32; ``tile_n`` at least 32; warp tiles multiples of 16 x 16. Needs
     :func:`aligned_rows`. See the module doc for the launch, the layouts and the precision.
@@ -99,7 +100,7 @@ def tf32_matmul(
         dual=bool(dual),
     )  # fmt: skip
     cfg.validate(activation)
-    return build_kernel(cfg, activation, __name__)
+    return build_kernel(cfg, activation, __name__, tuple(prologue))
 
 
 def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = ANCHOR) -> Plan:

@@ -14,10 +14,12 @@ import numpy as np
 
 from .. import _arrays as arrays
 from .. import profiling
+from .. import tile_ir as ir
 from .._fusion import gemm
 from .._fusion.lower import TYPE_NAMES
 from .._fusion.plan import StageKind
 from ..kernels.epilogue import ElementEpilogue
+from ..kernels.prologue import ElementPrologue
 from ..tile_ir import Op
 from ._attention import attention as attention_op
 from ._contract import Value, launch_all
@@ -90,7 +92,11 @@ class GemmBound:
 
     def describe(self) -> str:
         parts = gemm.parts(self.stage)
-        head = f"matmul + {parts.ops}-op epilogue in one kernel" if parts.ops else "matmul"
+        pieces = [
+            f"{sum(n.op in ir.ELEMENTWISE for n in ir.walk([pro]))}-op prologue on {side}"
+            for side, pro in parts.prologues
+        ] + ([f"{parts.ops}-op epilogue"] if parts.ops else [])
+        head = f"matmul + {' + '.join(pieces)} in one kernel" if pieces else "matmul"
         results = len(parts.sides) + (parts.stored is not None)
         if results > 1:
             head += f", {results} results each written once from the accumulator tile"
@@ -216,6 +222,16 @@ class Runner:
                 extras=tuple(records[k] for k in (*(n.arg for n in parts.extras), *sides)),
                 scalars=tuple(Value(first + j) for j in range(len(parts.scalars))),
                 scalar_types=tuple(TYPE_NAMES[np.dtype(n.dtype)] for n in parts.scalars),
+            )
+        prologues = {}  # each computed operand's, applied to its tiles as they land
+        for side, operand in parts.prologues:
+            pro_name, pro_source = gemm.prologue_source(operand, math_mode)
+            fn = gemm.epilogue_function(pro_source, pro_name)
+            prologues[side] = ElementPrologue(fn, pro_name)
+            source = pro_source + source
+        if prologues:
+            product = dataclasses.replace(
+                product, prologue=(prologues.get("a"), prologues.get("b"))
             )
         operands = (parts.a, parts.b) + ((parts.bias,) if bias is not None else ())
         operands += (parts.b2,) if parts.b2 is not None else ()

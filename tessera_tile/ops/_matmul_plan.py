@@ -134,7 +134,7 @@ def wgmma_config(config: TileConfig, dtype, has_bias: bool, dual: bool) -> wg.Wg
 def choose_kernel(
     dtype: np.dtype, config: TileConfig, activation, has_bias: bool, copy_a: int, copy_b: int,
     vector_store: bool, types: tuple, names: tuple[str, str] = ("a", "b"),
-    tensor_rows: str | None = None, dual: bool = False,
+    tensor_rows: str | None = None, dual: bool = False, prologue: tuple = (None, None),
 ) -> KernelChoice:  # fmt: skip
     """The kernel and launch of one call.
 
@@ -148,6 +148,8 @@ def choose_kernel(
     ``"aligned"``, else exactly on the SIMT kernel with :data:`SIMT_FALLBACK` (a reason says so);
     float16 with a float16 ``config`` on a strided inner axis runs on that tile too. ``dual``:
     the kernels' two-product variant (:data:`DUAL` in place of the SIMT fallback's tile).
+    ``prologue``: the A and B :class:`~..kernels.prologue.ElementPrologue` (or None each), run
+    by the mma.sync and SIMT kernels (not the wgmma kernel: a reason says so).
     """
     reasons = []
     simt_fallback = DUAL["float32"] if dual else SIMT_FALLBACK
@@ -161,7 +163,7 @@ def choose_kernel(
             c = config
             kernel = tf32.tf32_matmul(
                 c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
-                dual,
+                dual, prologue,
             )  # fmt: skip
             reasons.append(
                 "precision='tf32': float32 on TF32 tensor cores (mma m16n8k8; each input read "
@@ -194,6 +196,12 @@ def choose_kernel(
         c = config
         signature = f"void({', '.join(types)})"
         warpgroups = wgmma_config(c, dtype, has_bias, dual) if tensor_rows == "aligned" else None
+        if warpgroups is not None and any(prologue):
+            reasons.append(
+                "an operand prologue: the mma.sync kernel (the wgmma kernel's tensor cores read "
+                "the tiles as they land, with no pass over them in between)"
+            )
+            warpgroups = None
         if warpgroups is not None:
             kernel = wg.wgmma_matmul(
                 *warpgroups[:5], activation, has_bias, bf16=warpgroups.bf16,
@@ -215,6 +223,7 @@ def choose_kernel(
         kernel = tc.tensor_core_matmul(
             c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
             async_copy=tensor_rows == "aligned", bf16=dtype == BFLOAT16, dual=dual,
+            prologue=prologue,
         )  # fmt: skip
         return KernelChoice(
             kernel, config, config.threads, signature, tuple(reasons), ring_bytes(config)
@@ -230,7 +239,15 @@ def choose_kernel(
         if config.dtype != "float32":
             config = simt_fallback
         kernel = simt.simt_matmul(
-            config, activation, has_bias, 4, 4, async_copy=False, vector_store=False, dual=dual
+            config,
+            activation,
+            has_bias,
+            4,
+            4,
+            async_copy=False,
+            vector_store=False,
+            dual=dual,
+            prologue=prologue,
         )
     else:
         for name, width in zip(names, (copy_a, copy_b), strict=True):
@@ -240,7 +257,14 @@ def choose_kernel(
                     "copies, read in place"
                 )
         kernel = simt.simt_matmul(
-            config, activation, has_bias, copy_a, copy_b, vector_store=vector_store, dual=dual
+            config,
+            activation,
+            has_bias,
+            copy_a,
+            copy_b,
+            vector_store=vector_store,
+            dual=dual,
+            prologue=prologue,
         )
     signature = f"void({', '.join(types)})"
     return KernelChoice(kernel, config, config.threads, signature, tuple(reasons))
@@ -298,6 +322,9 @@ class Product(HandWritten):
     # a second right operand (b's shape, dtype and batch): the dual kernel computes a @ b2 on
     # the same A tiles, its accumulator the epilogue's second argument
     b2: arrays.Arg | None = None
+    # elementwise functions of A's and B's elements applied as their tiles land (a matmul in
+    # @tt.fuse of an operand computed from one array): kernels.prologue.ElementPrologue or None
+    prologue: tuple = (None, None)
 
     @property
     def dtype(self) -> np.dtype:
@@ -358,6 +385,7 @@ class Product(HandWritten):
         key = (
             config, self.precision, self.activation, self.names[:2], self.batch, self.a_vector,
             self.b_vector, *(_layout(r) for r in (a, b, self.bias, c, self.b2)), self.epilogue,
+            self.prologue,
             self.scalar_types, *(_layout(r) for r in self.extras), dynamic_shared.wgmma(),
         )  # fmt: skip
         return _LAUNCH_PLANS.get(key, lambda: self._plan_launches(a, b, c, config))
@@ -430,6 +458,7 @@ class Product(HandWritten):
                 self.names[:2],
                 tensor_rows,
                 bool(dual),
+                self.prologue,
             )
             launches.append((index, z0, count, choice))
         return geo, mats, launches
