@@ -52,6 +52,7 @@ from .lower import (
     literal,
     load_cast,
     store_cast,
+    vector_element,
 )
 
 
@@ -174,16 +175,15 @@ def _emit(roots, env: dict, skip: set, math: str, lines: list[str]) -> None:
 
 
 def prologue_source(operand: Node, math: str) -> tuple[str, str]:
-    """``(name, source)`` of the device function ``fn(x: float32) -> float32`` computing one
-    element of a prologue ``operand`` from its leaf's element ``x``, rounded to the operand's
-    dtype as the composer stores it (``kernels.prologue``)."""
+    """``(name, source)`` of the device function ``fn(x: float32)`` computing one element of a
+    prologue ``operand`` from its leaf's element ``x``, in the operand's dtype as the composer
+    stores it (a bfloat16's bits: ``kernels.prologue``)."""
     digest = hashlib.blake2b(f"{operand.key}{math}".encode(), digest_size=4).hexdigest()
     name = f"prologue_{digest}"
     lines = [f"def {name}(x):"]
     env = {_leaf(operand).key: "x"}
     _emit([operand], env, set(), math, lines)
-    value = load_cast(operand.dtype, store_cast(operand, env[operand.key]))
-    lines.append(f"    return float32({value})")
+    lines.append(f"    return {vector_element(operand, env[operand.key])}")
     return name, "\n".join(lines) + "\n"
 
 

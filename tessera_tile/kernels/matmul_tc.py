@@ -194,7 +194,7 @@ def build_kernel(
     per_a, per_b = ck_a // q_a, ck_b // q_b  # chunks per thread and pass
 
     kind = "f32" if tf32 else "bf16" if cfg.bf16 else "f16"
-    along_k = chunk_passes(getattr(prologue[0], "fn", None), kind)[0]
+    along_k, whole_a = chunk_passes(getattr(prologue[0], "fn", None), kind)
     whole = chunk_passes(getattr(prologue[1], "fn", None), kind)[1]
     pro_a, pro_b = (p is not None for p in prologue)
 
@@ -312,19 +312,23 @@ def build_kernel(
         cuda.syncthreads()
 
     @cuda.jit(device=True, **INLINE)
-    def transform(sa, sb, k, kt, s, a_dst, a_ok, b_dst, a_r, a_c, b_r):
+    def transform(sa, sb, k, kt, s, a_dst, b_dst, a_r, a_c, b_r):
         """The prologue on this thread's chunks of k-tile ``kt`` (landed in stage ``s``), the
         ones it copied (:mod:`.prologue`: k indices past K stay 0), then a barrier."""
-        k0 = kt * tile_k
+        left = int32(min(k - kt * tile_k, tile_k))  # k indices of this tile inside K
         if pro_a:
             for p in range(passes_a):
                 if exact_a or a_r + p * step_a < tile_m:
                     for i in range(per_a):
-                        if a_ok[p]:
-                            along_k(sa, s * a_stage + a_dst[p, i], k0 + (a_c + q_a * i) * CHUNK, k)
+                        first = (a_c + q_a * i) * CHUNK  # of the chunk, in the tile
+                        if async_copy:  # K a multiple of CHUNK: a chunk is all in or all out
+                            if first < left:
+                                whole_a(sa, s * a_stage + a_dst[p, i])
+                        else:
+                            along_k(sa, s * a_stage + a_dst[p, i], first, left)
         if pro_b:
             for p in range(passes_b):
-                if (exact_b or b_r + p * step_b < tile_k) and k0 + b_r + p * step_b < k:
+                if (exact_b or b_r + p * step_b < tile_k) and b_r + p * step_b < left:
                     for i in range(per_b):
                         whole(sb, s * b_stage + b_dst[p, i])
         cuda.syncthreads()
@@ -432,7 +436,7 @@ def build_kernel(
                       a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
         commit()
         if pro_a or pro_b:
-            transform(sa, sb, a.shape[2], kt, s, a_dst, a_ok, b_dst, a_r, a_c, b_r)
+            transform(sa, sb, a.shape[2], kt, s, a_dst, b_dst, a_r, a_c, b_r)
         # The k steps written out (LLVM does not unroll a loop this large) and inlined, so
         # the fragments and accumulators stay constant-indexed registers.
         a_base = s * a_stage

@@ -1,12 +1,12 @@
 """Matmul prologues: an elementwise function applied to an operand's tile in shared memory, once
 per element per block, after the tile lands and before any warp reads it.
 
-An :class:`ElementPrologue` wraps a device function ``fn(x: float32) -> float32`` of one element
-of A or B (its value, as float32) whose result is already rounded to the operand's dtype, so
-that writing it back into the tile in that dtype is exact. The composer generates one for a
-matmul operand that is an elementwise chain over one array (``tt.relu(x) @ w``): the GEMM kernel
-reads that array with its usual copies (``cp.async``, or the synchronous fallback) and
-transforms each tile in place::
+An :class:`ElementPrologue` wraps a device function ``fn(x: float32)`` of one element of A or B
+(its value, as float32) that returns the new element in the operand's dtype (float16, the
+``uint16`` bits of a bfloat16, or float32), written back into the tile as it is. The composer
+generates one for a matmul operand that is an elementwise chain over one array
+(``tt.relu(x) @ w``): the GEMM kernel reads that array with its usual copies (``cp.async``, or
+the synchronous fallback) and transforms each tile in place::
 
     wait for tile k; __syncthreads       (the kernel's own)
     issue the copies of tile k + stages - 1
@@ -27,18 +27,17 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from numba import cuda, float32, int32
-from numba.types import float16
+from numba import cuda, float32
 
-from ..bfloat16 import bf16_to_f32, f32_to_bf16
+from ..bfloat16 import bf16_to_f32
 from ..memory import load16_shared, store16_shared
 
 __all__ = ["ElementPrologue", "chunk_passes", "element_pass", "name_of"]
 
 
 class ElementPrologue(NamedTuple):
-    """A device function ``fn(x: float32) -> float32`` of one operand element, its result
-    rounded to the operand's dtype (the module doc); ``name`` tags the kernels built with it."""
+    """A device function ``fn(x: float32)`` of one operand element, returning it in the
+    operand's dtype (the module doc); ``name`` tags the kernels built with it."""
 
     fn: object
     name: str
@@ -49,39 +48,25 @@ def name_of(prologue: tuple) -> str:
     return "".join(f"_pro{side}_{p.name}" for side, p in zip("ab", prologue, strict=True) if p)
 
 
-def _converters(kind: str):
-    """``(to_float32, from_float32)`` of a shared tile's element: ``"f16"``, ``"bf16"`` (its
-    ``uint16`` bits) or ``"f32"``."""
-    if kind == "f16":
+def _to_float32(kind: str):
+    """A shared tile element as float32: ``"f16"``, ``"bf16"`` (its ``uint16`` bits) or
+    ``"f32"``."""
+    if kind == "bf16":
+        return bf16_to_f32
 
-        @cuda.jit(device=True)
-        def to_f32(v):
-            return float32(v)
+    @cuda.jit(device=True)
+    def to_f32(v):
+        return float32(v)
 
-        @cuda.jit(device=True)
-        def back(x):
-            return float16(x)
-
-    elif kind == "bf16":
-        to_f32, back = bf16_to_f32, f32_to_bf16
-    else:
-
-        @cuda.jit(device=True)
-        def to_f32(v):
-            return v
-
-        @cuda.jit(device=True)
-        def back(x):
-            return x
-
-    return to_f32, back
+    return to_f32
 
 
 def chunk_passes(fn, kind: str):
     """``(along_k, whole)``: device functions rewriting the 16-byte chunk at ``tile[offset:]``
     in place. ``along_k(tile, offset, first, k)``: an A chunk, whose element ``j`` is at k
-    index ``first + j``, transformed where that is below ``k``; ``whole(tile, offset)``: a B
-    chunk (one k row, guarded by the caller). ``fn=None``: functions that do nothing."""
+    index ``first + j``, transformed where that is below ``k`` (both 32-bit, counted from the
+    tile's first k); ``whole(tile, offset)``: a B chunk (one k row, guarded by the caller).
+    ``fn=None``: functions that do nothing."""
     if fn is None:
 
         @cuda.jit(device=True)
@@ -93,22 +78,22 @@ def chunk_passes(fn, kind: str):
             pass
 
         return skip_k, skip
-    to_f32, back = _converters(kind)
+    to_f32 = _to_float32(kind)
 
     @cuda.jit(device=True)
     def one(v, kk, k):
-        return back(fn(to_f32(v))) if kk < k else v
+        return fn(to_f32(v)) if kk < k else v
 
     @cuda.jit(device=True)
     def full(v):
-        return back(fn(to_f32(v)))
+        return fn(to_f32(v))
 
     if kind == "f32":  # 4 elements a chunk
 
         @cuda.jit(device=True)
         def along_k(tile, offset, first, k):
             v = load16_shared(tile, offset)
-            kk = int32(first)
+            kk = first
             store16_shared(
                 tile, offset,
                 (one(v[0], kk, k), one(v[1], kk + 1, k), one(v[2], kk + 2, k),
@@ -125,7 +110,7 @@ def chunk_passes(fn, kind: str):
     @cuda.jit(device=True)
     def along_k(tile, offset, first, k):  # 8 elements a chunk
         v = load16_shared(tile, offset)
-        kk = int32(first)
+        kk = first
         store16_shared(
             tile, offset,
             (one(v[0], kk, k), one(v[1], kk + 1, k), one(v[2], kk + 2, k), one(v[3], kk + 3, k),
@@ -169,7 +154,7 @@ def element_pass(fn, rows: int, cols: int, threads: int, k_axis: int):
             if exact or e < size:
                 r = e // cols
                 c = e - r * cols
-                if k0 + (c if k_axis == 1 else r) < k:
-                    ring[stage, r, c] = fn(ring[stage, r, c])
+                if k0 + (c if k_axis == 1 else r) < k:  # float16 operands: widened values
+                    ring[stage, r, c] = float32(fn(ring[stage, r, c]))
 
     return apply
