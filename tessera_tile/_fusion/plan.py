@@ -140,7 +140,7 @@ def prologue_leaf(operand: Node, nodes, outputs) -> Node | None:
     (leaf,) = leaves.values()
     if tuple(leaf.shape) != tuple(operand.shape) or leaf.dtype != operand.dtype:
         return None
-    inner = {id(n) for n in chain if n.op is not Op.INPUT}
+    inner = {id(n) for n in chain if n.op in ir.ELEMENTWISE}  # a leaf or constant may be shared
     if any(id(n) in inner for n, _ in outputs):
         return None
     for n in nodes:  # read by nothing but the chain and the product

@@ -105,7 +105,9 @@ class GemmBound:
         launches = self._launches()
         if not launches:
             return f"{head}: nothing to compute"
-        return f"{head}: " + self.product.stage_text(launches)[0].split(": ", 1)[1]
+        text = f"{head}: " + self.product.stage_text(launches)[0].split(": ", 1)[1]
+        reasons = sorted({r for *_, choice in launches for r in choice.reasons})  # the kernel's
+        return "; ".join([text, *reasons])
 
     def launch(self, records: dict) -> StageLaunches:
         *inputs, result = self.records_of(records)
