@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from ..bfloat16 import bf16_to_f32
 from ..memory import load16_shared, store16_shared
@@ -132,9 +132,10 @@ def chunk_passes(fn, kind: str):
 
 def element_pass(fn, rows: int, cols: int, threads: int, k_axis: int):
     """``apply(ring, stage, k0, k, tid)``: ``fn`` on every element of ``ring[stage]`` (a
-    float32 ``rows x cols`` tile whose k index along ``k_axis`` starts at ``k0``), the elements
-    at k index ``k`` or more left as they are; thread ``tid`` of ``threads`` takes elements
-    ``tid, tid + threads, ...`` (consecutive threads, consecutive elements: conflict free).
+    float32 ``rows x cols`` tile, ``cols`` a multiple of 4, whose k index along ``k_axis``
+    starts at ``k0``), the elements at k index ``k`` or more left as they are. Thread ``tid`` of
+    ``threads`` takes the 16-byte vectors ``tid, tid + threads, ...`` (consecutive threads,
+    consecutive vectors: conflict free), one ``LDS.128`` and ``STS.128`` each.
     ``fn=None``: a function that does nothing."""
     if fn is None:
 
@@ -143,18 +144,32 @@ def element_pass(fn, rows: int, cols: int, threads: int, k_axis: int):
             pass
 
         return skip
-    size = rows * cols
+    per_row = cols // 4
+    size = rows * per_row
     per_thread = -(-size // threads)
     exact = size % threads == 0
 
     @cuda.jit(device=True)
+    def one(v, kk, k):  # float16 operands: float32 tiles of widened values
+        return float32(fn(v)) if kk < k else v
+
+    @cuda.jit(device=True)
     def apply(ring, stage, k0, k, tid):
+        left = int32(min(k - k0, rows if k_axis == 0 else cols))  # k indices inside K
         for j in range(per_thread):
             e = tid + j * threads
             if exact or e < size:
-                r = e // cols
-                c = e - r * cols
-                if k0 + (c if k_axis == 1 else r) < k:  # float16 operands: widened values
-                    ring[stage, r, c] = float32(fn(ring[stage, r, c]))
+                r = e // per_row
+                c = (e - r * per_row) * 4
+                v = load16_shared(ring, (stage, r, c))
+                if k_axis == 1:  # k along the row: each element its own guard
+                    kk = int32(c)
+                    v = (one(v[0], kk, left), one(v[1], kk + 1, left), one(v[2], kk + 2, left),
+                         one(v[3], kk + 3, left))  # fmt: skip
+                else:
+                    kk = int32(r)
+                    v = (one(v[0], kk, left), one(v[1], kk, left), one(v[2], kk, left),
+                         one(v[3], kk, left))  # fmt: skip
+                store16_shared(ring, (stage, r, c), v)
 
     return apply

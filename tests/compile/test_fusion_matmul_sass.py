@@ -137,3 +137,37 @@ def test_causal_attention_in_algebra_and_tri_kernels_keep_to_registers(arch, rec
             f"{arch} causal attention in algebra, {label}: "
             + ", ".join(f"{r.name} {r.registers} registers" for r in reports),
         )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    ("dtype", "precision"),
+    [(DTYPES[0], None), (DTYPES[1], None), (DTYPES[2], None), (DTYPES[2], "tf32")],
+    ids=["float16", "bfloat16", "float32", "tf32"],
+)
+def test_operand_prologues_add_one_barrier_per_k_tile(dtype, precision, arch, record_property):
+    """``tt.relu(x) @ tt.abs(w)``: the operand prologues' kernel keeps to registers (0 spills,
+    no local memory); its main loop has the plain product's MMAs (or FFMAs) and one more
+    barrier per k-tile, after the pass over the landed tiles. Instructions per k-tile are
+    recorded beside the plain product's (for halves on sm_90 that is the wgmma kernel: the
+    mma.sync kernel's figures are sm_80's)."""
+    x, w = arrays(dtype, (M, K), (K, N))
+    kw = {"precision": precision} if precision else {}
+    (pro,) = tt.fuse(lambda x, w: tt.relu(x) @ tt.abs(w), **kw).inspect(x, w, arch=arch)
+    plain_arch = "sm_80" if dtype != np.float32 else arch
+    (plain,) = tt.fuse(lambda x, w: x @ w, **kw).inspect(x, w, arch=plain_arch)
+    assert pro.spill_stores == pro.spill_loads == 0
+    assert pro.stack_bytes == 0
+    mma = "FFMA" if dtype == np.float32 and not precision else "HMMA"
+    loops = [r.loop_with(mma) for r in (pro, plain)]
+    # k-tiles per iteration (the loops are unrolled over the stages): the plain loop has one
+    # barrier each, the prologue's two; the MMAs per k-tile are the same
+    tiles = [loops[0].count("BAR.SYNC") / 2, loops[1].count("BAR.SYNC")]
+    assert loops[0].count(mma) / tiles[0] == loops[1].count(mma) / tiles[1]
+    per_tile = [loop.instructions / t for loop, t in zip(loops, tiles, strict=True)]
+    record_property(
+        "resources",
+        f"{arch} {precision or dtype} relu(x) @ abs(w): {pro.registers} registers (plain "
+        f"{plain.registers}); per k-tile {per_tile[0]:.1f} instructions, plain "
+        f"{per_tile[1]:.1f} ({plain_arch})",
+    )
