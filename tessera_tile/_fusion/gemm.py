@@ -1,6 +1,7 @@
 """GEMM stages: a matmul inside ``@tt.fuse``, with the elementwise epilogue the planner pulls in.
 
-The planner makes a GEMM stage of one product ``p = a @ b`` (both read from memory) and its
+The planner makes a GEMM stage of one product ``p = a @ b`` (both read from memory, or either
+an elementwise chain over one array: its *prologue*, below) and its
 results: elementwise functions of ``p``, of other arrays that broadcast into ``p``'s shape (a
 bias, a residual), of constants and of scalar arguments, each of ``p``'s shape, in any dtype.
 It runs on the matmul ops' kernels (their tiles, pipelines and tuner), with an epilogue
@@ -19,6 +20,12 @@ the edge elements they do not store too, so its reads and writes are guarded by 
 bounds. A bias (``p + b``, ``b`` of shape ``(N,)``, the product's only use) takes the kernels'
 own bias path, as ``ops.linear``'s does: staged or shuffled per column, added to ``x`` before
 the call.
+
+An operand that is an elementwise chain over one array of its dtype (``tt.relu(x) @ w``:
+:func:`.plan.prologue_leaf`) is a *prologue*: the kernel reads the array and computes the chain
+on each tile as it lands in shared memory, with a function generated here::
+
+    prologue(x: float32) -> the operand's element (float16, bfloat16 bits or float32)
 
 A *dual* stage has two products of one left operand, ``p = a @ b`` and ``p2 = a @ b2`` (``b2``
 of ``b``'s shape and dtype: a gated MLP's ``silu(x @ w1) * (x @ w3)``). Its kernel reads each

@@ -9,8 +9,9 @@ Every stage iterates one index space F (a broadcast shape) and reduces over one 
   blocks too (per-block partials folded in order: :mod:`.columns`);
 * ``full``: R holds every axis; two-stage, one launch: blocks reduce chunks, the last block to
   finish combines the partials in block order (deterministic);
-* ``gemm``: one matmul (operands read from memory) and the elementwise epilogue over its
-  product, on the matmul ops' kernels (:mod:`.gemm`);
+* ``gemm``: one matmul (operands read from memory, or computed from one array each as their
+  tiles land: :func:`prologue_leaf`) and the elementwise epilogue over its product, on the
+  matmul ops' kernels (:mod:`.gemm`);
 * ``attention``: softmax(q @ k^T * scale) @ v, found by :mod:`.patterns`, on the flash kernel.
 
 A reduction whose result is combined with F-space values again (softmax, layer norm) stays in
@@ -377,7 +378,8 @@ class _Planner:
                         "materialize",
                         s,
                         "a matmul operand that is computed runs in an "
-                        "earlier kernel (the GEMM reads its operands from memory)",
+                        "earlier kernel (the GEMM computes only an elementwise chain over one "
+                        "array of the operand's dtype, as its tiles land)",
                     )
         p = products[-1]
         if len(products) > 1 and not _dual(products):

@@ -199,7 +199,7 @@ def choose_kernel(
         if warpgroups is not None and any(prologue):
             reasons.append(
                 "an operand prologue: the mma.sync kernel (the wgmma kernel's tensor cores read "
-                "the tiles as they land, with no pass over them in between)"
+                "its tiles through the async proxy as they land, with no pass over them)"
             )
             warpgroups = None
         if warpgroups is not None:
