@@ -470,6 +470,7 @@ def ring_buffer(
     k_axis: int | None = None,
     async_copy: bool = True,
     copy_bytes: int = 16,
+    on_load=None,
 ) -> RingBuffer:
     """A ``stages``-deep shared-memory ring of ``tile``-shaped tiles for K-loops (memoised).
 
@@ -493,6 +494,10 @@ def ring_buffer(
         tile dimension must hold a whole number of copies, and ``src`` rows (its pitch and the
         view's start) must be aligned to ``copy_bytes``: for arbitrary widths use
         ``copy_bytes = itemsize`` (4 for float32, 8 for float64; float16 needs even widths).
+    on_load:
+        With ``async_copy=False``: a device function applied to each element loaded inside
+        ``src`` before it is stored (the fill past ``src`` stays 0); ``src`` may then have
+        another dtype than the ring (a cast on the way in).
 
     Launch with any block shape; the threads are linearised (x fastest).
     """
@@ -500,13 +505,23 @@ def ring_buffer(
     np_dtype = np.dtype(as_dtype(dtype) if isinstance(dtype, types.Type) else dtype)
     if k_axis is None:
         k_axis = 1 if len(tile_t) == 2 else 0
-    return _ring_buffer(int(stages), tile_t, np_dtype, int(k_axis), bool(async_copy), copy_bytes)
+    if on_load is not None and async_copy:
+        raise ValueError("on_load applies to synchronous loads: pass async_copy=False")
+    return _ring_buffer(
+        int(stages), tile_t, np_dtype, int(k_axis), bool(async_copy), copy_bytes, on_load
+    )
+
+
+@cuda.jit(device=True)
+def _unchanged(v):
+    return v
 
 
 @functools.cache
 def _ring_buffer(
-    stages: int, tile: tuple[int, ...], dtype: np.dtype, k_axis: int, async_copy: bool, nbytes
-) -> RingBuffer:
+    stages: int, tile: tuple[int, ...], dtype: np.dtype, k_axis: int, async_copy: bool, nbytes,
+    on_load=None,
+) -> RingBuffer:  # fmt: skip
     if stages not in (2, 3, 4):
         raise ValueError(f"stages must be 2, 3 or 4, got {stages}")
     if len(tile) not in (1, 2) or any(t <= 0 for t in tile):
@@ -525,6 +540,7 @@ def _ring_buffer(
         )
     copy = _COPY[(nbytes, nbytes == 16)]
     zero = dtype.type(0)
+    load = _unchanged if on_load is None else on_load
     item = dtype.itemsize
     lag = stages - 2  # groups still allowed in flight when tile k must have landed
     prologue = stages - 1
@@ -554,7 +570,7 @@ def _ring_buffer(
                     copy(ring, (stage, c), src, (min(g, max(n - 1, 0)),), valid * item)
                 else:
                     for j in range(vec):
-                        ring[stage, c + j] = src[g + j] if j < valid else zero
+                        ring[stage, c + j] = load(src[g + j]) if j < valid else zero
                 v += nthreads
 
     else:
@@ -585,7 +601,7 @@ def _ring_buffer(
                     copy(ring, (stage, r, c), src, (gr, gc), valid * item)
                 else:
                     for j in range(vec):
-                        ring[stage, r, c + j] = src[gr, gc + j] if j < valid else zero
+                        ring[stage, r, c + j] = load(src[gr, gc + j]) if j < valid else zero
                 v += nthreads
 
     if async_copy:

@@ -182,13 +182,14 @@ def _emit(roots, env: dict, skip: set, math: str, lines: list[str]) -> None:
 
 
 def prologue_source(operand: Node, math: str) -> tuple[str, str]:
-    """``(name, source)`` of the device function ``fn(x: float32)`` computing one element of a
-    prologue ``operand`` from its leaf's element ``x``, in the operand's dtype as the composer
-    stores it (a bfloat16's bits: ``kernels.prologue``)."""
+    """``(name, source)`` of the device function ``fn(v)`` computing one element of a
+    prologue ``operand`` from its leaf's element ``v`` as stored, in the operand's dtype as the
+    composer stores it (a bfloat16's bits: ``kernels.prologue``)."""
     digest = hashlib.blake2b(f"{operand.key}{math}".encode(), digest_size=4).hexdigest()
     name = f"prologue_{digest}"
-    lines = [f"def {name}(x):"]
-    env = {_leaf(operand).key: "x"}
+    leaf = _leaf(operand)
+    lines = [f"def {name}(v):", f"    x = {load_cast(leaf.dtype, 'v')}"]
+    env = {leaf.key: "x"}
     _emit([operand], env, set(), math, lines)
     lines.append(f"    return {vector_element(operand, env[operand.key])}")
     return name, "\n".join(lines) + "\n"

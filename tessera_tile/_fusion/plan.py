@@ -122,13 +122,15 @@ def prologue_leaf(operand: Node, nodes, outputs) -> Node | None:
     """The one array a matmul operand is computed from, where the GEMM kernel can apply the
     computation to the array's tiles as they land (an operand *prologue*), else None.
 
-    That is an elementwise chain over one array of the operand's shape and dtype and constants
-    (no scalar argument), whose values nothing but the product reads. The kernel reads the
-    array where it would have read the operand, the same bytes, and the operand is never written
-    and read back; its elements are computed once per tile of C that reads them (``N / tile_n``
-    times for A) instead of once. A chain that changes the dtype (float32 cast into a float16
-    operand) would read the wider array once per tile of C, more bytes than writing the narrow
-    operand once past two tiles of C: it runs in a kernel of its own.
+    That is an elementwise chain over one array of the operand's shape and constants (no
+    scalar argument), whose values nothing but the product reads, the array of the operand's
+    dtype or a number of no more bytes (``x @ wq.astype(np.float16)`` with ``wq`` int8: a cast
+    on the way in). The kernel reads the array where it would have read the operand, as many
+    bytes or fewer, and the operand is never written and read back; its elements are computed
+    once per tile of C that reads them (``N / tile_n`` times for A) instead of once. An array of
+    more bytes (float32 cast into a float16 operand) would be read at its width once per tile
+    of C, more bytes than writing the narrow operand once past two tiles of C: it runs in a
+    kernel of its own.
     """
     if operand.op not in ir.ELEMENTWISE:
         return None
@@ -139,7 +141,7 @@ def prologue_leaf(operand: Node, nodes, outputs) -> Node | None:
     ):
         return None
     (leaf,) = leaves.values()
-    if tuple(leaf.shape) != tuple(operand.shape) or leaf.dtype != operand.dtype:
+    if tuple(leaf.shape) != tuple(operand.shape) or not _widens(leaf.dtype, operand.dtype):
         return None
     inner = {id(n) for n in chain if n.op in ir.ELEMENTWISE}  # a leaf or constant may be shared
     if any(id(n) in inner for n, _ in outputs):
@@ -148,6 +150,14 @@ def prologue_leaf(operand: Node, nodes, outputs) -> Node | None:
         if id(n) not in inner and n.op is not Op.MATMUL and any(id(s) in inner for s in n.srcs):
             return None
     return leaf
+
+
+def _widens(src, dst) -> bool:
+    """Whether a prologue may read an array of ``src`` for an operand of ``dst``: the same
+    dtype, or a number of no more bytes (converted where it is loaded)."""
+    src, dst = np.dtype(src), np.dtype(dst)
+    numeric = src.kind in "biuf" or src == ir.BFLOAT16
+    return src == dst or (numeric and src.itemsize <= dst.itemsize)
 
 
 def _is_reduce(n: Node) -> bool:

@@ -49,7 +49,7 @@ from ..memory import aligned16, load16_shared, store16
 from ..pipeline import SHARED_ALIGN, ring_buffer
 from ..tile_config import CANDIDATES, TileConfig
 from .epilogue import ACTIVATIONS, ElementEpilogue, identity
-from .prologue import element_pass, name_of
+from .prologue import fn_of, name_of, vector_pass
 from .tc_tiles import INLINE, entry_point
 
 __all__ = ["KV", "activation_name", "simt_matmul"]
@@ -148,13 +148,17 @@ def simt_matmul(
     threads_n = tile_n // tn
     span_n = threads_n * 4  # ... and columns h * span_n + 4 * tx + (0..3)
     stages = config.num_stages
+    # operand prologues (module .prologue): on the way into the tile where the staging is
+    # synchronous, else a pass over each landed tile
+    fn_a, fn_b = (fn_of(p) for p in prologue)
+    sync_a, sync_b = (None if async_copy else fn for fn in (fn_a, fn_b))
     ring_a = ring_buffer(
         stages, (tile_m, tile_k), float32, k_axis=1,
-        async_copy=async_copy, copy_bytes=copy_a if async_copy else 4,
+        async_copy=async_copy, copy_bytes=copy_a if async_copy else 4, on_load=sync_a,
     )  # fmt: skip
     ring_b = ring_buffer(
         stages, (tile_k, tile_n), float32, k_axis=0,
-        async_copy=async_copy, copy_bytes=copy_b if async_copy else 4,
+        async_copy=async_copy, copy_bytes=copy_b if async_copy else 4, on_load=sync_b,
     )  # fmt: skip
     a_shape, b_shape = ring_a.shape, ring_b.shape
     bias_len = tile_n if has_bias else 1
@@ -162,9 +166,9 @@ def simt_matmul(
     extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
     if dual and not extras:
         raise ValueError("a dual product needs an ElementEpilogue (b2 is its first extra)")
-    pro_a, pro_b = (p is not None for p in prologue)
-    apply_a = element_pass(getattr(prologue[0], "fn", None), tile_m, tile_k, threads, 1)
-    apply_b = element_pass(getattr(prologue[1], "fn", None), tile_k, tile_n, threads, 0)
+    pass_a = vector_pass(fn_a if async_copy else None, tile_m, tile_k, threads, 1)
+    pass_b = vector_pass(fn_b if async_copy else None, tile_k, tile_n, threads, 0)
+    passes = async_copy and (fn_a is not None or fn_b is not None)
     b2_shape = b_shape if dual else (1, 1, 1)
     acc2_shape = (tm, tn) if dual else (1, 1)
     # rows of C this thread stores: none where the epilogue writes every result itself
@@ -262,9 +266,9 @@ def simt_matmul(
             if dual:
                 ring_b.load_tile(sb2, b2_panel, kt + ahead)
             ring_a.commit()
-            if pro_a or pro_b:  # the prologue on tile kt, in place (module .prologue)
-                apply_a(sa, s, kt * tile_k, a_panel.shape[1], tid)
-                apply_b(sb, s, kt * tile_k, b_panel.shape[0], tid)
+            if passes:  # the prologues on tile kt, in place (module .prologue)
+                pass_a(sa, s, kt * tile_k, a_panel.shape[1], tid)
+                pass_b(sb, s, kt * tile_k, b_panel.shape[0], tid)
                 cuda.syncthreads()
             for kk in range(0, tile_k, KV):
                 for i in range(tm):  # A[row, kk .. kk+3]: a quarter-warp reads one vector

@@ -90,7 +90,7 @@ from ..pipeline import (
 )
 from .epilogue import ElementEpilogue
 from .matmul_tc_plan import Plan, aligned_rows, check_operands, plan
-from .prologue import chunk_passes, name_of
+from .prologue import chunk_pass, fn_of, name_of, on_load
 from .tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, entry_point, tile_copies
 
 __all__ = [
@@ -193,10 +193,12 @@ def build_kernel(
     q_b, step_b, passes_b, exact_b = cp_b.per_row, cp_b.row_step, cp_b.passes, cp_b.exact
     per_a, per_b = ck_a // q_a, ck_b // q_b  # chunks per thread and pass
 
-    kind = "f32" if tf32 else "bf16" if cfg.bf16 else "f16"
-    along_k, whole_a = chunk_passes(getattr(prologue[0], "fn", None), kind)
-    whole = chunk_passes(getattr(prologue[1], "fn", None), kind)[1]
-    pro_a, pro_b = (p is not None for p in prologue)
+    # operand prologues (module .prologue): on the way into the tile where the staging is
+    # synchronous, else a pass over each landed tile
+    fn_a, fn_b = (fn_of(p) for p in prologue)
+    pass_a, pass_b = (chunk_pass(fn if async_copy else None, CHUNK) for fn in (fn_a, fn_b))
+    load_a, load_b = on_load(fn_a), on_load(fn_b)
+    pro_a, pro_b = (async_copy and fn is not None for fn in (fn_a, fn_b))
 
     store = store_bf16x2 if cfg.bf16 else store_f32x2 if tf32 else store_f16x2
     epilogue = _epilogue(
@@ -226,45 +228,59 @@ def build_kernel(
 
     chunk_b = chunk_b_tf32 if tf32 else chunk_b_f16
 
-    @cuda.jit(device=True)
-    def sync_chunk_f16(dst, offset, src, bz, gr, gk):
-        """Guarded loads of single elements (any alignment), one 16-byte shared store."""
-        rows = src.shape[1]
-        cols = src.shape[2]
-        ok = gr < rows
-        x0 = src[bz, gr, gk] if ok and gk < cols else elem(0)
-        x1 = src[bz, gr, gk + 1] if ok and gk + 1 < cols else elem(0)
-        x2 = src[bz, gr, gk + 2] if ok and gk + 2 < cols else elem(0)
-        x3 = src[bz, gr, gk + 3] if ok and gk + 3 < cols else elem(0)
-        x4 = src[bz, gr, gk + 4] if ok and gk + 4 < cols else elem(0)
-        x5 = src[bz, gr, gk + 5] if ok and gk + 5 < cols else elem(0)
-        x6 = src[bz, gr, gk + 6] if ok and gk + 6 < cols else elem(0)
-        x7 = src[bz, gr, gk + 7] if ok and gk + 7 < cols else elem(0)
-        store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
+    def sync_chunk_f16(load):
+        @cuda.jit(device=True)
+        def chunk(dst, offset, src, bz, gr, gk):
+            """Guarded loads of single elements (any alignment), ``load`` on each, one 16-byte
+            shared store."""
+            rows = src.shape[1]
+            cols = src.shape[2]
+            ok = gr < rows
+            x0 = load(src[bz, gr, gk]) if ok and gk < cols else elem(0)
+            x1 = load(src[bz, gr, gk + 1]) if ok and gk + 1 < cols else elem(0)
+            x2 = load(src[bz, gr, gk + 2]) if ok and gk + 2 < cols else elem(0)
+            x3 = load(src[bz, gr, gk + 3]) if ok and gk + 3 < cols else elem(0)
+            x4 = load(src[bz, gr, gk + 4]) if ok and gk + 4 < cols else elem(0)
+            x5 = load(src[bz, gr, gk + 5]) if ok and gk + 5 < cols else elem(0)
+            x6 = load(src[bz, gr, gk + 6]) if ok and gk + 6 < cols else elem(0)
+            x7 = load(src[bz, gr, gk + 7]) if ok and gk + 7 < cols else elem(0)
+            store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
 
-    @cuda.jit(device=True)
-    def sync_chunk_f32(dst, offset, src, bz, gr, gk):
-        rows = src.shape[1]
-        cols = src.shape[2]
-        ok = gr < rows
-        x0 = src[bz, gr, gk] if ok and gk < cols else ZERO
-        x1 = src[bz, gr, gk + 1] if ok and gk + 1 < cols else ZERO
-        x2 = src[bz, gr, gk + 2] if ok and gk + 2 < cols else ZERO
-        x3 = src[bz, gr, gk + 3] if ok and gk + 3 < cols else ZERO
-        store16_shared(dst, offset, (x0, x1, x2, x3))
+        return chunk
+
+    def sync_chunk_f32(load):
+        @cuda.jit(device=True)
+        def chunk(dst, offset, src, bz, gr, gk):
+            rows = src.shape[1]
+            cols = src.shape[2]
+            ok = gr < rows
+            x0 = load(src[bz, gr, gk]) if ok and gk < cols else ZERO
+            x1 = load(src[bz, gr, gk + 1]) if ok and gk + 1 < cols else ZERO
+            x2 = load(src[bz, gr, gk + 2]) if ok and gk + 2 < cols else ZERO
+            x3 = load(src[bz, gr, gk + 3]) if ok and gk + 3 < cols else ZERO
+            store16_shared(dst, offset, (x0, x1, x2, x3))
+
+        return chunk
 
     sync_chunk = sync_chunk_f32 if tf32 else sync_chunk_f16
 
-    @cuda.jit(device=True)
-    def copy_chunk(dst, offset, src, bz, gr, gk, ok):
-        """Chunk ``src[bz, gr, gk:gk + 8]`` -> ``dst[offset:offset + 8]``; zeros unless ``ok``
-        (async) / outside ``src`` (sync)."""
-        if async_copy:
-            # Rows are 16-byte aligned here (aligned_rows): a chunk is all in or all out, and
-            # a copy of 0 source bytes reads nothing, so its address may lie outside src.
-            cp_async_cg_16_zfill(dst, offset, src, (bz, gr, gk), 16 if ok else 0)
-        else:
-            sync_chunk(dst, offset, src, bz, gr, gk)
+    def copy_chunk(load):
+        sync = sync_chunk(load)
+
+        @cuda.jit(device=True)
+        def copy(dst, offset, src, bz, gr, gk, ok):
+            """Chunk ``src[bz, gr, gk:gk + 8]`` -> ``dst[offset:offset + 8]``; zeros unless
+            ``ok`` (async) / outside ``src`` (sync)."""
+            if async_copy:
+                # Rows are 16-byte aligned here (aligned_rows): a chunk is all in or all out,
+                # and a copy of 0 source bytes reads nothing, so its address may lie outside src.
+                cp_async_cg_16_zfill(dst, offset, src, (bz, gr, gk), 16 if ok else 0)
+            else:
+                sync(dst, offset, src, bz, gr, gk)
+
+        return copy
+
+    copy_a, copy_b = copy_chunk(load_a), copy_chunk(load_b)
 
     @cuda.jit(device=True, **INLINE)
     def load_tile(
@@ -282,7 +298,7 @@ def build_kernel(
             if exact_a or a_r + p * step_a < tile_m:
                 for i in range(per_a):
                     ka = k0 + (a_c + q_a * i) * CHUNK
-                    copy_chunk(
+                    copy_a(
                         sa, stage * a_stage + a_dst[p, i], a, bz, m0 + a_r + p * step_a, ka,
                         a_ok[p] and left > q_a * CHUNK * i,
                     )  # fmt: skip
@@ -290,12 +306,12 @@ def build_kernel(
             if exact_b or b_r + p * step_b < tile_k:
                 kb = k0 + b_r + p * step_b
                 for i in range(per_b):
-                    copy_chunk(
+                    copy_b(
                         sb, stage * b_stage + b_dst[p, i], b, bz, kb,
                         n0 + (b_c + q_b * i) * CHUNK, b_ok[i] and kb < k,
                     )  # fmt: skip
                     if dual:  # B2 has B's shape and layout: the same chunks
-                        copy_chunk(
+                        copy_b(
                             sb2, stage * b_stage + b_dst[p, i], b2, bz, kb,
                             n0 + (b_c + q_b * i) * CHUNK, b_ok[i] and kb < k,
                         )  # fmt: skip
@@ -314,23 +330,19 @@ def build_kernel(
     @cuda.jit(device=True, **INLINE)
     def transform(sa, sb, k, kt, s, a_dst, b_dst, a_r, a_c, b_r):
         """The prologue on this thread's chunks of k-tile ``kt`` (landed in stage ``s``), the
-        ones it copied (:mod:`.prologue`: k indices past K stay 0), then a barrier."""
+        ones it copied (:mod:`.prologue`: chunks past K stay 0), then a barrier."""
         left = int32(min(k - kt * tile_k, tile_k))  # k indices of this tile inside K
         if pro_a:
             for p in range(passes_a):
                 if exact_a or a_r + p * step_a < tile_m:
-                    for i in range(per_a):
-                        first = (a_c + q_a * i) * CHUNK  # of the chunk, in the tile
-                        if async_copy:  # K a multiple of CHUNK: a chunk is all in or all out
-                            if first < left:
-                                whole_a(sa, s * a_stage + a_dst[p, i])
-                        else:
-                            along_k(sa, s * a_stage + a_dst[p, i], first, left)
+                    for i in range(per_a):  # K a multiple of CHUNK: all in or all out
+                        if (a_c + q_a * i) * CHUNK < left:
+                            pass_a(sa, s * a_stage + a_dst[p, i])
         if pro_b:
             for p in range(passes_b):
                 if (exact_b or b_r + p * step_b < tile_k) and b_r + p * step_b < left:
                     for i in range(per_b):
-                        whole(sb, s * b_stage + b_dst[p, i])
+                        pass_b(sb, s * b_stage + b_dst[p, i])
         cuda.syncthreads()
 
     mma = mma_m16n8k8_tf32 if tf32 else (mma_m16n8k16_bf16 if cfg.bf16 else mma_m16n8k16)

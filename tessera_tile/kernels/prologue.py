@@ -1,12 +1,17 @@
-"""Matmul prologues: an elementwise function applied to an operand's tile in shared memory, once
-per element per block, after the tile lands and before any warp reads it.
+"""Matmul prologues: an elementwise function applied to each element of an operand as its tile
+is staged into shared memory, once per element per block.
 
-An :class:`ElementPrologue` wraps a device function ``fn(x: float32)`` of one element of A or B
-(its value, as float32) that returns the new element in the operand's dtype (float16, the
-``uint16`` bits of a bfloat16, or float32), written back into the tile as it is. The composer
-generates one for a matmul operand that is an elementwise chain over one array
-(``tt.relu(x) @ w``): the GEMM kernel reads that array with its usual copies (``cp.async``, or
-the synchronous fallback) and transforms each tile in place::
+An :class:`ElementPrologue` wraps a device function ``fn(v)`` of one element ``v`` of the array
+the kernel reads for A or B, as stored (a bfloat16's ``uint16`` bits), that returns the
+operand's element (float16, bfloat16 bits, or float32). The composer generates one for a matmul
+operand that is an elementwise chain over one array (``tt.relu(x) @ w``,
+``x @ wq.astype(np.float16)``): the GEMM kernel reads the array and applies ``fn`` where the
+elements pass:
+
+* synchronous staging (each element loaded into registers, then stored into the tile): ``fn``
+  on the way, so the array may have another dtype than the operand (a cast);
+* ``cp.async`` staging (global to shared without registers; the array has the operand's
+  dtype): a pass over each tile once it lands::
 
     wait for tile k; __syncthreads       (the kernel's own)
     issue the copies of tile k + stages - 1
@@ -18,9 +23,9 @@ Elements past K (the zero fill of a partial k-tile) stay 0, whatever ``fn(0)`` i
 operand's fill is 0 too, but ``fn(0)`` may be inf (``1 / x``), and inf * 0 is NaN. Rows of A past
 M and columns of B past N are transformed: they reach only the C elements no kernel stores.
 
-The builders here make the per-thread passes of the two tile layouts: :func:`chunk_passes` for
-the tensor-core kernels' 16-byte chunks (float16, bfloat16 bits, or float32) and
-:func:`element_pass` for the SIMT kernel's float32 rings.
+The builders here make the passes of the two ``cp.async`` tile layouts: :func:`chunk_pass` for
+the tensor-core kernels' 16-byte chunks and :func:`vector_pass` for the SIMT kernel's float32
+rings.
 """
 
 from __future__ import annotations
@@ -29,15 +34,14 @@ from typing import NamedTuple
 
 from numba import cuda, float32, int32
 
-from ..bfloat16 import bf16_to_f32
 from ..memory import load16_shared, store16_shared
 
-__all__ = ["ElementPrologue", "chunk_passes", "element_pass", "name_of"]
+__all__ = ["ElementPrologue", "chunk_pass", "fn_of", "name_of", "on_load", "vector_pass"]
 
 
 class ElementPrologue(NamedTuple):
-    """A device function ``fn(x: float32)`` of one operand element, returning it in the
-    operand's dtype (the module doc); ``name`` tags the kernels built with it."""
+    """A device function ``fn(v)`` of one element of the array read for an operand, returning
+    the operand's element (the module doc); ``name`` tags the kernels built with it."""
 
     fn: object
     name: str
@@ -48,89 +52,55 @@ def name_of(prologue: tuple) -> str:
     return "".join(f"_pro{side}_{p.name}" for side, p in zip("ab", prologue, strict=True) if p)
 
 
-def _to_float32(kind: str):
-    """A shared tile element as float32: ``"f16"``, ``"bf16"`` (its ``uint16`` bits) or
-    ``"f32"``."""
-    if kind == "bf16":
-        return bf16_to_f32
-
-    @cuda.jit(device=True)
-    def to_f32(v):
-        return float32(v)
-
-    return to_f32
+def fn_of(prologue):
+    """The device function of a prologue, or None."""
+    return None if prologue is None else prologue.fn
 
 
-def chunk_passes(fn, kind: str):
-    """``(along_k, whole)``: device functions rewriting the 16-byte chunk at ``tile[offset:]``
-    in place. ``along_k(tile, offset, first, k)``: an A chunk, whose element ``j`` is at k
-    index ``first + j``, transformed where that is below ``k`` (both 32-bit, counted from the
-    tile's first k); ``whole(tile, offset)``: a B chunk (one k row, guarded by the caller).
-    ``fn=None``: functions that do nothing."""
+@cuda.jit(device=True)
+def _unchanged(v):
+    return v
+
+
+def chunk_pass(fn, chunk: int):
+    """``apply(tile, offset)``: ``fn`` on each element of the 16-byte chunk at ``tile[offset:]``
+    (``chunk`` elements: 8 halves or 4 float32), in place; the caller guards the chunk (a
+    ``cp.async`` chunk is all inside K or all past it). ``fn=None``: a function that does
+    nothing."""
     if fn is None:
-
-        @cuda.jit(device=True)
-        def skip_k(tile, offset, first, k):
-            pass
 
         @cuda.jit(device=True)
         def skip(tile, offset):
             pass
 
-        return skip_k, skip
-    to_f32 = _to_float32(kind)
-
-    @cuda.jit(device=True)
-    def one(v, kk, k):
-        return fn(to_f32(v)) if kk < k else v
-
-    @cuda.jit(device=True)
-    def full(v):
-        return fn(to_f32(v))
-
-    if kind == "f32":  # 4 elements a chunk
+        return skip
+    if chunk == 4:
 
         @cuda.jit(device=True)
-        def along_k(tile, offset, first, k):
+        def apply4(tile, offset):
             v = load16_shared(tile, offset)
-            kk = first
-            store16_shared(
-                tile, offset,
-                (one(v[0], kk, k), one(v[1], kk + 1, k), one(v[2], kk + 2, k),
-                 one(v[3], kk + 3, k)),
-            )  # fmt: skip
+            store16_shared(tile, offset, (fn(v[0]), fn(v[1]), fn(v[2]), fn(v[3])))
 
-        @cuda.jit(device=True)
-        def whole(tile, offset):
-            v = load16_shared(tile, offset)
-            store16_shared(tile, offset, (full(v[0]), full(v[1]), full(v[2]), full(v[3])))
-
-        return along_k, whole
+        return apply4
 
     @cuda.jit(device=True)
-    def along_k(tile, offset, first, k):  # 8 elements a chunk
-        v = load16_shared(tile, offset)
-        kk = first
-        store16_shared(
-            tile, offset,
-            (one(v[0], kk, k), one(v[1], kk + 1, k), one(v[2], kk + 2, k), one(v[3], kk + 3, k),
-             one(v[4], kk + 4, k), one(v[5], kk + 5, k), one(v[6], kk + 6, k),
-             one(v[7], kk + 7, k)),
-        )  # fmt: skip
-
-    @cuda.jit(device=True)
-    def whole(tile, offset):
+    def apply8(tile, offset):
         v = load16_shared(tile, offset)
         store16_shared(
             tile, offset,
-            (full(v[0]), full(v[1]), full(v[2]), full(v[3]), full(v[4]), full(v[5]),
-             full(v[6]), full(v[7])),
+            (fn(v[0]), fn(v[1]), fn(v[2]), fn(v[3]), fn(v[4]), fn(v[5]), fn(v[6]), fn(v[7])),
         )  # fmt: skip
 
-    return along_k, whole
+    return apply8
 
 
-def element_pass(fn, rows: int, cols: int, threads: int, k_axis: int):
+def on_load(fn):
+    """The function synchronous staging applies to each loaded element: ``fn``, or (None) one
+    that returns the element unchanged."""
+    return _unchanged if fn is None else fn
+
+
+def vector_pass(fn, rows: int, cols: int, threads: int, k_axis: int):
     """``apply(ring, stage, k0, k, tid)``: ``fn`` on every element of ``ring[stage]`` (a
     float32 ``rows x cols`` tile, ``cols`` a multiple of 4, whose k index along ``k_axis``
     starts at ``k0``), the elements at k index ``k`` or more left as they are. Thread ``tid`` of
@@ -150,7 +120,7 @@ def element_pass(fn, rows: int, cols: int, threads: int, k_axis: int):
     exact = size % threads == 0
 
     @cuda.jit(device=True)
-    def one(v, kk, k):  # float16 operands: float32 tiles of widened values
+    def one(v, kk, k):
         return float32(fn(v)) if kk < k else v
 
     @cuda.jit(device=True)

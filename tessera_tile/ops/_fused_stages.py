@@ -199,7 +199,10 @@ class Runner:
         sides = tuple(dests[i] for i in parts.sides_at)
         # C: the stored result, else (the epilogue writes them all) the first, for its shape
         dest = dests[parts.stored_at if parts.stored_at is not None else 0]
-        a, b = _record(parts.a, records), _record(parts.b, records)
+        arrays_read = _record(parts.a, records), _record(parts.b, records)
+        # the operands as the kernel stages them: a prologue's array may be a narrower dtype
+        dtype = np.dtype(parts.product.srcs[0].dtype)
+        a, b = (r._replace(dtype=dtype) for r in arrays_read)
         bias = records[parts.bias.arg] if parts.bias is not None else None
         product = _product(
             a, b, (_name(parts.a), _name(parts.b)), "matmul", None, bias, None,
@@ -233,8 +236,9 @@ class Runner:
             source = pro_source + source
         if prologues:
             product = dataclasses.replace(
-                product, prologue=(prologues.get("a"), prologues.get("b"))
-            )
+                product, prologue=(prologues.get("a"), prologues.get("b")), a=arrays_read[0],
+                b=arrays_read[1], operand_dtype=dtype,
+            )  # fmt: skip
         operands = (parts.a, parts.b) + ((parts.bias,) if bias is not None else ())
         operands += (parts.b2,) if parts.b2 is not None else ()
         keys = (*(_key(n) for n in operands), *(n.arg for n in parts.extras), *sides, dest)

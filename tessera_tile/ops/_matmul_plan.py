@@ -135,6 +135,7 @@ def choose_kernel(
     dtype: np.dtype, config: TileConfig, activation, has_bias: bool, copy_a: int, copy_b: int,
     vector_store: bool, types: tuple, names: tuple[str, str] = ("a", "b"),
     tensor_rows: str | None = None, dual: bool = False, prologue: tuple = (None, None),
+    convert: bool = False,
 ) -> KernelChoice:  # fmt: skip
     """The kernel and launch of one call.
 
@@ -149,7 +150,9 @@ def choose_kernel(
     float16 with a float16 ``config`` on a strided inner axis runs on that tile too. ``dual``:
     the kernels' two-product variant (:data:`DUAL` in place of the SIMT fallback's tile).
     ``prologue``: the A and B :class:`~..kernels.prologue.ElementPrologue` (or None each), run
-    by the mma.sync and SIMT kernels (not the wgmma kernel: a reason says so).
+    by the mma.sync and SIMT kernels (not the wgmma kernel: a reason says so); ``convert``: an
+    operand's array has another dtype than the operands (a prologue's cast), so the tiles are
+    staged synchronously, converted in registers (``tensor_rows`` at most ``"contiguous"``).
     """
     reasons = []
     simt_fallback = DUAL["float32"] if dual else SIMT_FALLBACK
@@ -159,7 +162,7 @@ def choose_kernel(
         return c.shared_bytes + b2
 
     if config.dtype == "tf32":
-        if tensor_rows == "aligned":
+        if tensor_rows == "aligned" and not convert:
             c = config
             kernel = tf32.tf32_matmul(
                 c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
@@ -175,7 +178,9 @@ def choose_kernel(
             )
         reasons.append(
             "precision='tf32' asked for, but "
-            + ("an operand's inner axis is strided" if tensor_rows is None else
+            + ("an operand is cast on its way in (the TF32 kernel copies its tiles as they "
+               "are)" if convert else
+               "an operand's inner axis is strided" if tensor_rows is None else
                "rows are not 16-byte aligned (K or N not a multiple of 4, or an offset view)")
             + ": the exact float32 SIMT kernel instead (TF32 is an opt-in to speed; the "
             f"fallback computes exactly, tile {simt_fallback})"
@@ -189,9 +194,10 @@ def choose_kernel(
     if dtype in (np.float16, BFLOAT16) and config.dtype == "float16" and tensor_rows is not None:
         if tensor_rows == "contiguous":
             reasons.append(
-                "rows not 16-byte aligned (K or N not a multiple of 8, or an offset view): the "
-                "tensor-core kernel's synchronous variant, 8 warps, 2 stages"
-            )
+                ("an operand cast on its way in (converted in registers)" if convert else
+                 "rows not 16-byte aligned (K or N not a multiple of 8, or an offset view)")
+                + ": the tensor-core kernel's synchronous variant, 8 warps, 2 stages"
+            )  # fmt: skip
             config = TC_UNALIGNED
         c = config
         signature = f"void({', '.join(types)})"
@@ -251,21 +257,19 @@ def choose_kernel(
         )
     else:
         for name, width in zip(names, (copy_a, copy_b), strict=True):
-            if width == 4:
+            if width == 4 and not convert:
                 reasons.append(
                     f"{name}'s rows are not 16-byte aligned and contiguous: 4-byte cp.async "
                     "copies, read in place"
                 )
+        if convert:
+            reasons.append(
+                "an operand cast on its way in: staged synchronously, converted in registers"
+            )
         kernel = simt.simt_matmul(
-            config,
-            activation,
-            has_bias,
-            copy_a,
-            copy_b,
-            vector_store=vector_store,
-            dual=dual,
-            prologue=prologue,
-        )
+            config, activation, has_bias, copy_a, copy_b, async_copy=not convert,
+            vector_store=vector_store, dual=dual, prologue=prologue,
+        )  # fmt: skip
     signature = f"void({', '.join(types)})"
     return KernelChoice(kernel, config, config.threads, signature, tuple(reasons))
 
@@ -325,10 +329,12 @@ class Product(HandWritten):
     # elementwise functions of A's and B's elements applied as their tiles land (a matmul in
     # @tt.fuse of an operand computed from one array): kernels.prologue.ElementPrologue or None
     prologue: tuple = (None, None)
+    # the operands' dtype where a prologue's array has another (a cast on the way in)
+    operand_dtype: np.dtype | None = None
 
     @property
     def dtype(self) -> np.dtype:
-        return self.a.dtype
+        return self.operand_dtype or self.a.dtype
 
     @property
     def m(self) -> int:
@@ -353,7 +359,12 @@ class Product(HandWritten):
         nothing; a launch tunes first, see :meth:`launch`)."""
         if self.config is not None:
             return self.config
-        return self.tuner.expected(self.a, self.b)
+        return self.tuner.expected(*self._as_operands(self.a, self.b))
+
+    def _as_operands(self, *records) -> list[arrays.Arg]:
+        """Records as the operands the tuner sees: of the operands' dtype (a prologue's array
+        may have another)."""
+        return [r if r.dtype == self.dtype else r._replace(dtype=self.dtype) for r in records]
 
     def _c_matrix(self, rec: arrays.Arg) -> Matrix:
         """The result as a (batch, M, N) stack, whatever 1-D squeezing its shape had."""
@@ -421,7 +432,10 @@ class Product(HandWritten):
             tensor_rows = None
             tiled = [(a, ma, za), (b, mb, zb), (c, mc, zc)]
             tiled += [(r, m, geo.z_strides[3]) for r, m in dual]
-            if all(inner_contiguous(x) for _, x, _ in tiled):
+            convert = a.dtype != self.dtype or b.dtype != self.dtype  # a prologue's cast
+            if convert and all(inner_contiguous(x) for _, x, _ in tiled):
+                tensor_rows = "contiguous"  # the synchronous staging converts
+            elif all(inner_contiguous(x) for _, x, _ in tiled):
                 chunk = 16 // self.dtype.itemsize  # elements per 16-byte cp.async
                 aligned = all(
                     rows_aligned(x, 0 if one else zs, first_address(r, x, index))
@@ -459,6 +473,7 @@ class Product(HandWritten):
                 tensor_rows,
                 bool(dual),
                 self.prologue,
+                convert,
             )
             launches.append((index, z0, count, choice))
         return geo, mats, launches
@@ -477,7 +492,7 @@ class Product(HandWritten):
             return []
         a, b = records[:2]
         if self.config is None:
-            self.tuner.choose(a, b)
+            self.tuner.choose(*self._as_operands(a, b))
         geo, mats, planned = self.plan_launches(a, b, result)
         kind = view_dtype(self.dtype)
         bias = View(2, dtype=kind) if self.bias is not None else Unused(np.dtype(np.float32))
@@ -488,7 +503,9 @@ class Product(HandWritten):
         mb2 = as_matrix(self.b2, self.batch, self.b_vector) if self.b2 is not None else None
         z_extras = geo.z_strides[3 + (mb2 is not None) :]
         out = []
-        kinds = (kind, kind, view_dtype(result.dtype))  # C: a generated epilogue's first result
+        # A and B as their arrays are (a prologue's may have another dtype); C: a generated
+        # epilogue's first result
+        kinds = (view_dtype(self.a.dtype), view_dtype(self.b.dtype), view_dtype(result.dtype))
         for index, _z0, count, choice in planned:
             va, vb, vc = (
                 matrix_view(i, m, index, count, z, k)
@@ -525,6 +542,9 @@ class Product(HandWritten):
         if not (m and n):
             return 0
         nbytes = traffic_bytes(m, n, k, z, cfg, self.dtype.itemsize)
+        cols = -(-n // cfg.tile_n)  # a prologue's array read at its own width
+        nbytes -= z * (self.dtype.itemsize - self.a.dtype.itemsize) * m * k * cols
+        nbytes -= z * (self.dtype.itemsize - self.b.dtype.itemsize) * k * n * rows
         if self.b2 is not None:  # B2 read as B is, once per row of C tiles
             nbytes += z * rows * k * n * self.dtype.itemsize
         if self.bias is not None:

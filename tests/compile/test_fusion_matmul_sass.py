@@ -151,10 +151,11 @@ def test_causal_attention_in_algebra_and_tri_kernels_keep_to_registers(arch, rec
     ],
     ids=["float16", "float16-sync", "bfloat16", "float32", "tf32"],
 )
-def test_operand_prologues_add_one_barrier_per_k_tile(dtype, precision, k, arch, record_property):
+def test_operand_prologue_kernels_keep_to_registers(dtype, precision, k, arch, record_property):
     """``tt.relu(x) @ tt.abs(w)``: the operand prologues' kernel keeps to registers (0 spills,
-    no local memory); its main loop has the plain product's MMAs (or FFMAs) and one more
-    barrier per k-tile, after the pass over the landed tiles. Instructions per k-tile are
+    no local memory); its main loop has the plain product's MMAs (or FFMAs) and, where tiles
+    are copied by ``cp.async``, one more barrier per k-tile, after the pass over the landed
+    tiles (synchronous staging applies the prologues on the way in). Instructions per k-tile are
     recorded beside the plain product's (for halves on sm_90 that is the wgmma kernel: the
     mma.sync kernel's figures are sm_80's)."""
     x, w = arrays(dtype, (M, k), (k, N))
@@ -167,8 +168,9 @@ def test_operand_prologues_add_one_barrier_per_k_tile(dtype, precision, k, arch,
     mma = "FFMA" if dtype == np.float32 and not precision else "HMMA"
     loops = [r.loop_with(mma) for r in (pro, plain)]
     # k-tiles per iteration (the loops are unrolled over the stages): the plain loop has one
-    # barrier each, the prologue's two; the MMAs per k-tile are the same
-    tiles = [loops[0].count("BAR.SYNC") / 2, loops[1].count("BAR.SYNC")]
+    # barrier each, the prologue's two (cp.async) or one; the MMAs per k-tile are the same
+    barriers = 1 if k != K else 2
+    tiles = [loops[0].count("BAR.SYNC") / barriers, loops[1].count("BAR.SYNC")]
     assert loops[0].count(mma) / tiles[0] == loops[1].count(mma) / tiles[1]
     per_tile = [loop.instructions / t for loop, t in zip(loops, tiles, strict=True)]
     record_property(
@@ -176,4 +178,27 @@ def test_operand_prologues_add_one_barrier_per_k_tile(dtype, precision, k, arch,
         f"{arch} {precision or dtype} K={k} relu(x) @ abs(w): {pro.registers} registers (plain "
         f"{plain.registers}); per k-tile {per_tile[0]:.1f} instructions, plain "
         f"{per_tile[1]:.1f} ({plain_arch})",
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    ("what", "dtypes", "fn"),
+    [
+        ("float16 x into float32", (np.float16, np.float32), lambda x, w: x.astype(np.float32) @ w),
+        ("bool w into float16", (np.float16, np.bool_), lambda x, w: x @ w.astype(np.float16)),
+    ],
+    ids=["float16-float32", "bool-float16"],
+)
+def test_cast_prologue_kernels_keep_to_registers(what, dtypes, fn, arch, record_property):
+    """A cast on the way in (the synchronous staging converts in registers): 0 spills, no local
+    memory."""
+    x, w = np.zeros((M, K), dtypes[0]), np.zeros((K, N), dtypes[1])
+    (report,) = tt.fuse(fn).inspect(x, w, arch=arch)
+    assert report.spill_stores == report.spill_loads == 0
+    assert report.stack_bytes == 0
+    record_property(
+        "resources",
+        f"{arch} {what}: {report.name} {report.registers} registers, "
+        f"{instructions(report)} instructions",
     )

@@ -208,12 +208,12 @@ def test_on_sm90a_a_prologue_runs_on_the_mma_sync_kernel(side):
 # is the same float32 value the next reads)
 
 
-def _cast(x, w):  # float16 x cast into a float32 operand: the dtype changes
-    return x.astype(np.float32) @ w
+def _narrowing(x, w, w16):  # float32 x cast into a float16 operand: more bytes read
+    return x.astype(np.float16) @ w16
 
 
-# function, its third argument (y: a (16, 16) array, w3: a (16, 24) one, s: a scalar), kernels,
-# whether the GEMM stage computes the operand as a prologue
+# function, its third argument (y: a (16, 16) array, w3 and w16: (16, 24) ones, float32 and
+# float16, s: a scalar), kernels, whether the GEMM stage computes the operand as a prologue
 NEAR_MISSES = {
     # a result of its own kernel (it does not read the product); the GEMM reads x, not it
     "also a result": (lambda x, w: (tt.relu(x) @ w, tt.relu(x)), None, 2, True),
@@ -221,7 +221,7 @@ NEAR_MISSES = {
     "two arrays": (lambda x, w, y: (x + tt.relu(y)) @ w, "y", 2, False),
     "a reduction": (lambda x, w: (x - tt.max(x, axis=-1, keepdims=True)) @ w, None, 2, False),
     "two products": (lambda x, w, w3: tt.relu(x) @ w * (tt.relu(x) @ w3), "w3", 2, False),
-    "a cast": (_cast, None, 2, False),
+    "a narrowing cast": (_narrowing, "w16", 2, False),
 }
 
 
@@ -241,7 +241,7 @@ def _near_miss_references(name, x64, w64, third=None) -> list:
         "a scalar argument": lambda: [product(np.maximum(x64 * third, 0), w64)],
         "two arrays": lambda: [product(x64 + np.maximum(third, 0), w64)],
         "a reduction": lambda: [product(x64 - x64.max(-1, keepdims=True), w64)],
-        "a cast": lambda: [product(x64, w64)],
+        "a narrowing cast": lambda: [product(x64.astype(np.float16).astype(np.float64), third)],
     }[name]()
 
 
@@ -249,10 +249,10 @@ def _near_miss_references(name, x64, w64, third=None) -> list:
 @pytest.mark.parametrize("name", NEAR_MISSES)
 def test_near_misses_run_the_operand_in_an_earlier_kernel(name, side):
     f, third, kernels, prologue = NEAR_MISSES[name]
-    x = draw((16, 16), "float16" if name == "a cast" else "float32", 44)
-    w = draw((16, 24), "float32", 45)
-    extra = {"s": [np.float32(0.75)], "y": [draw((16, 16), "float32", 46)]}
-    extra["w3"], extra[None] = [draw((16, 24), "float32", 47)], []
+    x, w = draw((16, 16), "float32", 44), draw((16, 24), "float32", 45)
+    extra = {"s": [np.float32(0.75)], "y": [draw((16, 16), "float32", 46)], None: []}
+    extra["w3"], extra["w16"] = draw((16, 24), "float32", 47), draw((16, 24), "float16", 47)
+    extra["w3"], extra["w16"] = [extra["w3"]], [extra["w16"]]
     args = (x, w, *extra[third])
     fn = tt.fuse(f)
     report = fn.explain(*args)
@@ -265,4 +265,102 @@ def test_near_misses_run_the_operand_in_an_earlier_kernel(name, side):
     refs = _near_miss_references(name, *f64(x, w), *f64(*extra[third]))
     assert len(results) == len(refs)
     for g, (ref, scale) in zip(results, refs, strict=True):
-        assert_within(back(g, side), ref, scale, "float32")
+        got = back(g, side)
+        assert_within(got, ref, scale, str(got.dtype))
+
+
+# casts on the way in: an array of no more bytes than the operand's dtype, converted where the
+# synchronous staging loads it
+
+
+def _to(dtype):
+    return lambda v: v.astype(DTYPES[dtype])
+
+
+# function, the arrays' dtypes, the operands' (and the result's) dtype, the prologue's operand
+CASTS = {
+    "float16 into float32": (
+        lambda x, w: x.astype(np.float32) @ w,
+        ("float16", "float32"),
+        "float32",
+        "a",
+    ),
+    "promoted as NumPy": (lambda x, w: x @ w, ("float16", "float32"), "float32", "a"),
+    "bfloat16 into float32": (
+        lambda x, w: x @ w.astype(np.float32),
+        ("float32", "bfloat16"),
+        "float32",
+        "b",
+    ),
+    "float16 into bfloat16": (
+        lambda x, w: _to("bfloat16")(x) @ w,
+        ("float16", "bfloat16"),
+        "bfloat16",
+        "a",
+    ),
+    "bool into float16": (
+        lambda x, w: x @ w.astype(np.float16),
+        ("float16", "bool"),
+        "float16",
+        "b",
+    ),
+    "int32 into float32": (
+        lambda x, w: tt.relu(x.astype(np.float32)) @ w,
+        ("int32", "float32"),
+        "float32",
+        "a",
+    ),
+}
+
+
+def _cast_input(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype == "int32":
+        return rng.integers(-1000, 1000, shape).astype(np.int32)
+    return draw(shape, dtype, seed)
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", CASTS)
+def test_widening_casts_are_prologues(name, side):
+    f, dtypes, dtype, operand_name = CASTS[name]
+    x, w = _cast_input((33, 40), dtypes[0], 48), _cast_input((40, 24), dtypes[1], 49)
+    fn = tt.fuse(f)
+    report = fn.explain(x, w)
+    assert report.kernels == 1, report.reasons
+    assert f"prologue on {operand_name}" in report.stages[0], report.stages
+    assert "cast on its way in" in report.stages[0], report.stages
+    got = back(fn(*on(side, x, w)), side)
+    x64, w64 = f64(x, w)
+    if name == "int32 into float32":
+        x64 = np.maximum(x64, 0)
+    ref = x64 @ w64
+    assert got.dtype == DTYPES[dtype]
+    # the cast operand's one rounding to the operands' dtype (exact but for float16 into
+    # bfloat16)
+    rounding = U[dtype] / (EPS32 * SLACK)
+    _, scale = product_reference((x64, rounding * np.abs(x64)), (w64, rounding * np.abs(w64)))
+    assert_within(got, ref, scale, dtype)
+
+
+@PROFILER
+def test_a_cast_operand_is_read_at_its_own_width():
+    """``x16.astype(np.float32) @ w``: x is read as float16, 2 bytes an element per tile of C,
+    the plan's bytes; a float32 x would be twice that."""
+    from numba import cuda
+
+    m, k, n = 48, 32, 72
+    x16, w = draw((m, k), "float16", 50), draw((k, n), "float32", 51)
+    fn = tt.fuse(lambda x, w: x.astype(np.float32) @ w)
+    args = cuda.to_device(x16), cuda.to_device(w)
+    fn(*args)  # compiled
+    with tt.sim.profile() as prof:
+        fn(*args)
+    planned = fn.explain(*args).bytes_fused
+    wide = tt.fuse(lambda x, w: x @ w).explain(x16.astype(np.float32), w).bytes_fused
+    assert prof.bytes_read + prof.bytes_written == planned
+    traffic = {arg: rw for (_, arg), rw in prof.traffic.items()}
+    assert traffic["a"][0] % (m * k * 2) == 0  # x's float16 bytes, once per column of C tiles
+    assert planned == wide - traffic["a"][0]  # float32 x: twice the bytes
