@@ -11,6 +11,9 @@
 * ``scaled``: ``(x * sx) @ (w * sw)``, per-row scales of ``x`` and per-column scales of ``w``
   (as a quantized layer has them): the same all along K, so they move onto the accumulator,
   ``sx * (x @ w) * sw``, one GEMM kernel; no scaled operand is written.
+* ``relu_in``: ``tt.relu(x) @ w``: an operand computed from one array, a *prologue*: the GEMM
+  kernel applies relu to each tile of ``x`` as it lands in shared memory; ``relu(x)`` is never
+  written.
 
 Each runs on float16 device arrays and is checked against NumPy in float64; ``explain()`` says
 what the planner did. Run it with ``python examples/algebraic_fusion.py`` (add
@@ -35,6 +38,11 @@ def gated_mlp(x, w1, w3):
 @tt.fuse
 def scaled(x, w, sx, sw):
     return (x * sx) @ (w * sw)
+
+
+@tt.fuse
+def relu_in(x, w):
+    return tt.relu(x) @ w
 
 
 @tt.fuse
@@ -76,6 +84,7 @@ def references(x, w, b, r, w1, w3, q, k, v, sx, sw):
         h1 / (1 + np.exp(-h1)) * h3,
         p / p.sum(-1, keepdims=True) @ v,
         (x * sx) @ (w * sw),
+        np.maximum(x, 0) @ w,
     )
 
 
@@ -84,6 +93,7 @@ CALLS = {
     "gated_mlp": lambda d: gated_mlp(d[0], d[4], d[5]),
     "attention": lambda d: attention(*d[6:9]),
     "scaled": lambda d: scaled(d[0], d[1], d[9], d[10]),
+    "relu_in": lambda d: relu_in(d[0], d[1]),
 }
 
 
@@ -114,6 +124,7 @@ def compile_reports(arch: str):
         + gated_mlp.inspect(x, w1, w3, arch=arch)
         + attention.inspect(q, k, v, arch=arch)
         + scaled.inspect(x, w, sx, sw, arch=arch)
+        + relu_in.inspect(x, w, arch=arch)
     )
 
 
@@ -124,6 +135,7 @@ def main() -> None:
         ("silu(x @ w1) * (x @ w3)", gated_mlp.explain(x, w1, w3)),
         ("softmax(q @ k^T * 0.125) @ v", attention.explain(q, k, v)),
         ("(x * sx) @ (w * sw)", scaled.explain(x, w, sx, sw)),
+        ("relu(x) @ w", relu_in.explain(x, w)),
     ):
         print(f"== {title}\n{report}\n")
     for label, run in checks():

@@ -69,6 +69,7 @@ def test_algebraic_fusion_example_matches_numpy_in_the_kernels_it_promises():
     assert example.gated_mlp.explain(x, w1, w3).kernels == 1
     assert example.attention.explain(q, k, v).kernels == 1
     assert example.scaled.explain(x, w, sx, sw).kernels == 1
+    assert example.relu_in.explain(x, w).kernels == 1
     for _, check in example.checks():
         assert check() < 4 * 2.0**-11
 
