@@ -137,7 +137,8 @@ def simt_matmul(
     stages synchronously, converting to float32 (float16 inputs). ``vector_store``: C's rows
     have a contiguous inner axis and are float32 (16-byte stores where aligned).
     ``prologue``: an :class:`~.prologue.ElementPrologue` (or None) for A and for B, applied to
-    each float32 tile as it lands (:mod:`.prologue`).
+    each element as its tile is staged (:mod:`.prologue`; with ``async_copy=False`` the arrays
+    may have another dtype: a cast on the way in).
     """
     if config.dtype != "float32":
         raise ValueError(f"the SIMT kernel stages float32 tiles; config has {config.dtype}")

@@ -137,7 +137,7 @@ def tensor_core_matmul(
     ``fn(x, x2, z, row, col, extras)``.
 
     ``prologue``: an :class:`~.prologue.ElementPrologue` (or None) for A and for B, applied to
-    each tile in shared memory as it lands (:mod:`.prologue`).
+    each element as its tile is staged (:mod:`.prologue`).
     """
     cfg = TensorCoreConfig(
         tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(async_copy),

@@ -364,3 +364,26 @@ def test_a_cast_operand_is_read_at_its_own_width():
     traffic = {arg: rw for (_, arg), rw in prof.traffic.items()}
     assert traffic["a"][0] % (m * k * 2) == 0  # x's float16 bytes, once per column of C tiles
     assert planned == wide - traffic["a"][0]  # float32 x: twice the bytes
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "on_b"),
+    [
+        ((2, 5, 7), (7, 3), False),  # a batch against one matrix
+        ((2, 1, 5, 7), (3, 7, 4), True),  # batches broadcast
+        ((7,), (7, 3), False),  # a vector on the left
+        ((5, 7), (7,), True),  # on the right
+    ],
+)
+def test_batches_and_vectors_follow_numpy(a_shape, b_shape, on_b, side):
+    x, w = draw(a_shape, "float32", 52), draw(b_shape, "float32", 53)
+    fn = tt.fuse(lambda x, w: x @ tt.abs(w) if on_b else tt.sigmoid(x) @ w)
+    assert fn.explain(x, w).kernels == 1
+    x64, w64 = f64(x, w)
+    a, b = (x64, np.abs(w64)) if on_b else (1 / (1 + np.exp(-x64)), w64)
+    ref = np.matmul(a, b)
+    got = back(fn(*on(side, x, w)), side)
+    assert np.shape(got) == ref.shape
+    # sigmoid: libdevice's exp, a few ulp; the product's roundings
+    assert_within(got, ref, np.matmul(np.abs(a), np.abs(b)) * (a.shape[-1] + 4), "float32")
