@@ -43,6 +43,16 @@ def arrays(dtype, *shapes):
     return [np.zeros(s, dtype) for s in shapes]
 
 
+def assert_keeps_to_registers(report, record_property, label: str) -> None:
+    """0 spills and no local memory; the resources recorded under ``label``."""
+    assert report.spill_stores == report.spill_loads == 0, report.name
+    assert report.stack_bytes == 0, report.name
+    record_property(
+        "resources",
+        f"{label}: {report.name} {report.registers} registers, {instructions(report)} instructions",
+    )
+
+
 STAGES = {  # a GEMM stage's function, its arguments' shapes and scalars, what it computes
     "residual": (residual_block, ((M, K), (K, N), (N,), (M, N)), (0.5,), "gelu(x @ w + b) * s + r"),
     "several results": (fan_out, ((M, K), (K, N), (N,)), (), "y, gelu(y), float32(2 y)"),
@@ -55,13 +65,7 @@ STAGES = {  # a GEMM stage's function, its arguments' shapes and scalars, what i
 def test_generated_epilogue_kernels_keep_to_registers(stage, dtype, arch, record_property):
     fn, shapes, scalars, what = STAGES[stage]
     (report,) = fn.inspect(*arrays(dtype, *shapes), *scalars, arch=arch)
-    assert report.spill_stores == report.spill_loads == 0
-    assert report.stack_bytes == 0
-    record_property(
-        "resources",
-        f"{arch} GEMM stage {dtype} {what}: {report.registers} registers, "
-        f"{instructions(report)} instructions",
-    )
+    assert_keeps_to_registers(report, record_property, f"{arch} GEMM stage {dtype} {what}")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -195,10 +199,4 @@ def test_cast_prologue_kernels_keep_to_registers(what, dtypes, fn, arch, record_
     memory."""
     x, w = np.zeros((M, K), dtypes[0]), np.zeros((K, N), dtypes[1])
     (report,) = tt.fuse(fn).inspect(x, w, arch=arch)
-    assert report.spill_stores == report.spill_loads == 0
-    assert report.stack_bytes == 0
-    record_property(
-        "resources",
-        f"{arch} {what}: {report.name} {report.registers} registers, "
-        f"{instructions(report)} instructions",
-    )
+    assert_keeps_to_registers(report, record_property, f"{arch} {what}")
