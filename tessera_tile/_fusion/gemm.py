@@ -21,11 +21,13 @@ bounds. A bias (``p + b``, ``b`` of shape ``(N,)``, the product's only use) take
 own bias path, as ``ops.linear``'s does: staged or shuffled per column, added to ``x`` before
 the call.
 
-An operand that is an elementwise chain over one array of its dtype (``tt.relu(x) @ w``:
-:func:`.plan.prologue_leaf`) is a *prologue*: the kernel reads the array and computes the chain
-on each tile as it lands in shared memory, with a function generated here::
+An operand that is an elementwise chain over one array (``tt.relu(x) @ w``, a cast of a
+narrower array: :func:`.plan.prologue_leaf`) is a *prologue*: the kernel reads the array and
+computes the chain on each element as its tile is staged, with a function generated here::
 
-    prologue(x: float32) -> the operand's element (float16, bfloat16 bits or float32)
+    prologue(v) -> the operand's element (float16, bfloat16 bits or float32)
+
+of the array's element ``v`` as stored (``kernels.prologue``).
 
 A *dual* stage has two products of one left operand, ``p = a @ b`` and ``p2 = a @ b2`` (``b2``
 of ``b``'s shape and dtype: a gated MLP's ``silu(x @ w1) * (x @ w3)``). Its kernel reads each

@@ -119,18 +119,18 @@ def _dual(products) -> bool:
 
 
 def prologue_leaf(operand: Node, nodes, outputs) -> Node | None:
-    """The one array a matmul operand is computed from, where the GEMM kernel can apply the
-    computation to the array's tiles as they land (an operand *prologue*), else None.
+    """The one array a matmul operand is computed from, where the GEMM kernel can compute the
+    operand as the array's tiles are staged (an operand *prologue*), else None.
 
     That is an elementwise chain over one array of the operand's shape and constants (no
     scalar argument), whose values nothing but the product reads, the array of the operand's
-    dtype or a number of no more bytes (``x @ wq.astype(np.float16)`` with ``wq`` int8: a cast
-    on the way in). The kernel reads the array where it would have read the operand, as many
-    bytes or fewer, and the operand is never written and read back; its elements are computed
-    once per tile of C that reads them (``N / tile_n`` times for A) instead of once. An array of
-    more bytes (float32 cast into a float16 operand) would be read at its width once per tile
-    of C, more bytes than writing the narrow operand once past two tiles of C: it runs in a
-    kernel of its own.
+    dtype or a number of no more bytes (``x16.astype(np.float32) @ w``: a cast on the way in).
+    The kernel reads the array where it would have read the operand, as many bytes or fewer,
+    and the operand is never written and read back; its elements are computed once per tile of
+    C that reads them (``N / tile_n`` times for A) instead of once. An array of more bytes
+    (float32 cast into a float16 operand) would be read at its width once per tile of C, more
+    bytes than writing the narrow operand once past two tiles of C: it runs in a kernel of its
+    own.
     """
     if operand.op not in ir.ELEMENTWISE:
         return None

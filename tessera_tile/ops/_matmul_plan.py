@@ -8,6 +8,7 @@ views are :mod:`tessera_tile.ops._matmul_geometry`'s.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -208,6 +209,8 @@ def choose_kernel(
                 "its tiles through the async proxy as they land, with no pass over them)"
             )
             warpgroups = None
+            if c.num_warps == WARP_SPECIALISED:  # the tuner's producer tile: its 8-warp twin
+                c = config = dataclasses.replace(c, num_warps=8)
         if warpgroups is not None:
             kernel = wg.wgmma_matmul(
                 *warpgroups[:5], activation, has_bias, bf16=warpgroups.bf16,

@@ -387,3 +387,23 @@ def test_batches_and_vectors_follow_numpy(a_shape, b_shape, on_b, side):
     assert np.shape(got) == ref.shape
     # sigmoid: libdevice's exp, a few ulp; the product's roundings
     assert_within(got, ref, np.matmul(np.abs(a), np.abs(b)) * (a.shape[-1] + 4), "float32")
+
+
+def test_a_warp_specialised_choice_runs_as_its_8_warp_twin(monkeypatch):
+    """On sm_90a the tuner may choose a warp-specialised wgmma tile (12 warps, as a GPU timing
+    would): with a prologue the stage runs the mma.sync kernel of that tile with 8 warps."""
+    from tessera_tile.ops import _matmul
+    from tessera_tile.tile_config import WARP_SPECIALISED, TileConfig
+
+    x, w = draw((64, 64), "float16", 54), draw((64, 64), "float16", 55)
+    producer = TileConfig(128, 128, 64, WARP_SPECIALISED, 3, dtype="float16")
+    for method in ("expected", "choose"):
+        monkeypatch.setattr(_matmul.TUNED_MATMUL, method, lambda *args: producer)
+    fn = tt.fuse(lambda x, w: tt.relu(x) @ w)
+    with on_sm90a():
+        stage = fn.explain(x, w).stages[0]
+        got = back(fn(*on("device", x, w)), "device")
+    assert "tile 128x128x64, 8 warps, 3 stages" in stage, stage
+    a, w64 = np.maximum(f64(x)[0], 0), f64(w)[0]
+    ref, scale = product_reference((a, np.zeros_like(a)), (w64, np.zeros_like(w64)))
+    assert_within(got, ref, scale, "float16")
