@@ -5,6 +5,7 @@ and (on a GPU only) TFLOP/s against CuPy's matmul. Prints tables; asserts nothin
     python benchmarks/matmul.py sass      # compiled offline for sm_80 and sm_90 (no GPU needed)
     python benchmarks/matmul.py traffic   # simulator: measured global bytes vs the prediction
     python benchmarks/matmul.py fused     # @tt.fuse GEMM stages: epilogue SASS beside ops.linear
+    python benchmarks/matmul.py prologue  # @tt.fuse operand prologues: SASS per k-tile
     python benchmarks/matmul.py gpu       # a GPU: TFLOP/s vs cupy.matmul (cuBLAS), float32 and
                                           # float16 (each wgmma tile on sm_90a); else skipped
     python benchmarks/matmul.py           # all of them
@@ -212,7 +213,22 @@ def traffic() -> None:
         str(prof.bytes_read + prof.bytes_written), str(residual_block.explain(*args).bytes_fused),
         str(prof.bank_conflicts),
     )  # fmt: skip
+    relu_in = _relu_in()
+    args = (a, b)
+    with sim.profile() as prof:
+        relu_in(*args)
+    table.add_row(
+        "@tt.fuse relu(x) @ w (a prologue; its own tile)",
+        str(prof.bytes_read + prof.bytes_written), str(relu_in.explain(*args).bytes_fused),
+        str(prof.bank_conflicts),
+    )  # fmt: skip
     console.print(table)
+
+
+def _relu_in():
+    import tessera_tile as tt
+
+    return tt.fuse(lambda x, w: tt.relu(x) @ w)
 
 
 def _residual_block():
@@ -264,6 +280,36 @@ def fused() -> None:
     )
 
 
+def prologue() -> None:
+    """Per k-tile of the main loop, the SASS of ``tt.relu(x) @ w`` (a prologue on A: a pass
+    over each landed tile, one more barrier) beside the plain product's (static counts of the
+    loop, unrolled over the stages)."""
+    import tessera_tile as tt
+
+    table = Table(title="operand prologues: main-loop SASS per k-tile (M 512, K 256, N 512)")
+    for col in ("arch", "dtype", "kernel", "plain", "relu(x) @ w", "regs (plain)"):
+        table.add_column(col)
+    relu_in, plain = _relu_in(), tt.fuse(lambda x, w: x @ w)
+    for dtype in (np.float16, np.float32):
+        x, w = np.zeros((512, 256), dtype), np.zeros((256, 512), dtype)
+        mma = "HMMA" if dtype == np.float16 else "FFMA"
+        for arch in ("sm_80", "sm_90"):
+            ours = relu_in.inspect(x, w, arch=arch)[0]
+            loop = ours.loop_with(mma)
+            per_tile = f"{loop.instructions / (loop.count('BAR.SYNC') / 2):.1f}"
+            if mma == "HMMA" and arch == "sm_90":  # the plain product plans the wgmma kernel
+                table.add_row(arch, "float16", ours.name, "-", per_tile, str(ours.registers))
+                continue
+            theirs = plain.inspect(x, w, arch=arch)[0]
+            base = theirs.loop_with(mma)
+            table.add_row(
+                arch, np.dtype(dtype).name, ours.name,
+                f"{base.instructions / base.count('BAR.SYNC'):.1f}", per_tile,
+                f"{ours.registers} ({theirs.registers})",
+            )  # fmt: skip
+    console.print(table)
+
+
 def gpu() -> None:
     from numba import cuda
 
@@ -287,6 +333,7 @@ def gpu() -> None:
             seconds = time_ms(fn) / 1e3
             console.print(f"{label:17} {n}^3 float32: {2 * n**3 / seconds / 1e12:.1f} TFLOP/s")
     float16_tiles()
+    prologue_times()
 
 
 def float16_tiles(n: int = 4096) -> None:
@@ -313,9 +360,38 @@ def float16_tiles(n: int = 4096) -> None:
         )
 
 
+def prologue_times(n: int = 4096) -> None:
+    """float16 ``relu(x) @ w`` for M = n, K = n and N from one tile of C to n: the prologue (one
+    kernel) beside relu written by a kernel of its own, then the product, and CuPy."""
+    import cupy as cp
+
+    import tessera_tile as tt
+    from tessera_tile import ops
+    from tessera_tile._bench_ref import time_ms
+
+    relu_in, relu = _relu_in(), tt.fuse(lambda x: tt.relu(x))
+    x = (cp.random.standard_normal((n, n), dtype=cp.float32) * 0.05).astype(cp.float16)
+    for cols in (128, 1024, n):
+        w = (cp.random.standard_normal((n, cols), dtype=cp.float32) * 0.05).astype(cp.float16)
+        calls = (
+            ("prologue, one kernel", lambda w=w: relu_in(x, w)),
+            ("relu kernel, then matmul", lambda w=w: ops.matmul(relu(x), w)),
+            ("cupy", lambda w=w: cp.maximum(x, 0) @ w),
+        )
+        for label, fn in calls:
+            console.print(f"relu(x) @ w, {n} x {n} @ {n} x {cols}, {label:25} {time_ms(fn):.3f} ms")
+
+
 if __name__ == "__main__":
     run(
         __doc__,
-        {"model": model, "sass": sass, "traffic": traffic, "fused": fused, "gpu": gpu},
+        {
+            "model": model,
+            "sass": sass,
+            "traffic": traffic,
+            "fused": fused,
+            "prologue": prologue,
+            "gpu": gpu,
+        },  # fmt: skip
         frozenset({"traffic"}),
     )

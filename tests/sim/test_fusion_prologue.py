@@ -156,7 +156,8 @@ def test_the_fill_past_k_is_not_transformed(dtype, precision, k, side):
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_the_operand_is_never_written(dtype):
     """The simulator's traffic is the plan's, the plain product's bytes: the kernel reads x
-    where ``x @ w`` reads it, and writes the result only."""
+    where ``x @ w`` reads it, and writes the result only; the passes over the tiles are free
+    of bank conflicts."""
     from numba import cuda
 
     m, k, n = 48, 32, 72
@@ -169,6 +170,7 @@ def test_the_operand_is_never_written(dtype):
     planned = fn.explain(x, w).bytes_fused
     assert prof.bytes_read + prof.bytes_written == planned == plain.explain(x, w).bytes_fused
     assert prof.bytes_written == m * n * DTYPES[dtype].itemsize
+    assert prof.bank_conflicts == 0 and prof.races == [], str(prof)
 
 
 @pytest.mark.parametrize("side", SIDES)
