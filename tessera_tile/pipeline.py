@@ -507,6 +507,8 @@ def ring_buffer(
         k_axis = 1 if len(tile_t) == 2 else 0
     if on_load is not None and async_copy:
         raise ValueError("on_load applies to synchronous loads: pass async_copy=False")
+    if on_load is not None and not callable(on_load):
+        raise TypeError(f"on_load must be a device function, got {type(on_load).__name__}")
     return _ring_buffer(
         int(stages), tile_t, np_dtype, int(k_axis), bool(async_copy), copy_bytes, on_load
     )

@@ -42,14 +42,14 @@ from __future__ import annotations
 
 import functools
 
-from numba import cuda, float32, uint32
+from numba import cuda, float32, int32, uint32
 
 from .. import _config
-from ..memory import aligned16, load16_shared, store16
+from ..memory import aligned16, load16_shared, store16, store16_shared
 from ..pipeline import SHARED_ALIGN, ring_buffer
 from ..tile_config import CANDIDATES, TileConfig
 from .epilogue import ACTIVATIONS, ElementEpilogue, identity
-from .prologue import fn_of, name_of, vector_pass
+from .prologue import name_of
 from .tc_tiles import INLINE, entry_point
 
 __all__ = ["KV", "activation_name", "simt_matmul"]
@@ -78,6 +78,10 @@ if _config.SIMULATED:
         # profiler records it as such (alignment checked, bank conflicts of LDS.128).
         return load16_shared(tile, (stage, row, col))
 
+    @cuda.jit(device=True)
+    def write16_shared(tile, stage, row, col, v):
+        store16_shared(tile, (stage, row, col), v)
+
 else:
 
     @cuda.jit(device=True)
@@ -93,6 +97,55 @@ else:
             tile[stage, row, col + uint32(2)],
             tile[stage, row, col + uint32(3)],
         )
+
+    @cuda.jit(device=True)
+    def write16_shared(tile, stage, row, col, v):
+        # As read16_shared: four plain stores that LLVM merges into one STS.128.
+        tile[stage, row, col] = v[0]
+        tile[stage, row, col + uint32(1)] = v[1]
+        tile[stage, row, col + uint32(2)] = v[2]
+        tile[stage, row, col + uint32(3)] = v[3]
+
+
+def _prologue_pass(fn, rows: int, cols: int, threads: int, k_axis: int):
+    """``apply(ring, stage, k0, k, tid)``: an operand prologue's ``fn`` (module .prologue) on
+    every element of ``ring[stage]`` (a float32 ``rows x cols`` tile whose k index along
+    ``k_axis`` starts at ``k0``), the elements at k index ``k`` or more left as they are.
+    Thread ``tid`` of ``threads`` takes the 16-byte vectors ``tid, tid + threads, ...``
+    (consecutive threads, consecutive vectors: conflict free), one LDS.128 and STS.128 each.
+    ``fn=None``: a function that does nothing."""
+    if fn is None:
+
+        @cuda.jit(device=True)
+        def skip(ring, stage, k0, k, tid):
+            pass
+
+        return skip
+    per_row = cols // 4
+    size = rows * per_row
+    per_thread = -(-size // threads)
+    exact = size % threads == 0
+
+    @cuda.jit(device=True)
+    def one(v, kk, k):
+        return float32(fn(v)) if kk < k else v
+
+    @cuda.jit(device=True)
+    def apply(ring, stage, k0, k, tid):
+        left = int32(min(k - k0, rows if k_axis == 0 else cols))  # k indices inside K
+        for j in range(per_thread):
+            e = uint32(tid + j * threads)
+            if exact or e < size:
+                r = e // uint32(per_row)
+                c = (e - r * uint32(per_row)) * uint32(4)
+                v = read16_shared(ring, stage, r, c)
+                kk = int32(c) if k_axis == 1 else int32(r)
+                step = 1 if k_axis == 1 else 0  # k along the row: each element its own guard
+                v = (one(v[0], kk, left), one(v[1], kk + step, left),
+                     one(v[2], kk + 2 * step, left), one(v[3], kk + 3 * step, left))  # fmt: skip
+                write16_shared(ring, stage, r, c, v)
+
+    return apply
 
 
 def _unrolled_epilogue(
@@ -151,7 +204,7 @@ def simt_matmul(
     stages = config.num_stages
     # operand prologues (module .prologue): on the way into the tile where the staging is
     # synchronous, else a pass over each landed tile
-    fn_a, fn_b = (fn_of(p) for p in prologue)
+    fn_a, fn_b = (p.fn if p else None for p in prologue)
     sync_a, sync_b = (None if async_copy else fn for fn in (fn_a, fn_b))
     ring_a = ring_buffer(
         stages, (tile_m, tile_k), float32, k_axis=1,
@@ -167,8 +220,8 @@ def simt_matmul(
     extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
     if dual and not extras:
         raise ValueError("a dual product needs an ElementEpilogue (b2 is its first extra)")
-    pass_a = vector_pass(fn_a if async_copy else None, tile_m, tile_k, threads, 1)
-    pass_b = vector_pass(fn_b if async_copy else None, tile_k, tile_n, threads, 0)
+    pass_a = _prologue_pass(fn_a if async_copy else None, tile_m, tile_k, threads, 1)
+    pass_b = _prologue_pass(fn_b if async_copy else None, tile_k, tile_n, threads, 0)
     passes = async_copy and (fn_a is not None or fn_b is not None)
     b2_shape = b_shape if dual else (1, 1, 1)
     acc2_shape = (tm, tn) if dual else (1, 1)

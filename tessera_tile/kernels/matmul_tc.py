@@ -88,9 +88,9 @@ from ..pipeline import (
     cp_async_commit_group,
     cp_async_wait_group,
 )
-from .epilogue import ElementEpilogue
+from .epilogue import ElementEpilogue, identity
 from .matmul_tc_plan import Plan, aligned_rows, check_operands, plan
-from .prologue import chunk_pass, fn_of, name_of, on_load
+from .prologue import chunk_pass, name_of, on_load
 from .tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, entry_point, tile_copies
 
 __all__ = [
@@ -147,11 +147,6 @@ def tensor_core_matmul(
     return build_kernel(cfg, activation, prologue=tuple(prologue))
 
 
-@cuda.jit(device=True)
-def _identity(x):
-    return x
-
-
 @functools.cache
 def build_kernel(
     cfg: TensorCoreConfig, activation, module: str = __name__, prologue: tuple = (None, None)
@@ -178,7 +173,7 @@ def build_kernel(
     lag = stages - 2
     has_bias, async_copy = cfg.has_bias, cfg.async_copy
     extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
-    act = _identity if activation is None else activation.fn if extras else activation
+    act = identity if activation is None else activation.fn if extras else activation
     stores = not extras or activation.stores
     dual = cfg.dual
     # Flat shared rings: stage s of A is sa[s * a_stage:], row-major tile_m x tile_k (swizzled).
@@ -195,7 +190,7 @@ def build_kernel(
 
     # operand prologues (module .prologue): on the way into the tile where the staging is
     # synchronous, else a pass over each landed tile
-    fn_a, fn_b = (fn_of(p) for p in prologue)
+    fn_a, fn_b = (p.fn if p else None for p in prologue)
     pass_a, pass_b = (chunk_pass(fn if async_copy else None, CHUNK) for fn in (fn_a, fn_b))
     load_a, load_b = on_load(fn_a), on_load(fn_b)
     pro_a, pro_b = (async_copy and fn is not None for fn in (fn_a, fn_b))

@@ -126,7 +126,7 @@ from ..pipeline import (
     cp_async_wait_group,
 )
 from ..sim import compat
-from .epilogue import ElementEpilogue
+from .epilogue import ElementEpilogue, identity
 from .matmul_tc import _epilogue
 from .matmul_tc_plan import Plan, aligned_rows, check_operands
 from .matmul_tc_plan import plan as _tc_plan
@@ -296,11 +296,6 @@ def wgmma_matmul(
     return build_kernel(cfg, activation)
 
 
-@cuda.jit(device=True)
-def _identity(x):
-    return x
-
-
 @cuda.jit(device=True, **INLINE)
 def swizzle_start(smem):
     """Elements from the start of the 16-bit dynamic shared array ``smem`` to its first
@@ -382,7 +377,7 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
     wgmma = wgmma_async_bf16 if cfg.bf16 else wgmma_async
     has_bias = cfg.has_bias
     extras = isinstance(activation, ElementEpilogue)
-    act = _identity if activation is None else activation.fn if extras else activation
+    act = identity if activation is None else activation.fn if extras else activation
     stores = not extras or activation.stores
 
     # Shared memory, in 16-bit elements from the aligned base: stage s at s * stage, A then B.

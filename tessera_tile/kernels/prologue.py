@@ -23,20 +23,20 @@ Elements past K (the zero fill of a partial k-tile) stay 0, whatever ``fn(0)`` i
 operand's fill is 0 too, but ``fn(0)`` may be inf (``1 / x``), and inf * 0 is NaN. Rows of A past
 M and columns of B past N are transformed: they reach only the C elements no kernel stores.
 
-The builders here make the passes of the two ``cp.async`` tile layouts: :func:`chunk_pass` for
-the tensor-core kernels' 16-byte chunks and :func:`vector_pass` for the SIMT kernel's float32
-rings.
+:func:`chunk_pass` makes the pass over the tensor-core kernels' 16-byte chunks; the SIMT
+kernel's over its float32 rings is its own (:mod:`.matmul`, beside the vector reads it shares).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from numba import cuda, float32, int32
+from numba import cuda
 
 from ..memory import load16_shared, store16_shared
+from .epilogue import identity
 
-__all__ = ["ElementPrologue", "chunk_pass", "fn_of", "name_of", "on_load", "vector_pass"]
+__all__ = ["ElementPrologue", "chunk_pass", "name_of", "on_load"]
 
 
 class ElementPrologue(NamedTuple):
@@ -50,16 +50,6 @@ class ElementPrologue(NamedTuple):
 def name_of(prologue: tuple) -> str:
     """The kernel-name suffix of an ``(a, b)`` pair of prologues (each one or None)."""
     return "".join(f"_pro{side}_{p.name}" for side, p in zip("ab", prologue, strict=True) if p)
-
-
-def fn_of(prologue):
-    """The device function of a prologue, or None."""
-    return None if prologue is None else prologue.fn
-
-
-@cuda.jit(device=True)
-def _unchanged(v):
-    return v
 
 
 def chunk_pass(fn, chunk: int):
@@ -97,49 +87,4 @@ def chunk_pass(fn, chunk: int):
 def on_load(fn):
     """The function synchronous staging applies to each loaded element: ``fn``, or (None) one
     that returns the element unchanged."""
-    return _unchanged if fn is None else fn
-
-
-def vector_pass(fn, rows: int, cols: int, threads: int, k_axis: int):
-    """``apply(ring, stage, k0, k, tid)``: ``fn`` on every element of ``ring[stage]`` (a
-    float32 ``rows x cols`` tile, ``cols`` a multiple of 4, whose k index along ``k_axis``
-    starts at ``k0``), the elements at k index ``k`` or more left as they are. Thread ``tid`` of
-    ``threads`` takes the 16-byte vectors ``tid, tid + threads, ...`` (consecutive threads,
-    consecutive vectors: conflict free), one ``LDS.128`` and ``STS.128`` each.
-    ``fn=None``: a function that does nothing."""
-    if fn is None:
-
-        @cuda.jit(device=True)
-        def skip(ring, stage, k0, k, tid):
-            pass
-
-        return skip
-    per_row = cols // 4
-    size = rows * per_row
-    per_thread = -(-size // threads)
-    exact = size % threads == 0
-
-    @cuda.jit(device=True)
-    def one(v, kk, k):
-        return float32(fn(v)) if kk < k else v
-
-    @cuda.jit(device=True)
-    def apply(ring, stage, k0, k, tid):
-        left = int32(min(k - k0, rows if k_axis == 0 else cols))  # k indices inside K
-        for j in range(per_thread):
-            e = tid + j * threads
-            if exact or e < size:
-                r = e // per_row
-                c = (e - r * per_row) * 4
-                v = load16_shared(ring, (stage, r, c))
-                if k_axis == 1:  # k along the row: each element its own guard
-                    kk = int32(c)
-                    v = (one(v[0], kk, left), one(v[1], kk + 1, left), one(v[2], kk + 2, left),
-                         one(v[3], kk + 3, left))  # fmt: skip
-                else:
-                    kk = int32(r)
-                    v = (one(v[0], kk, left), one(v[1], kk, left), one(v[2], kk, left),
-                         one(v[3], kk, left))  # fmt: skip
-                store16_shared(ring, (stage, r, c), v)
-
-    return apply
+    return identity if fn is None else fn

@@ -45,7 +45,8 @@ def build(tree, v):
 
 
 def chains():
-    """1 to 4 ops over the operand ``v`` and constants, ``v`` in every op."""
+    """1 to 4 ops over the operand ``v`` and constants, every op reading ``v`` (an op of
+    constants alone would be a float64 scalar: test_fusion_matmul's every_op_reads_an_array)."""
     return st.recursive(
         st.sampled_from(["v", "v", 0.5, 3.0]),
         lambda sub: st.one_of(
@@ -53,15 +54,17 @@ def chains():
             st.tuples(st.sampled_from(sorted(BINARY)), sub, sub),
         ),
         max_leaves=4,
-    ).filter(lambda t: isinstance(t, tuple) and _reads_v(t))
+    ).filter(lambda t: isinstance(t, tuple) and _every_op_reads_v(t))
 
 
 def _reads_v(tree) -> bool:
+    return any(_reads_v(t) for t in tree[1:]) if isinstance(tree, tuple) else tree == "v"
+
+
+def _every_op_reads_v(tree) -> bool:
     if not isinstance(tree, tuple):
-        return tree == "v"
-    return all(_reads_v(t) or not isinstance(t, tuple) for t in tree[1:]) and any(
-        _reads_v(t) for t in tree[1:]
-    )
+        return True
+    return _reads_v(tree) and all(_every_op_reads_v(t) for t in tree[1:])
 
 
 def operand(tree, x64, dtype):

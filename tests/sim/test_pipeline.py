@@ -26,11 +26,13 @@ def stream_sum_reference(x: np.ndarray) -> np.ndarray:
 
 
 @functools.cache
-def stream_copy_kernel(stages: int, async_copy: bool, k_axis: int, copy_bytes: int):
-    """y = x, one (ROWS, COLS) tile at a time; block b streams panel b along k_axis."""
+def stream_copy_kernel(stages: int, async_copy: bool, k_axis: int, copy_bytes: int, on_load=None):
+    """y = x (``on_load(x)``), one (ROWS, COLS) tile at a time; block b streams panel b along
+    k_axis."""
     ring_t = pipeline.ring_buffer(
-        stages, (ROWS, COLS), float32, k_axis=k_axis, async_copy=async_copy, copy_bytes=copy_bytes
-    )
+        stages, (ROWS, COLS), float32, k_axis=k_axis, async_copy=async_copy,
+        copy_bytes=copy_bytes, on_load=on_load,
+    )  # fmt: skip
     shape = ring_t.shape
 
     @cuda.jit
@@ -59,11 +61,12 @@ def stream_copy_kernel(stages: int, async_copy: bool, k_axis: int, copy_bytes: i
     return stream_copy
 
 
-def run_stream_copy(x, stages, async_copy, k_axis, copy_bytes):
-    y = np.full_like(x, -7.0)
+def run_stream_copy(x, stages, async_copy, k_axis, copy_bytes, on_load=None):
+    y = np.full(x.shape, -7.0, np.float32)
     extent = x.shape[0] if k_axis == 1 else x.shape[1]
     blocks = max(1, -(-extent // (ROWS if k_axis == 1 else COLS)))
-    stream_copy_kernel(stages, async_copy, k_axis, copy_bytes)[blocks, ROWS * COLS](x, y)
+    kernel = stream_copy_kernel(stages, async_copy, k_axis, copy_bytes, on_load)
+    kernel[blocks, ROWS * COLS](x, y)
     return y
 
 
@@ -114,6 +117,19 @@ def test_stream_copy_16_byte_copies(stages, async_copy, k_axis, rows, col_vector
 def test_stream_copy_4_byte_copies_any_width(stages, async_copy, k_axis, rows, cols):
     x = np.random.default_rng(cols).standard_normal((rows, cols)).astype(np.float32)
     np.testing.assert_array_equal(run_stream_copy(x, stages, async_copy, k_axis, 4), x)
+
+
+@cuda.jit(device=True)
+def doubled(v):
+    return float32(v) * float32(2.0)
+
+
+@pytest.mark.parametrize("k_axis", [0, 1])
+def test_on_load_converts_each_element_of_a_synchronous_ring(k_axis):
+    """float16 into a float32 ring, doubled on the way in; a partial last tile."""
+    x = np.random.default_rng(k_axis).standard_normal((ROWS + 1, COLS + 3)).astype(np.float16)
+    got = run_stream_copy(x, 2, False, k_axis, 4, doubled)
+    np.testing.assert_array_equal(got, x.astype(np.float32) * 2)
 
 
 # --- the cp.async intrinsics directly -----------------------------------------------------
@@ -375,3 +391,10 @@ def test_factory_is_memoised_and_describes_the_ring():
 def test_bad_options_are_value_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         pipeline.ring_buffer(dtype=float32, **kwargs)
+
+
+def test_on_load_needs_synchronous_loads_and_a_function():
+    with pytest.raises(ValueError, match="async_copy=False"):
+        pipeline.ring_buffer(2, (8,), float32, on_load=doubled)
+    with pytest.raises(TypeError, match="device function"):
+        pipeline.ring_buffer(2, (8,), float32, async_copy=False, on_load=2.0)
