@@ -22,6 +22,7 @@ from .lower import (
     combine,
     element_value,
     final_value,
+    load_cast,
     fold_partials,
     identity,
     online_element,
@@ -96,10 +97,13 @@ class ReductionWriter(SplitColumns, KernelWriter):
         s = self.src
         env = dict(row_env)
         load = self.loader(reads)
-        for key in sorted(first):
+        for key in sorted(first):  # cached as stored (bfloat16 as its bits), then widened
             leaf = next(n for n in self.leaves if n.key == key)
-            var = self.value(leaf, env, load)
-            s(f"cache_{self.names[key]}[{self.cache_index}] = {var}")
+            raw = self.fresh("e")
+            s(f"{raw} = {load(leaf)}")
+            s(f"cache_{self.names[key]}[{self.cache_index}] = {raw}")
+            env[key] = self.fresh("v")
+            s(f"{env[key]} = {load_cast(leaf.dtype, raw)}")
         for r, a, ai in accs:
             for line in self.fold_element(r, a, ai, env, load, "j"):
                 s(line)
@@ -137,8 +141,8 @@ class ReductionWriter(SplitColumns, KernelWriter):
                 s(f"{', '.join(parts)} = load16({name}, ({self.index(False, True)},))")
             else:
                 s(f"{', '.join(parts)} = load16({name}, {at})")
-                if key in first:
-                    s(f"store16_shared(cache_{name}, {cache_at}, ({', '.join(parts)},))")
+            if key in first:  # whatever it was read from (a 1-D row too)
+                s(f"store16_shared(cache_{name}, {cache_at}, ({', '.join(parts)},))")
             leaf = next(n for n in self.leaves if n.key == key)
             for lane, part in enumerate(self.widened(leaf, parts)):
                 lanes[lane][key] = part
@@ -150,9 +154,6 @@ class ReductionWriter(SplitColumns, KernelWriter):
         for i, n in outs:
             vals = [vector_element(n, self.value(n, lanes[lane], no_load)) for lane in range(width)]
             s(f"store16(out{i}, {at}, ({', '.join(vals)}))")
-
-    def cache_at(self, lane: int) -> str:
-        return self.cache_index.replace("j", f"j + {lane}")
 
     def emit_row_values(self, env: dict) -> None:
         """Compute, once per row, every row-space value whose operands are now known, and the

@@ -233,10 +233,17 @@ def multi_pass_leaves(stage: Stage) -> list[Node]:
     return [n for n in stage.leaves if uses.get(n.key, 0) > 1]
 
 
-def cache_length(stage: Stage, groups: int) -> int:
-    """Row elements the on-chip cache holds for ``groups`` rows per block (0: no cache)."""
-    per = sum(n.dtype.itemsize for n in multi_pass_leaves(stage))
-    return CACHE_BYTES // (groups * per) if per else 0
+def cached_leaves(stage: Stage, broadcast: frozenset = frozenset()) -> list[Node]:
+    """The multi-pass leaves a row cache keeps: all but those the block stages once
+    (``broadcast``), which every pass reads from the block's shared copy."""
+    return [n for n in multi_pass_leaves(stage) if n.key not in broadcast]
+
+
+def cache_length(stage: Stage, groups: int, broadcast: frozenset = frozenset()) -> int:
+    """Row elements the on-chip cache holds for ``groups`` rows per block (0: no cache): a
+    multiple of 16, so every row of every cache starts 16-byte aligned (16-byte accesses)."""
+    per = sum(n.dtype.itemsize for n in cached_leaves(stage, broadcast))
+    return CACHE_BYTES // (groups * per) // VECTOR_BYTES * VECTOR_BYTES if per else 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,7 +386,6 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     if kind is not StageKind.ROW:
         return Variant(kind, kept_rank, red_rank, math=math)
     mode = "warp" if layout.n_red <= WARP_ROW_MAX else "block"
-    cache = 0 < layout.n_red <= cache_length(stage, BLOCK // WARP if mode == "warp" else 1)
     vector = 1
     if red_rank == 1:
         vector = _vector_width(layout.views, kept_rank, True)
@@ -396,6 +402,9 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     shared = dict(
         broadcast=staged, broadcast_length=length if staged else 0, invariant=invariant, math=math
     )
+    groups = BLOCK // WARP if mode == "warp" else 1
+    staged_keys = frozenset(stage.leaves[i].key for i in staged)
+    cache = 0 < layout.n_red <= cache_length(stage, groups, staged_keys)
     if chunks:  # the row lives in registers: no shared cache, no loops over it
         exact = layout.n_red == length
         return Variant(
@@ -494,8 +503,7 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
         assert len(passes) <= 1 or not passes[1].reductions, "full stages reduce once"
     rows = BLOCK // WARP if variant.mode == "warp" else 1
     broadcast = frozenset(stage.leaves[i].key for i in variant.broadcast)
-    cached = frozenset(n.key for n in multi_pass_leaves(stage)) if variant.cache else frozenset()
-    cached -= broadcast  # read from the block's shared copy in every pass
+    cached = frozenset(n.key for n in cached_leaves(stage, broadcast) if variant.cache)
     reductions = [r for p in passes for r in p.reductions]
     scratch: dict[str, str] = {}
     if variant.kind in (StageKind.COLUMN, StageKind.FULL) or variant.mode == "block":
@@ -514,7 +522,7 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
         variant,
         passes,
         cached,
-        cache_length(stage, rows) if cached else 0,
+        cache_length(stage, rows, broadcast) if cached else 0,
         frozenset(n.key for n in stage.leaves) if variant.chunks else frozenset(),
         broadcast,
         frozenset(stage.leaves[i].key for i in variant.invariant),

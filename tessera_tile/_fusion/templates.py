@@ -183,7 +183,9 @@ class KernelWriter:
         for n in self.leaves:
             if n.key in self.sched.cached:
                 t = TYPE_NAMES[np.dtype(n.dtype)]
-                self.src(f"cache_{self.names[n.key]} = cuda.shared.array({shape}, {t})")
+                self.src(
+                    f"cache_{self.names[n.key]} = cuda.shared.array({shape}, {t}, alignment=16)"
+                )
         for n in self.leaves:
             if n.key in self.sched.broadcast:
                 t = TYPE_NAMES[np.dtype(n.dtype)]

@@ -48,7 +48,7 @@ class _Shared:
             key = (frame.f_code, frame.f_lineno, frame.f_lasti)
             arr = block.shared.get(key)
             if arr is None:
-                arr = _aligned_empty(shape, dtype, alignment or 16)
+                arr = _aligned_empty(shape, dtype, alignment or natural_alignment(dtype))
                 arr.view(np.uint8).fill(0xFF)
                 arr = block.shared[key] = ints.typed_view(arr)
                 static = sum(a.nbytes for a in block.shared.values())
@@ -86,13 +86,23 @@ def _checked_alignment(alignment) -> int | None:
     return int(alignment)
 
 
+def natural_alignment(dtype: np.dtype) -> int:
+    """What numba-cuda aligns a shared array to without ``alignment=``: its element's ABI
+    alignment rounded up to a power of two (2 bytes for float16), not 16."""
+    return 1 << (np.dtype(dtype).alignment - 1).bit_length()
+
+
 def _aligned_empty(shape, dtype: np.dtype, alignment: int) -> np.ndarray:
-    """An uninitialised array whose first byte sits on ``alignment`` (``alignment=`` of
-    ``cuda.shared.array`` and ``cuda.local.array``; shared arrays take 16 by default, enough
-    for 16-byte vector accesses)."""
+    """An uninitialised array whose first byte sits on ``alignment`` and, below 16 bytes, on
+    no larger power of two (``alignment=`` of ``cuda.shared.array`` and ``cuda.local.array``,
+    or the element's own): a GPU guarantees no more, so a 16-byte vector access into an array
+    declared without ``alignment=16`` faults here as it may there."""
     count = int(np.prod(shape, dtype=np.int64))
-    raw = np.empty(count * dtype.itemsize + alignment, np.uint8)
-    start = -raw.__array_interface__["data"][0] % alignment
+    raw = np.empty(count * dtype.itemsize + 2 * max(alignment, 16), np.uint8)
+    base = raw.__array_interface__["data"][0]
+    start = -base % alignment
+    if alignment < 16 and (base + start) % (2 * alignment) == 0:
+        start += alignment
     flat = raw[start : start + count * dtype.itemsize].view(dtype)
     return own_allocation(flat).reshape(shape)  # its allocation ends where the array does
 

@@ -1,0 +1,205 @@
+"""Fused row chains in the 16-bit dtypes against NumPy: the transformer block's fusions.
+
+Several row inputs and broadcast operands (a row vector such as a bias, a column vector, a
+Python scalar) combine elementwise, then feed row reductions, reduce-then-broadcast patterns,
+a softmax or a layer norm. The widths cover every way a row kernel keeps a row: in a warp's
+registers, in shared memory between passes (a warp or a block per row), and read again by each
+pass (too long to keep); ``test_the_widths_cover_every_row_variant`` checks they do.
+
+Reference: float64 NumPy on the same 16-bit inputs. Tolerance, per result dtype: ``rtol``
+relative, plus ``rtol`` times the largest magnitude of the reference and of the chain's
+elementwise values (sums of random-sign terms cancel; a centred value is as exact as the
+values it was taken from). float16: 1e-2 (11 significant bits, a few roundings of the
+intermediates); bfloat16: 4e-2 (8 significant bits: 8x float16's unit roundoff); float32:
+1e-4. NaN nowhere: the inputs are finite and stay far from overflow.
+"""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import SIDES, back, on
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import tessera_tile as tt
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32)}
+RTOL = {"float16": 1e-2, "bfloat16": 4e-2, "float32": 1e-4}
+ROWS = 3
+# registers (8, 40), shared memory (512 by a warp, 2056 by a block), and per pass (1000 with
+# three row inputs; 8192 and 12000 by a block)
+WIDTHS = (8, 40, 512, 1000, 2056, 8192, 12000)
+EPS = 1e-5
+
+
+class _NumpyNS:
+    """The few tt.* names the patterns use, on float64 NumPy arrays."""
+
+    mean, sum, max, var, exp, sqrt = np.mean, np.sum, np.max, np.var, np.exp, np.sqrt
+
+    @staticmethod
+    def rsqrt(v):
+        return 1 / np.sqrt(v)
+
+
+PATTERNS = {
+    # a row reduction of the chain
+    "sum": lambda h, c, w, b, T: T.sum(h, axis=-1),
+    "var": lambda h, c, w, b, T: T.var(h, axis=-1),
+    "max": lambda h, c, w, b, T: T.max(h, axis=-1),
+    # reduce, then broadcast back over the row
+    "centre": lambda h, c, w, b, T: h - T.mean(h, axis=-1, keepdims=True),
+    "scaled_sum_plus": lambda h, c, w, b, T: T.sum(h * c, axis=-1, keepdims=True) + h,
+    "softmax": lambda h, c, w, b, T: (
+        T.exp(h - T.max(h, axis=-1, keepdims=True))
+        / T.sum(T.exp(h - T.max(h, axis=-1, keepdims=True)), axis=-1, keepdims=True)
+    ),
+    "layer_norm": lambda h, c, w, b, T: (
+        (h - T.mean(h, axis=-1, keepdims=True))
+        * T.rsqrt(T.var(h, axis=-1, keepdims=True) + EPS)
+        * w
+        + b
+    ),
+    # the chain itself and its row statistics, as two outputs
+    "value_and_mean": lambda h, c, w, b, T: (h, T.mean(h, axis=-1)),
+}
+COMBINE = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b}
+
+
+@st.composite
+def chains(draw):
+    """A case: pattern, dtype, width, row inputs, broadcast operands, scale, seed and side.
+
+    Drawn from one seed rather than field by field: derandomised hypothesis draws neighbouring
+    values for neighbouring fields, and a few dozen examples would then cover few widths."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+
+    def pick(options):
+        return options[rng.integers(len(options))]
+
+    return dict(
+        pattern=pick(sorted(PATTERNS)),
+        dtype=pick(["float16", "bfloat16", "float16", "bfloat16", "float32"]),
+        width=int(pick(WIDTHS)),
+        inputs=int(rng.integers(1, 4)),
+        # broadcast operands joined to the chain, each with its combiner
+        operands=[
+            (pick(["row", "row", "column", "scalar"]), pick(["add", "mul"]))
+            for _ in range(rng.integers(0, 4))
+        ],
+        combiners=[pick(sorted(COMBINE)) for _ in range(2)],
+        scale=float(pick([1e-2, 1.0, 2.0])),
+        seed=int(rng.integers(2**16)),
+        side=pick(SIDES),
+    )
+
+
+def build(case):
+    """The fused function, its NumPy twin, and the arguments."""
+    dtype, n = DTYPES[case["dtype"]], case["width"]
+    rng = np.random.default_rng(case["seed"])
+
+    def draw(shape, near_one=False):
+        """Normal values (clipped at 2.5 sigma) times the case's scale, or a factor near 1:
+        whatever the chain multiplies by, so that no square of a chain's value overflows
+        float16 (NumPy's float16 would give inf there too)."""
+        if near_one:
+            return rng.uniform(0.5, 1.5, shape).astype(dtype)
+        return (np.clip(rng.standard_normal(shape), -2.5, 2.5) * case["scale"]).astype(dtype)
+
+    combiners = [COMBINE[name] for name in case["combiners"]]
+    rows = [draw((ROWS, n))]
+    rows += [draw((ROWS, n), name == "mul") for name in case["combiners"][: case["inputs"] - 1]]
+    extra = []
+    for kind, how in case["operands"]:
+        if kind == "row":
+            extra.append(draw((n,), how == "mul"))
+        elif kind == "column":
+            extra.append(draw((ROWS, 1), how == "mul"))
+        else:
+            extra.append(0.75)
+    c = draw((ROWS, 1), near_one=True)
+    w, b = draw((n,), near_one=True), draw((n,))
+    joins = [COMBINE[how] for _, how in case["operands"]]
+    pattern = PATTERNS[case["pattern"]]
+
+    def chain(xs):
+        h = xs[0]
+        for i, x in enumerate(xs[1 : len(rows)]):
+            h = combiners[i](h, x)
+        for join, operand in zip(joins, xs[len(rows) :], strict=True):
+            h = join(h, operand)
+        return h
+
+    def fn(*args):
+        *xs, c_, w_, b_ = args
+        return pattern(chain(xs), c_, w_, b_, tt)
+
+    def reference(*args):
+        wide = [a.astype(np.float64) if isinstance(a, np.ndarray) else a for a in args]
+        *xs, c_, w_, b_ = wide
+        h = chain(xs)
+        return pattern(h, c_, w_, b_, _NumpyNS), h
+
+    return fn, reference, [*rows, *extra, c, w, b]
+
+
+def check(case):
+    fn, reference, args = build(case)
+    copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    side = case["side"]
+    got = back(tt.fuse(fn)(*on(side, *args)), side)
+    want, h = reference(*args)
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    rtol = RTOL[case["dtype"]]
+    for g, r in zip(got, want, strict=True):
+        assert g.dtype == DTYPES[case["dtype"]], g.dtype
+        assert g.shape == r.shape, (g.shape, r.shape)
+        g = g.astype(np.float64)
+        assert not np.isnan(g).any(), f"{np.isnan(g).sum()} of {g.size} results are NaN"
+        scale = max(np.abs(r).max(initial=0), np.abs(h).max(initial=0))
+        np.testing.assert_allclose(g, r, rtol=rtol, atol=rtol * scale)
+    for a, copy in zip(args, copies, strict=True):
+        np.testing.assert_array_equal(a, copy)  # inputs are never modified
+
+
+BUG = dict(inputs=2, operands=[("row", "add")], combiners=["add", "add"], scale=1.0, seed=0)
+
+
+@settings(max_examples=40)
+@given(chains())
+# the reports of issue 40: var of x + bias + r, softmax of x + bias, sum(x * c) + x
+@example(dict(BUG, pattern="var", dtype="float16", width=512, side="host"))
+@example(dict(BUG, pattern="var", dtype="float16", width=4096, side="device"))
+@example(dict(BUG, pattern="layer_norm", dtype="bfloat16", width=4096, side="host"))
+@example(dict(BUG, pattern="softmax", dtype="float16", width=8192, inputs=1, side="device"))
+@example(
+    dict(BUG, pattern="scaled_sum_plus", dtype="bfloat16", width=1000, inputs=1, side="host")
+    | {"operands": []}
+)
+def test_row_chains_match_numpy(case):
+    check(case)
+
+
+@pytest.mark.parametrize(
+    "width, inputs, variant",
+    [
+        (8, 1, "registers"),
+        (512, 2, "kept on chip between passes"),
+        (2056, 2, "kept on chip between passes"),
+        (1000, 3, None),
+        (12000, 2, None),
+    ],
+)
+def test_the_widths_cover_every_row_variant(width, inputs, variant):
+    case = dict(BUG, pattern="var", dtype="float16", width=width, inputs=inputs, side="host")
+    fn, _, args = build(case)
+    (stage,) = tt.fuse(fn).explain(*args).stages
+    mode = "warp" if width <= 1024 else "block"
+    assert f"rows reduced by a {mode}" in stage, stage
+    if variant is None:
+        assert "kept on chip" not in stage, stage
+    else:
+        assert variant in stage, stage
