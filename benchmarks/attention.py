@@ -179,7 +179,7 @@ def gpu() -> None:
     import cupy as cp
 
     from tessera_tile import dynamic_shared, ops
-    from tessera_tile._bench_ref import time_ms
+    from tessera_tile.cli.bench_ref import time_ms
     from tessera_tile.kernels import attention as fa
     from tessera_tile.kernels import attention_wgmma as aw
 

@@ -320,7 +320,7 @@ def gpu() -> None:
     import cupy as cp
 
     from tessera_tile import ops
-    from tessera_tile._bench_ref import time_ms
+    from tessera_tile.cli.bench_ref import time_ms
 
     for n in (1024, 2048, 4096):
         a = cp.random.standard_normal((n, n), dtype=cp.float32)
@@ -344,7 +344,7 @@ def float16_tiles(n: int = 4096) -> None:
     import cupy as cp
 
     from tessera_tile import dynamic_shared, ops, tile_config
-    from tessera_tile._bench_ref import time_ms
+    from tessera_tile.cli.bench_ref import time_ms
 
     a = (cp.random.standard_normal((n, n), dtype=cp.float32) * 0.05).astype(cp.float16)
     b = (cp.random.standard_normal((n, n), dtype=cp.float32) * 0.05).astype(cp.float16)
@@ -368,7 +368,7 @@ def prologue_times(n: int = 4096) -> None:
 
     import tessera_tile as tt
     from tessera_tile import ops
-    from tessera_tile._bench_ref import time_ms
+    from tessera_tile.cli.bench_ref import time_ms
 
     relu_in, relu = _relu_in(), tt.fuse(lambda x: tt.relu(x))
     x = (cp.random.standard_normal((n, n), dtype=cp.float32) * 0.05).astype(cp.float16)

@@ -109,7 +109,7 @@ def gpu() -> None:
         import cupy
     except ImportError:
         cupy = None
-    from tessera_tile._bench_ref import REFERENCE
+    from tessera_tile.cli.bench_ref import REFERENCE
 
     rng = np.random.default_rng(0)
     sync = cuda.synchronize

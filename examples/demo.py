@@ -67,7 +67,7 @@ def measured(check, simulated: bool):
 
 def summarize() -> bool:
     """Run every example's checks; print one line each; True when all matched NumPy."""
-    from tessera_tile import _config
+    from tessera_tile._runtime import config as _config
 
     simulated = _config.SIMULATED
     print(f"{'check':44} {'matches NumPy':>13} {'max error':>10} {'traffic (B)':>12}")

@@ -12,7 +12,8 @@ equal the measured ones).
 import numpy as np
 from numba import cuda
 
-from tessera_tile import _config, ops
+from tessera_tile import ops
+from tessera_tile._runtime import config as _config
 
 
 def to_device(a):

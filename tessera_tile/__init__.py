@@ -21,8 +21,8 @@ from ._fusion import gemm as _gemm  # noqa: E402
 _gemm.set_runner(loader=lambda: _importlib.import_module("tessera_tile.ops._fused_stages"))
 
 from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in
-from ._arrays import host_to_device as to_device  # noqa: E402 - bfloat16 too, unlike numba's
-from ._cache import CacheWarning  # noqa: E402 - what the persistent caches warn of
+from ._runtime.arrays import host_to_device as to_device  # noqa: E402 - bfloat16 too, unlike numba's
+from ._runtime.cache import CacheWarning  # noqa: E402 - what the persistent caches warn of
 from .autotune import autotune  # noqa: E402 - the function; the module stays importable by name
 from .fusion import (  # noqa: E402
     abs,
@@ -77,9 +77,9 @@ fusion.set_dask_loader(lambda: _importlib.import_module("tessera_tile.dask"))
 
 # Submodules reachable as attributes (tt.inspect, tt.memory...), imported on first use: the
 # compile-only and primitive modules cost nothing to a user who only fuses.
-_LAZY = (
-    "dask", "inspect", "kernels", "mbarrier", "memory", "mma", "ops", "pipeline", "sim", "tile_ir",
-    "tuned", "warp",
+_SUBMODULES = (
+    "bfloat16", "dask", "dynamic_shared", "inspect", "kernels", "mbarrier", "memory", "mma", "ops",
+    "pipeline", "profiling", "sim", "tile_config", "tile_ir", "tuned", "warp",
 )  # fmt: skip
 
 
@@ -92,9 +92,14 @@ def profile(device: str = "h100"):
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
+    if name in _SUBMODULES:
         return _importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'tessera_tile' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public names and submodules only (imported private modules are attributes too)."""
+    return sorted({*__all__, *_SUBMODULES})
 
 
 __all__ = [

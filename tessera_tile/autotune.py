@@ -26,7 +26,7 @@ The default model asks each config for ``config.cost(*args, **kwargs)`` when the
 a method; otherwise every config scores the same, so without a GPU the default is used.
 
 A choice found in the in-process memo or in the persistent cache (``cache=True``; see
-:mod:`tessera_tile._cache`) is used without calling the model or timing anything. A progress
+:mod:`tessera_tile._runtime.cache`) is used without calling the model or timing anything. A progress
 bar (rich, on stderr) shows while a sweep ranks or times configs.
 """
 
@@ -39,7 +39,8 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
-from . import _cache, _config
+from ._runtime import cache as _cache
+from ._runtime import config as _config
 
 __all__ = ["Autotuned", "autotune", "bucket"]
 

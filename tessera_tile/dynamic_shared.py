@@ -32,7 +32,7 @@ import threading
 
 import numpy as np
 
-from . import _config
+from ._runtime import config as _config
 from .sim import compat, shared_limits
 from .sim.shared_limits import BLOCK_LIMIT, MAX_BLOCK_LIMIT, STATIC_LIMIT
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _cache, _config, dynamic_shared, profiling
+from . import dynamic_shared, profiling
 from . import tile_ir as ir
 from ._fusion import lower, persist, runtime, schedule
 from ._fusion import plan as planner
@@ -60,6 +60,7 @@ from ._fusion.trace import (
     binary,
     cast_results,
     count,
+    format_ir,
     reduce,
     ternary,
     trace,
@@ -68,6 +69,8 @@ from ._fusion.trace import (
 from ._fusion.trace import matmul as _matmul
 from ._fusion.trace import swapaxes as _swapaxes
 from ._fusion.trace import tri as _tri
+from ._runtime import cache as _cache
+from ._runtime import config as _config
 from .tile_ir import Op
 
 __all__ = [
@@ -267,7 +270,7 @@ class FusedFunction:
             _, program, shapes, stages = self._bound(args, kwargs)
             return Explain(
                 kernels=len(stages),
-                ir=ir.format_ir(program.trace.outputs),
+                ir=format_ir(program.trace.outputs, shapes),
                 source="\n\n".join(b.generated.source for b in stages),
                 bytes_fused=int(np.sum([b.predicted_bytes() for b in stages], dtype=np.int64)),
                 bytes_unfused=schedule.unfused_bytes(program.trace, shapes),

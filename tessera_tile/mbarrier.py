@@ -51,15 +51,15 @@ from numba import types
 from numba.cuda.extending import intrinsic
 
 from . import sim
-from .intrinsics import (
+from ._device.intrinsics import (
     check_index,
     element_pointer,
     shared_address,
     target_compute_capability,
     void_asm,
 )
-from .pipeline import issued_copies
 from .sim.compat import NumbaTypeError
+from .sim.cp_async_twins import issued_copies
 
 __all__ = ["cp_async_mbarrier_arrive", "mbarrier_arrive", "mbarrier_init", "mbarrier_wait"]
 

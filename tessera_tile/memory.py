@@ -3,7 +3,7 @@
 A :class:`Tile` describes a 2-D shared-memory tile: its shape, dtype, row padding and the way a
 warp will read it. ``pad="auto"`` picks the smallest padding that makes that access pattern
 conflict free under :func:`bank_conflict_degree` (32 banks of 4 bytes; the model lives in
-:mod:`tessera_tile.banks`, shared with the simulator's profiler, and is re-exported here).
+:mod:`tessera_tile._device.banks`, shared with the simulator's profiler, and is re-exported here).
 
 :func:`make_stager` turns a tile into Numba CUDA device functions that a whole block calls to
 move the tile between global memory and shared memory::
@@ -36,7 +36,7 @@ into shared memory for them). Alignment is decided at run time from the address.
 
 :func:`load16` / :func:`store16` (global) and :func:`load16_shared` / :func:`store16_shared` are the
 inline-PTX vector intrinsics underneath; each has a simulator twin (they live in
-:mod:`tessera_tile._vector_access` and are re-exported here). :func:`carve` cuts a tile (any
+:mod:`tessera_tile._device.vector_access` and are re-exported here). :func:`carve` cuts a tile (any
 shape, C order) out of a 1-D shared array: dynamic shared memory, which holds tiles past 48 KiB
 (:mod:`tessera_tile.dynamic_shared`), is one such array.
 """
@@ -52,8 +52,10 @@ import numpy as np
 from numba import cuda
 from numba.np import numpy_support
 
-from ._carve import carve
-from ._vector_access import (
+from ._device.banks import BANK_BYTES, BANKS, Access, bank_conflict_degree, request_wavefronts
+from ._device.carve import carve
+from ._device.intrinsics import thread_rank
+from ._device.vector_access import (
     VECTOR_BYTES,
     aligned16,
     load16,
@@ -61,8 +63,6 @@ from ._vector_access import (
     store16,
     store16_shared,
 )
-from .banks import BANK_BYTES, BANKS, Access, bank_conflict_degree, request_wavefronts
-from .intrinsics import thread_rank
 
 __all__ = [
     "BANKS",

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _config
 from . import tile_ir as ir
+from ._runtime import config as _config
 
 __all__ = ["DEVICES", "DeviceSpec", "KernelRecord", "Profile", "active", "profile"]
 

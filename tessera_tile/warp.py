@@ -48,7 +48,7 @@ import numpy as np
 from numba import cuda, int32
 from numba.core import types
 
-from .intrinsics import thread_rank
+from ._device.intrinsics import thread_rank
 
 __all__ = [
     "FULL_MASK",

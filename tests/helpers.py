@@ -44,7 +44,7 @@ def transposed(x):
     (2-D only), so the device view is made from the pointer."""
     if isinstance(x, np.ndarray):
         return x.T
-    from tessera_tile import _arrays
+    from tessera_tile._runtime import arrays as _arrays
 
     return _arrays.view(x, x.shape[::-1], x.strides[::-1])
 

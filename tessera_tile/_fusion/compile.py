@@ -3,7 +3,7 @@
 Set ``TESSERA_TILE_DUMP=1`` to print every generated source.
 
 Persistent kernels: :class:`KernelCache` also keeps, on disk (namespace ``kernels`` of
-:mod:`tessera_tile._cache`), each kernel's name, source, schedule and the device helpers it
+:mod:`tessera_tile._runtime.cache`), each kernel's name, source, schedule and the device helpers it
 calls, keyed by (stage fingerprint, variant, target); versions are in the entry's header. A
 process that finds an entry rebuilds the kernel from it without generating code. The source is
 written to a real file beside the entries and the kernel compiled from it with numba-cuda's own
@@ -28,10 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _cache, _config, bfloat16, memory, warp
+from .. import bfloat16, memory, warp
 from .. import tile_ir as ir
+from .._device import numerics as device
+from .._runtime import cache as _cache
+from .._runtime import config as _config
 from ..sim import compat
-from . import device, persist
+from . import persist
 from .plan import Stage, StageKind
 from .reductions import ReductionWriter
 from .schedule import Schedule, Variant, schedule

@@ -20,8 +20,8 @@ import numpy as np
 
 from .. import tile_ir as ir
 from .. import warp
+from .._device import numerics as device
 from ..tile_ir import Node, Op
-from . import device
 
 TYPE_NAMES = {
     np.dtype(bool): "boolean",

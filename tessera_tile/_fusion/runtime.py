@@ -1,7 +1,8 @@
 """Running fused calls: arguments read once, views, allocation, launch.
 
-A :class:`Call` reads every argument once (:func:`tessera_tile._arrays.read`). Host inputs are
-copied to the device (contiguously, as numba requires); device inputs are used where they are.
+A :class:`Call` reads every argument once (:func:`tessera_tile._runtime.arrays.read`). Host
+inputs are copied to the device (contiguously, as numba requires); device inputs are used where
+they are.
 Every stage sees each array as a strided view in the stage's canonical order (kept axes, then
 reduced axes), with broadcast axes given stride 0, and adjacent axes merged wherever every array
 allows it: contiguous arrays end up 1-D (elementwise) or 2-D (reductions), anything else keeps
@@ -15,10 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _arrays as arrays
-from .. import _config, dynamic_shared, profiling
+from .. import dynamic_shared, profiling
 from .. import tile_ir as ir
-from .._arrays import DEVICE, Arg
+from .._runtime import arrays
+from .._runtime import config as _config
+from .._runtime.arrays import DEVICE, Arg
 from ..sim import compat
 from . import gemm, schedule
 from . import plan as planner

@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _config
 from .. import tile_ir as ir
+from .._runtime import config as _config
 from ..tile_ir import Node, Op
 from . import lower
 from .plan import Stage, StageKind

@@ -358,7 +358,7 @@ def trace(fn, stand_ins: list, keywords: tuple[str, ...] = ()) -> Trace:
         outputs.append(r.node)
     result_trace.outputs = tuple(outputs)
     result_trace.single = single
-    ir.validate(result_trace.outputs)
+    validate(result_trace.outputs)
     _share_common(result_trace)
     return result_trace
 
@@ -410,3 +410,55 @@ __all__ = [
     "trace",
     "unary",
 ]
+
+
+def validate(outputs) -> None:
+    """Check a traced graph: operand counts, dtypes and shapes agree with inference."""
+    for n in ir.walk(outputs):
+        if n.op in ir.LEAF or n.op in ir.GENERATED:
+            if n.srcs:
+                raise ValueError(f"{n.op.name} takes no operands")
+            continue
+        one, two = ir.UNARY | ir.REDUCE | ir.VIEW, ir.BINARY | ir.CONTRACT
+        expected = 1 if n.op in one else 2 if n.op in two else 3
+        if len(n.srcs) != expected:
+            raise ValueError(f"{n.op.name} takes {expected} operands, got {len(n.srcs)}")
+        if n.op in ir.ELEMENTWISE:
+            if n.dtype != ir.infer_dtype(n.op, n.srcs, n.arg):
+                raise TypeError(f"{n.op.name} has dtype {n.dtype}, inference says otherwise")
+            if n.shape != ir.broadcast_shapes(*(s.shape for s in n.srcs)):
+                raise ValueError(f"{n.op.name} has shape {n.shape}, operands disagree")
+        if n.dtype not in ir.SUPPORTED_DTYPES:
+            raise TypeError(f"unsupported dtype {n.dtype}")
+
+
+def format_ir(outputs, shapes: dict | None = None) -> str:
+    """Readable text of the graph, one node per line (``%3 = add %1 %2 : float32[4, 8]``), with
+    the shapes of one call (``shapes``: node key -> shape, see :func:`.plan.propagate_shapes`);
+    without them, those of the call that traced it."""
+    names: dict[int, str] = {}
+    lines = []
+    for i, n in enumerate(ir.walk(outputs)):
+        names[id(n)] = f"%{i}"
+        operands = " ".join(names[id(s)] for s in n.srcs)
+        if n.op is Op.INPUT:
+            operands = f"arg{n.arg}"
+        elif n.op is Op.SCALAR:
+            operands = f"scalar arg{n.arg}"
+        elif n.op is Op.COUNT:
+            operands = f"count axes={list(n.arg[1])}"
+        elif n.op is Op.CONST:
+            operands = repr(n.arg)
+        elif n.op is Op.CAST:
+            operands += f" to {np.dtype(n.arg)}"
+        elif n.op is Op.TRI:
+            operands = "N={} M={} k={}".format(*n.arg)
+        elif n.op in ir.REDUCE:
+            axes, keepdims, flat = n.arg
+            operands += f" axes={list(axes)}" + (" keepdims" if keepdims else "")
+            operands += " flat" if flat else ""
+        shape = ", ".join(map(str, shapes.get(n.key, n.shape) if shapes else n.shape))
+        lines.append(f"{names[id(n)]} = {n.op.name.lower()} {operands} : {n.dtype}[{shape}]")
+    outs = ", ".join(names[id(o)] for o in outputs)
+    lines.append(f"return {outs}")
+    return "\n".join(lines)

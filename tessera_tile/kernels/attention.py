@@ -67,7 +67,7 @@ from numba import boolean, cuda, float32, int32, uint16, uint32
 from numba.types import float16
 
 from .. import dynamic_shared
-from .._fusion.device import exp2_approx, max_nan, rcp_approx
+from .._device.numerics import exp2_approx, max_nan, rcp_approx
 from ..bfloat16 import f32_to_bf16, pack_bf16x2
 from ..memory import load16_shared, store16_shared
 from ..mma import (

@@ -74,8 +74,9 @@ from typing import NamedTuple
 
 from numba import cuda, float32, int32, uint32
 
-from .. import _config, dynamic_shared
-from .._fusion.device import exp2_approx, max_nan, rcp_approx
+from .. import dynamic_shared
+from .._device.numerics import exp2_approx, max_nan, rcp_approx
+from .._runtime import config as _config
 from ..memory import carve, load16_shared, store16
 from ..pipeline import (
     SHARED_ALIGN,

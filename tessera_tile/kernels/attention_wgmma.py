@@ -80,7 +80,7 @@ from numba import cuda, float32, int32, int64, uint16, uint32, uint64
 from numba.types import float16
 
 from .. import dynamic_shared
-from .._fusion.device import exp2_approx, max_nan, rcp_approx
+from .._device.numerics import exp2_approx, max_nan, rcp_approx
 from ..bfloat16 import pack_bf16x2
 from ..mbarrier import mbarrier_arrive, mbarrier_init, mbarrier_wait
 from ..mma import (
@@ -104,8 +104,8 @@ from ..pipeline import (
     cp_async_wait_group,
 )
 from .attention import block_span, negate_chunk
-from .matmul_wgmma import ALIGN, WARPGROUP, producer_loop, swizzle_start, unpacker
 from .tc_tiles import CHUNK, INLINE, WARP_SIZE
+from .wgmma_tiles import ALIGN, WARPGROUP, producer_loop, swizzle_start, unpacker
 
 __all__ = [
     "HEAD_DIMS",

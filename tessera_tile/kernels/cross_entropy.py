@@ -37,7 +37,7 @@ import numpy as np
 from numba import cuda, float32, float64
 
 from .. import fusion as tt
-from .._fusion.device import exp_approx, max_nan
+from .._device.numerics import exp_approx, max_nan
 from ..bfloat16 import bf16_to_f32, f32_to_bf16
 from ..memory import aligned16, load16
 from .tc_tiles import INLINE

@@ -43,7 +43,7 @@ import numpy as np
 from numba import cuda, float32
 
 from .. import tile_ir as ir
-from .._fusion.device import MATH, rcp_approx
+from .._device.numerics import MATH, rcp_approx
 
 __all__ = ["ACTIVATIONS", "ElementEpilogue", "activation_function", "identity", "reference"]
 

@@ -35,20 +35,13 @@ import functools
 import numpy as np
 from numba import cuda, float32, float64, int32
 
-from .. import _config
-from .._fusion.device import rcp_approx, rsqrt_approx
-from .._fusion.schedule import CACHE_BYTES
+from .._device.numerics import rcp_approx, rsqrt_approx
+from .._runtime import config as _config
 from ..memory import aligned16, load16, store16
 
 THREADS = 256
 WARPS = THREADS // 32
 FULL_MASK = 0xFFFFFFFF
-
-
-def on_chip(n: int, dtype) -> bool:
-    """Whether the composer keeps a row of ``n`` elements on chip (then its fused layer norm
-    reads x once); past this the hand-written kernel reads x twice instead of three times."""
-    return n * np.dtype(dtype).itemsize <= CACHE_BYTES
 
 
 def rows_view(x) -> tuple | None:

@@ -44,7 +44,7 @@ import functools
 
 from numba import cuda, float32, int32, uint32
 
-from .. import _config
+from .._runtime import config as _config
 from ..memory import aligned16, load16_shared, store16, store16_shared
 from ..pipeline import SHARED_ALIGN, ring_buffer
 from ..tile_config import CANDIDATES, TileConfig

@@ -10,7 +10,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _arrays, dynamic_shared
+from .. import dynamic_shared
+from .._runtime import arrays as _arrays
 from .tc_tiles import TensorCoreConfig
 
 __all__ = ["Plan", "aligned_rows", "check_operands", "plan"]

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _config
+from .._runtime import config as _config
 from ..dynamic_shared import MAX_BLOCK_LIMIT as MAX_SHARED
 from ..sim import compat
 from .epilogue import ElementEpilogue

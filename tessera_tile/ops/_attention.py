@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _arrays as arrays
 from .. import dynamic_shared
+from .._runtime import arrays
 from ..autotune import autotune
 from ..kernels import attention as tensor_cores
 from ..kernels import attention_simt as simt

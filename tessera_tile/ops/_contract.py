@@ -13,9 +13,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import _arrays as arrays
 from .. import dynamic_shared
 from .._fusion import runtime
+from .._runtime import arrays
 from ..tile_ir import BFLOAT16, storage_dtype
 
 MAX_READY = 256  # calls an op keeps (by key; bounded)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import from_dtype, types
 
-from .. import _arrays as arrays
+from .._runtime import arrays
 from ..kernels import cross_entropy as _cross_entropy
 from ..tile_ir import storage_dtype
 from ._contract import (

@@ -12,19 +12,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _arrays as arrays
 from .. import profiling
 from .. import tile_ir as ir
 from .._fusion import gemm
 from .._fusion.lower import TYPE_NAMES
 from .._fusion.plan import StageKind
+from .._runtime import arrays
 from ..kernels.epilogue import ElementEpilogue
 from ..kernels.prologue import ElementPrologue
 from ..tile_ir import Op
 from ._attention import attention as attention_op
 from ._contract import Value, launch_all
 from ._matmul import _product
-from ._matmul_plan import DUAL, Product
+from ._matmul_choice import DUAL
+from ._matmul_plan import Product
 
 
 @dataclass(frozen=True)

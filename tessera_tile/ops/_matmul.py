@@ -2,7 +2,7 @@
 tuners behind their default configs, and each call's ``Product``, :mod:`._matmul_plan`).
 
 :mod:`tessera_tile.ops` re-exports them. The kernel of a call is chosen in one place,
-:func:`._matmul_plan.choose_kernel`: float16 runs on the tensor-core kernel
+:func:`._matmul_choice.choose_kernel`: float16 runs on the tensor-core kernel
 (:mod:`tessera_tile.kernels.matmul_tc`) where the operands' inner axes are contiguous, else on
 the float32 SIMT kernel (computing in float32 and rounding once at the store; ``explain`` says
 so). float32 runs exactly on the SIMT kernel, or, where the caller opts in with
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _arrays as arrays
 from .. import dynamic_shared
+from .._runtime import arrays
 from ..autotune import autotune
 from ..kernels import matmul_tc as tc
 from ..kernels import matmul_tf32 as tf32
@@ -40,15 +40,8 @@ from ._matmul_geometry import (
 
 __all__ = ["ACTIVATIONS", "linear", "matmul", "mlp"]
 
-from ._matmul_plan import (
-    ACTIVATIONS,
-    DTYPES,
-    INT32_MAX,
-    TC_UNALIGNED,
-    Product,
-    as_wgmma,
-    warp_specialised_refusal,
-)
+from ._matmul_choice import TC_UNALIGNED, as_wgmma, warp_specialised_refusal
+from ._matmul_plan import ACTIVATIONS, DTYPES, INT32_MAX, Product
 
 # --------------------------------------------------------------------------------------------
 # validation

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _arrays as arrays
+from .._runtime import arrays
 from ..tile_ir import storage_dtype
 from ._contract import View
 

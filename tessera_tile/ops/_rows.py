@@ -6,7 +6,10 @@ from __future__ import annotations
 import builtins
 from dataclasses import dataclass
 
-from .. import _arrays as arrays
+import numpy as np
+
+from .._fusion.schedule import CACHE_BYTES
+from .._runtime import arrays
 from ..kernels import layer_norm_long as _layer_norm_long
 from ..kernels import norms as _norms
 from ..kernels import softmax as _softmax
@@ -89,12 +92,17 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     eps = eps_value(eps)
     fused = Fused(_norms.layer_norm(w is not None, b is not None), (a, *filter(None, (w, b)), eps))
     rows = _layer_norm_long.rows_view(a)
-    long_rows = a.dtype in FLOATS and not _layer_norm_long.on_chip(
-        a.shape[-1], a.dtype
-    )  # bfloat16 rows of any length: the composer's kernel
+    long_rows = a.dtype in FLOATS and not _on_chip(a.shape[-1], a.dtype)
+    # (bfloat16 rows of any length: the composer's kernel)
     if rows is not None and long_rows:
         return _LayerNormLong(a, rows, w, b, eps, fused)
     return fused
+
+
+def _on_chip(n: int, dtype) -> bool:
+    """Whether the composer keeps a row of ``n`` elements on chip (then its fused layer norm
+    reads x once); past this the hand-written kernel reads x twice instead of three times."""
+    return n * np.dtype(dtype).itemsize <= CACHE_BYTES
 
 
 def rms_norm(x, weight=None, eps=1e-6):
@@ -191,7 +199,7 @@ class _LayerNormLong(HandWritten):
             self.predicted_bytes(),
             self.fused.explain().bytes_unfused,
             [
-                f"rows of {n} {self.x.dtype} are past the {_layer_norm_long.CACHE_BYTES} bytes "
+                f"rows of {n} {self.x.dtype} are past the {CACHE_BYTES} bytes "
                 "the composer keeps on chip: Welford's one-pass statistics read x twice, "
                 "where the composer's three passes would read it three times"
             ],

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _arrays as arrays
+from .._runtime import arrays
 from ..kernels import transpose as _transpose
 from ..tile_ir import BFLOAT16
 from ._contract import (

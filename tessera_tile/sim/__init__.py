@@ -30,31 +30,37 @@ simulator requires.
 from __future__ import annotations
 
 import contextlib
+import importlib
+from typing import TYPE_CHECKING
 
-from .. import _config
-from ..banks import wavefronts
-from . import engine
+from .._runtime import config as _config
 from ._base import SimulationError, twin, twins
-from .profiler import Profile, Race
-from .scheduler import (
-    aligned_collective,
-    block_until,
-    in_shared_memory,
-    register_aligned,
-    strict_masks,
-)
-from .shared_limits import SharedMemoryError, simulated_arch
-from .tracked_arrays import (
-    OutOfBounds,
-    TrackedArray,
-    address,
-    carved,
-    element_address,
-    in_allocation,
-    load,
-    store,
-)
-from .transfers import transfers
+
+if TYPE_CHECKING:
+    from .profiler import Profile
+
+# Everything else is imported on first use: on a GPU, or offline, a library module that
+# registers a twin loads _base alone, not the simulator.
+_LAZY = {
+    "wavefronts": ".._device.banks",
+    "Profile": ".profiler", "Race": ".profiler",
+    "aligned_collective": ".scheduler", "block_until": ".scheduler",
+    "in_shared_memory": ".scheduler", "register_aligned": ".scheduler",
+    "strict_masks": ".scheduler",
+    "SharedMemoryError": ".shared_limits", "simulated_arch": ".shared_limits",
+    "OutOfBounds": ".tracked_arrays", "TrackedArray": ".tracked_arrays",
+    "address": ".tracked_arrays", "carved": ".tracked_arrays",
+    "element_address": ".tracked_arrays", "in_allocation": ".tracked_arrays",
+    "load": ".tracked_arrays", "store": ".tracked_arrays",
+    "transfers": ".transfers",
+}  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "OutOfBounds",
@@ -94,24 +100,31 @@ def enabled() -> bool:
     return _config.SIMULATED
 
 
+def _engine():
+    from . import engine
+
+    return engine
+
+
 def install() -> None:
     """Install the warp-aware simulator (idempotent). Needs ``NUMBA_ENABLE_CUDASIM=1``."""
     if not _config.SIMULATED:
         raise RuntimeError(
             "tessera_tile.sim.install() needs NUMBA_ENABLE_CUDASIM=1 set before Numba is imported"
         )
-    if not engine.patched():
-        engine.patch()
+    if not _engine().patched():
+        _engine().patch()
 
 
 def installed() -> bool:
     """True when simulated launches go through this simulator."""
-    return _config.SIMULATED and engine.patched()
+    return _config.SIMULATED and _engine().patched()
 
 
 @contextlib.contextmanager
 def stock():
     """Run the launches inside with numba-cuda's own simulator (for side-by-side benchmarks)."""
+    engine = _engine()
     was = engine.patched()
     engine.unpatch()
     try:
@@ -127,16 +140,16 @@ def launches_skipped():
     returns at once without running: what a call costs then is the host's own work
     (``benchmarks/overhead.py`` times it). Not for results: outputs stay unset."""
     install()
-    engine.skip_launches(True)
+    _engine().skip_launches(True)
     try:
         yield
     finally:
-        engine.skip_launches(False)
+        _engine().skip_launches(False)
 
 
 def current_thread():
     """The simulated thread running now; twins keep per-thread state in its ``state`` dict."""
-    return engine.current_thread()
+    return _engine().current_thread()
 
 
 def profile() -> Profile:
@@ -149,6 +162,8 @@ def profile() -> Profile:
     See :class:`Profile` for what it holds; ``print(prof)`` shows a report.
     """
     install()
+    from .profiler import Profile
+
     return Profile()
 
 

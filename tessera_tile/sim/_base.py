@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import _config
+from .._runtime import config as _config
 
 SIM_DIR = str(Path(__file__).resolve().parent)
 # Code objects of twins: the accesses a twin makes belong to the kernel line that called it.

@@ -37,7 +37,7 @@ _check_version()
 # ruff: noqa: E402
 
 # The simulator (numba.cuda.simulator: launch path, fake module, fake arrays) and the typing and
-# lowering helpers of tessera_tile.intrinsics.
+# lowering helpers of tessera_tile._device.intrinsics.
 import numba.cuda
 import numba.cuda.simulator
 import numba.cuda.simulator.api
@@ -253,7 +253,7 @@ def current_device_answered(cc: tuple[int, int]):
             dispatcher.get_current_device = saved
 
 
-# -- the device path (tessera_tile._arrays): numba-cuda's driver layer, used on a GPU only ------
+# -- the device path (tessera_tile._runtime.arrays): numba-cuda's driver layer, on a GPU only --
 
 
 def driver_names():

@@ -4,7 +4,7 @@ Inside ``with profile() as prof:`` kernel arguments and shared arrays are wrappe
 :class:`TrackedArray`, which counts every element access a thread makes and records where it
 happened. Nothing is wrapped outside a profile, so unprofiled launches pay nothing.
 
-Bank conflicts follow the hardware's model (:mod:`tessera_tile.banks`, the one the analytic
+Bank conflicts follow the hardware's model (:mod:`tessera_tile._device.banks`, the one the analytic
 model of :mod:`tessera_tile.memory` uses): the k-th shared access of each lane of a warp (made at
 the same source line) forms one warp-wide request; ``bank_conflicts`` counts its wavefronts
 beyond the ideal (one per 128-byte phase).
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from greenlet import getcurrent
 
-from ..banks import wavefronts
+from .._device.banks import wavefronts
 from ._base import format_site
 from .tracked_arrays import OutOfBounds, TrackedArray, _Space
 

@@ -106,8 +106,8 @@ def test_a_second_process_loads_the_kernel_without_nvvm(tmp_path):
 def test_a_kernel_numba_cannot_cache_still_launches_with_a_warning():
     import pytest
 
-    from tessera_tile import _cache
     from tessera_tile._fusion.compile import guard_cache
+    from tessera_tile._runtime import cache as _cache
 
     class Cache:
         def save_overload(self, sig, data):

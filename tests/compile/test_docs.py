@@ -17,7 +17,8 @@ import pytest
 from doc_snippets import DOCS, ROOT, check, snippets
 
 import tessera_tile as tt
-from tessera_tile import _roofline, ops
+from tessera_tile import ops
+from tessera_tile.cli import roofline as _roofline
 from tessera_tile.tile_config import default_config, estimated_registers
 
 OFFLINE_SNIPPETS = [s for doc in DOCS for s in snippets(doc) if s.needs in ("compiler", "nothing")]

@@ -3,23 +3,28 @@ modules import each other, not even inside functions. Read from the source, so i
 tier."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tessera_tile"
 
-# Lower numbers are lower layers. A module may import its own layer or lower ones.
+# The layer order, written here only (the README and docs/architecture.md quote it; a test in
+# test_docs.py checks they do). Lower numbers are lower layers; a module may import its own
+# layer or lower ones. A key names a top-level module or package, or one module inside a package
+# (the longest matching key wins).
 LAYERS = {
-    "_version": 0, "_config": 0, "_cupy": 0, "banks": 0, "_cache": 0,
-    "sim": 1, "_arrays": 1, "autotune": 1, "dynamic_shared": 1,
-    "inspect": 2, "sass": 2, "intrinsics": 2,
+    "_version": 0, "_runtime.config": 0, "_runtime.cupy": 0, "_runtime.cache": 0,
+    "_device.banks": 0,
+    "sim": 1, "_runtime": 1, "autotune": 1, "dynamic_shared": 1,
+    "inspect": 2, "_device.intrinsics": 2,
     "tile_ir": 3, "tile_config": 3,
     "memory": 4, "pipeline": 4, "mbarrier": 4, "warp": 4, "mma": 4, "profiling": 4,
-    "_vector_access": 4, "_mma_twins": 4, "bfloat16": 4, "_carve": 4,
+    "_device": 4, "bfloat16": 4,
     "_fusion": 5, "fusion": 5,
     "kernels": 6, "ops": 6,
-    "cli": 7, "__main__": 7, "_roofline": 7, "_bench_ref": 7, "tuned": 7, "dask": 7,
+    "cli": 7, "__main__": 7, "tuned": 7, "dask": 7,
 }  # fmt: skip
 
 
@@ -57,16 +62,25 @@ def imports_of(path: Path) -> set[str]:
     return found - {name}
 
 
+def layer_key(name: str) -> str | None:
+    """The LAYERS key of module ``name`` (the longest that matches), None for the package."""
+    parts = name.split(".")[1:]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in LAYERS:
+            return ".".join(parts[:n])
+    return None
+
+
 def layer(name: str) -> int:
-    parts = name.split(".")
-    return LAYERS[parts[1]] if len(parts) > 1 else 99  # the package itself is the top
+    key = layer_key(name)
+    return LAYERS[key] if key else 99  # the package itself is the top
 
 
 GRAPH = {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def test_every_module_has_a_layer():
-    unknown = {n for n in GRAPH if n != "tessera_tile" and n.split(".")[1] not in LAYERS}
+    unknown = {n for n in GRAPH if n != "tessera_tile" and layer_key(n) is None}
     assert not unknown, f"add these to LAYERS (and to the README's Layering section): {unknown}"
 
 
@@ -90,3 +104,18 @@ def test_no_two_modules_import_each_other():
 
     cycles = [c for c in map(cycle_from, GRAPH) if c]
     assert not cycles, f"import cycles: {cycles[:3]}"
+
+
+def quoted_order() -> str:
+    """LAYERS as the README and docs/architecture.md quote it: one line per layer."""
+    by_layer: dict[int, list[str]] = {}
+    for key, level in LAYERS.items():
+        by_layer.setdefault(level, []).append(key)
+    return "\n".join(f"{level}  {'  '.join(keys)}" for level, keys in sorted(by_layer.items()))
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/architecture.md"])
+def test_the_docs_quote_the_layer_order(doc):
+    text = (PACKAGE.parent / doc).read_text()
+    quotes = re.findall(r"<!-- layers -->\n```\n(.*?)\n```", text, re.S)
+    assert quotes == [quoted_order()], f"{doc} must quote LAYERS as:\n{quoted_order()}"

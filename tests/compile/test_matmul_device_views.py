@@ -18,7 +18,7 @@ from numba.cuda.cudadrv import devices, driver
 from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
 from tessera_tile import TileConfig, ops
-from tessera_tile import _arrays as arrays
+from tessera_tile._runtime import arrays
 
 A_AT, B_AT, C_AT = 1 << 20, 1 << 24, 1 << 28  # fake device addresses, 256-byte aligned
 CONFIGS = [  # (dtype, config, precision): the SIMT, tensor-core and TF32 kernels

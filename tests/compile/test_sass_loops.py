@@ -1,5 +1,5 @@
-"""Loops of the SASS, instructions per element and bytes in flight (tessera_tile.sass through
-tessera_tile.inspect): structural facts on small real kernels, and the analysis on hand-made
+"""Loops of the SASS, instructions per element and bytes in flight (tessera_tile.inspect.sass,
+through tessera_tile.inspect): structural facts on small real kernels, and the analysis on hand-made
 listings. No exact instruction count is asserted: those change with ptxas."""
 
 import json
@@ -9,7 +9,8 @@ import re
 import pytest
 from numba import cuda, float32
 
-from tessera_tile import inspect, sass
+from tessera_tile import inspect
+from tessera_tile.inspect import sass
 from tessera_tile.memory import load16, store16
 
 F32 = "float32[::1]"

@@ -61,7 +61,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from numba import cuda
 
-from tessera_tile import _arrays, dynamic_shared
+from tessera_tile import dynamic_shared
+from tessera_tile._runtime import arrays as _arrays
 from tessera_tile.kernels import attention_simt as at
 
 Config = at.SimtAttentionConfig

@@ -121,7 +121,7 @@ def test_kernel_on_device_arrays_with_a_negative_scale(producer):
 def test_kernel_on_strided_device_views(producer):
     """K and V are copied from element offsets built from their strides: K every other batch
     of rows padded to 72, V one matrix broadcast over the batch (batch stride 0)."""
-    from tessera_tile import _arrays
+    from tessera_tile._runtime import arrays as _arrays
 
     rng = np.random.default_rng(8)
     q, k_full, v_one = (

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import tessera_tile as tt
-from tessera_tile import _cache, _config
+from tessera_tile._runtime import cache as _cache
+from tessera_tile._runtime import config as _config
 from tessera_tile.autotune import bucket, key_part
 
 model_chooses = pytest.mark.sim_only(reason="without a GPU the model chooses; a GPU times configs")
@@ -326,7 +327,8 @@ import sys
 
 import numpy as np
 
-from tessera_tile import _config, ops, tuned
+from tessera_tile import ops, tuned
+from tessera_tile._runtime import config as _config
 from tessera_tile.cli import main
 
 autotune = importlib.import_module("tessera_tile.autotune")  # tt.autotune is the decorator

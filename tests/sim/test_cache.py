@@ -15,7 +15,7 @@ import pytest
 from helpers import ROOT
 
 import tessera_tile as tt
-from tessera_tile import _cache
+from tessera_tile._runtime import cache as _cache
 
 
 def run_python(code: str, cache_dir, sim: bool = False) -> subprocess.CompletedProcess:
@@ -37,7 +37,7 @@ def cache(tmp_path):
 def test_round_trip_across_processes(tmp_path):
     done = run_python(
         """
-        from tessera_tile import _cache
+        from tessera_tile._runtime import cache as _cache
         assert _cache.DiskCache("unit").put({"op": "softmax", "bucket": [1024, 4]}, {"index": 2})
         """,
         tmp_path,

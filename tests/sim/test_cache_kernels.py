@@ -11,8 +11,8 @@ import pytest
 from test_cache import read_only, run_python
 
 import tessera_tile as tt
-from tessera_tile import _cache
 from tessera_tile._fusion import persist
+from tessera_tile._runtime import cache as _cache
 
 FUSED = """
     import json

@@ -7,7 +7,8 @@ import pytest
 from helpers import on
 from numba import cuda
 
-from tessera_tile import _arrays, ops
+from tessera_tile import ops
+from tessera_tile._runtime import arrays as _arrays
 
 
 def test_an_ellipsis_is_refused():

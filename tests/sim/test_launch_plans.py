@@ -9,11 +9,12 @@ from helpers import SIDES, back, on
 from numba import cuda
 
 import tessera_tile as tt
-from tessera_tile import _config, ops
+from tessera_tile import ops
 from tessera_tile import tile_ir as ir
 from tessera_tile._fusion import plan as planner
 from tessera_tile._fusion import runtime, schedule
 from tessera_tile._fusion.compile import CountingCache
+from tessera_tile._runtime import config as _config
 from tessera_tile.kernels import softmax as fused
 
 softmax = fused.softmax(-1)  # the @tt.fuse definition ops.softmax dispatches to

@@ -290,7 +290,7 @@ def test_out_and_inputs_unchanged(side):
 
 def test_out_with_repeated_memory_is_refused(side):
     """A stride-0 ``out`` (as ``cupy.broadcast_to`` makes) would have its batches race."""
-    from tessera_tile import _arrays
+    from tessera_tile._runtime import arrays as _arrays
 
     q, k, v = operands(np.random.default_rng(8), (2, 17, 16), (2, 19, 16))
     if side == "host":

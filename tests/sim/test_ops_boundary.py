@@ -19,7 +19,8 @@ import pytest
 from helpers import counting_launches, on
 
 import tessera_tile as tt
-from tessera_tile import _arrays, ops
+from tessera_tile import ops
+from tessera_tile._runtime import arrays as _arrays
 
 
 @tt.fuse

@@ -18,7 +18,8 @@ from helpers import SIDES, back, counting_launches, on, transposed
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tessera_tile import TileConfig, _arrays, ops, sim
+from tessera_tile import TileConfig, ops, sim
+from tessera_tile._runtime import arrays as _arrays
 from tessera_tile.kernels.epilogue import reference as activation_reference
 from tessera_tile.tile_config import CANDIDATES
 
@@ -277,7 +278,8 @@ def test_float16_default_tunes_among_float16_tiles_where_a_gpu_times(monkeypatch
     TileConfig was given", and contiguous operands of the shape bucket ran on SIMT."""
     import importlib
 
-    from tessera_tile import _config, tuned
+    from tessera_tile import tuned
+    from tessera_tile._runtime import config as _config
 
     autotune = importlib.import_module("tessera_tile.autotune")  # the package exports a function
     timed = []

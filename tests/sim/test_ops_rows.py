@@ -255,7 +255,7 @@ def test_explain_and_signature():
 
 def test_each_argument_is_read_once(monkeypatch, side):
     """ops hands its records to the fused call: no argument of the user is read twice."""
-    from tessera_tile import _arrays
+    from tessera_tile._runtime import arrays as _arrays
 
     reads = []
     real_read = _arrays.read

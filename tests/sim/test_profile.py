@@ -52,7 +52,7 @@ def test_profile_checks_its_device_and_does_not_nest():
     "recorded, not the times"
 )
 def test_on_a_gpu_each_launch_is_timed_on_its_stream(monkeypatch):
-    from tessera_tile import _config
+    from tessera_tile._runtime import config as _config
 
     monkeypatch.setattr(_config, "gpu_present", lambda: True)
     x = np.zeros((4, 32), np.float32)

@@ -3,7 +3,7 @@ placed by the bytes its kernels move MEASURED in the simulator and the FLOPs cou
 Tile IR.
 
 The simulator must be on before numba is imported, so :func:`measure` runs ``python -m
-tessera_tile._roofline`` in a child process with ``NUMBA_ENABLE_CUDASIM=1``; that child prints
+tessera_tile.cli.roofline`` in a child process with ``NUMBA_ENABLE_CUDASIM=1``; that child prints
 one JSON row per op. Traffic per element barely depends on the shape for the row ops and
 reductions (a norm's weights are read once per block), so a small shape keeps the simulator
 quick and places each where it would sit at scale; the matmul family is measured at one
@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from . import profiling
+from .. import profiling
 
 SHAPE = (64, 512)  # rows x row length: one warp's row of 512 float32 fits on chip
 DTYPE = "float32"
@@ -93,7 +93,7 @@ def hand_flops(name: str, shape: tuple, hidden: int | None = None) -> int:
 
 def _measure_here(shape: tuple, dtype: str) -> list[dict]:
     """In the simulator: each op's measured bytes and counted FLOPs."""
-    from . import ops, sim
+    from .. import ops, sim
 
     rows = []
     for name in ops.__all__:
@@ -125,7 +125,7 @@ def measure(shape: tuple = SHAPE, dtype: str = DTYPE) -> list[dict]:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     spec = json.dumps({"shape": list(shape), "dtype": dtype})
     done = subprocess.run(
-        [sys.executable, "-m", "tessera_tile._roofline", spec],
+        [sys.executable, "-m", "tessera_tile.cli.roofline", spec],
         env=env,
         capture_output=True,
         text=True,

@@ -5,7 +5,7 @@ from llvmlite import ir
 from numba import cuda
 from numba.core import types
 
-from .sim.compat import NumbaTypeError, cgutils, normalize_indices
+from ..sim.compat import NumbaTypeError, cgutils, normalize_indices
 
 
 @cuda.jit(device=True)

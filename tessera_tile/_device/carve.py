@@ -11,7 +11,7 @@ from numba import types
 from numba.core import cgutils
 from numba.cuda.extending import intrinsic
 
-from . import sim
+from .. import sim
 from .intrinsics import integer_count
 
 

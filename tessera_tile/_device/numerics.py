@@ -14,7 +14,8 @@ from llvmlite import ir as llvm_ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from .. import _config, sim
+from .. import sim
+from .._runtime import config as _config
 from ..sim.compat import NumbaTypeError
 
 # name -> implementation, per target

@@ -1,7 +1,8 @@
 """Persistent caches on disk: one file per entry, written atomically, safe across processes,
 checked on every read.
 
-Layout under :func:`tessera_tile._config.cache_dir` (``TESSERA_TILE_CACHE_DIR`` overrides it)::
+Layout under :func:`tessera_tile._runtime.config.cache_dir` (``TESSERA_TILE_CACHE_DIR``
+overrides it)::
 
     <cache dir>/<namespace>/<digest>.json    one entry: header, key, value, checksum
     <cache dir>/<namespace>/<digest>.lock    its lock (filelock), taken by writers only
@@ -42,8 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _config
-from ._version import __version__
+from .._version import __version__
+from . import config as _config
 
 FORMAT = 2  # 2: every entry carries a checksum of its content
 

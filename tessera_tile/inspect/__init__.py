@@ -22,7 +22,7 @@ system reserves on sm_80 and newer (the occupancy model adds it back).
     >>> report.registers, report.spill_stores, report.count("SHFL")
     >>> report.loops, report.instructions_per_element(4), report.bytes_in_flight()
 
-The loop figures (:mod:`tessera_tile.sass` finds the loops) are static: ``docs/inspect.md``
+The loop figures (:mod:`tessera_tile.inspect.sass` finds the loops) are static: ``docs/inspect.md``
 says how each is computed and what it does and does not predict.
 """
 
@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _config, sass
-from .dynamic_shared import limit as dynamic_shared_limit
+from .._runtime import config as _config
+from ..dynamic_shared import limit as dynamic_shared_limit
+from ..sim import compat
+from . import sass
 from .sass import Loop
-from .sim import compat
 
 __all__ = ["ARCHS", "CompileReport", "Loop", "compile", "occupancy"]
 
@@ -131,7 +132,7 @@ class CompileReport:
     options: dict[str, Any] = field(default_factory=dict)  # jit options that differ from default
     dynamic_shared_bytes: int = 0  # given at launch (``compile(dynamic_shared=...)``)
     loops: tuple[Loop, ...] = ()
-    """Every loop of the SASS (:class:`tessera_tile.sass.Loop`), by start offset."""
+    """Every loop of the SASS (:class:`tessera_tile.inspect.sass.Loop`), by start offset."""
     functions: tuple[sass.Function, ...] = field(default=(), repr=False)
 
     @functools.cached_property
@@ -210,7 +211,8 @@ class CompileReport:
         kernel when it has no loop (a row kept in registers is loaded before any loop). Counts
         ``LDG`` widths (``LDG.E.128`` 16 B, ``LDG.E.64`` 8, ``LDG.E`` 4, ``LDG.E.U16`` 2) up to
         the first instruction naming a destination register of one of them; see
-        :func:`tessera_tile.sass.bytes_in_flight`. A figure of what the code allows, per thread:
+        :func:`tessera_tile.inspect.sass.bytes_in_flight`. A figure of what the code allows, per
+        thread:
         how much the memory system really has in flight also depends on occupancy.
         """
         if loop is not None:

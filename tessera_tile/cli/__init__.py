@@ -26,8 +26,11 @@ from pathlib import Path
 import click
 import numpy as np
 
-from . import _cache, _config, _roofline, profiling
-from ._arrays import host_to_device
+from .. import profiling
+from .._runtime import cache as _cache
+from .._runtime import config as _config
+from .._runtime.arrays import host_to_device
+from . import roofline as _roofline
 
 DTYPES = ("bool", "int32", "int64", "float16", "float32", "float64")
 NAMESPACES = ("autotune", "programs", "kernels")
@@ -38,7 +41,7 @@ def _emit(as_json: bool, data, text: str) -> None:
 
 
 def _ops():
-    from . import ops
+    from .. import ops
 
     return ops
 
@@ -105,7 +108,7 @@ def main() -> None:
 @json_option
 def doctor(as_json: bool) -> None:
     """numba-cuda, NVVM, ptxas and nvdisasm versions, GPU, CuPy and the cache directory."""
-    from . import inspect as offline
+    from .. import inspect as offline
 
     info: dict = {"tessera_tile": _cache.versions()["tessera_tile"]}
     problems = []
@@ -167,7 +170,7 @@ def _writable(directory: Path) -> bool:
 @json_option
 def inspect_cmd(target, signature, arch, block, elements_per_iteration, as_json) -> None:
     """Compile FILE:KERNEL offline: resources, opcode histogram, occupancy, loops."""
-    from . import inspect as offline
+    from .. import inspect as offline
 
     path, _, name = target.rpartition(":")
     if not path or not name:
@@ -253,7 +256,7 @@ def explain(op, shape, dtype, as_json) -> None:
 def tune(op, shape, dtype, as_json) -> None:
     """Fill the tuning cache for OP at a shape (ops with tunable configs: matmul, linear; the
     ops read it for their default configs)."""
-    from . import tuned
+    from .. import tuned
 
     _op(op)
     shape = _shape_of(op, shape)
@@ -316,7 +319,7 @@ def bench(op_names, shape, dtype, device, repeat, as_json) -> None:
 def _bench_gpu(cupy, name, fn, shape, dtype, device, repeat) -> dict:
     """Median time of one call of an op (its fused kernels, summed per call, timed by the
     profile) and of CuPy's unfused chain of the same call (hand-written ops: the call)."""
-    from ._bench_ref import REFERENCE, time_ms
+    from .bench_ref import REFERENCE, time_ms
 
     args, kwargs = _roofline.stand_ins(name, shape, dtype)
     dev = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]

@@ -26,8 +26,8 @@ import ml_dtypes
 import numpy as np
 from numba import cuda
 
-from . import _config
-from .sim import compat
+from ..sim import compat
+from . import config as _config
 
 HOST, DEVICE, SCALAR = "host", "device", "scalar"
 DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
@@ -319,7 +319,7 @@ def resolve_stream(stream, args: list[Arg]):
     """The stream a call launches on (see the module docstring); in the simulator, 0."""
     if stream is None:
         if any(a.family == "cupy" for a in args):
-            from . import _cupy
+            from . import cupy as _cupy
 
             return _external(_cupy.current_stream_handle())
         if _config.SIMULATED:
@@ -418,7 +418,7 @@ def empty(shape, dtype, family: str, stream):
     if family == "numpy":
         return np.empty(shape, dtype)
     if family == "cupy":
-        from . import _cupy
+        from . import cupy as _cupy
 
         return _cupy.empty(shape, dtype)
     return cuda.device_array(shape, dtype, stream=stream)

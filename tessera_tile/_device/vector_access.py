@@ -12,7 +12,7 @@ from llvmlite import ir
 from numba import types
 from numba.cuda.extending import intrinsic
 
-from . import sim
+from .. import sim
 from .intrinsics import check_index, element_pointer
 
 VECTOR_BYTES = 16

@@ -1,0 +1,60 @@
+"""The package's shape: small modules, a short top level, a public namespace without private
+names, and an import that loads the simulator only under it. Read from the source and from fresh
+interpreters, so it runs in any tier."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "tessera_tile"
+MAX_LINES = 600
+MAX_TOP_LEVEL = 26
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.name))
+def test_no_module_passes_600_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE.parent)} has {lines} lines: split it"
+
+
+def test_the_top_level_has_at_most_26_entries():
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= MAX_TOP_LEVEL, f"{len(entries)} entries: {entries}"
+
+
+def fresh(code: str, simulated: bool) -> dict:
+    """What ``code`` (which prints one JSON value) prints in a new interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBA_ENABLE_CUDASIM"] = "1" if simulated else "0"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout)
+
+
+IMPORT = """
+import json, sys
+import tessera_tile as tt
+print(json.dumps({
+    "private": [n for n in dir(tt) if n.startswith("_") and not n.startswith("__")],
+    "modules": sorted(m for m in sys.modules if m.startswith("tessera_tile.sim.")),
+}))
+"""
+
+
+def test_dir_shows_only_public_names():
+    got = fresh(IMPORT, simulated=False)
+    assert got["private"] == [], got["private"]
+
+
+def test_the_simulator_is_imported_only_under_it():
+    # on a GPU or offline only the twin registry and the numba-cuda boundary load
+    outside = fresh(IMPORT, simulated=False)["modules"]
+    assert "tessera_tile.sim.engine" not in outside, outside
+    assert "tessera_tile.sim.profiler" not in outside, outside
+    inside = fresh(IMPORT, simulated=True)["modules"]
+    assert "tessera_tile.sim.engine" in inside, inside
