@@ -60,6 +60,17 @@ class Program:
             if n.op is ir.Op.POW and n.dtype.kind in "iu" and ir.on_host(n.srcs[1])
         ]
 
+    @functools.cached_property
+    def exponent_inputs(self) -> tuple[int, ...]:
+        """Positions of the array arguments that are exponents of integer powers: a call
+        checks those it holds on the host, as NumPy does; on the device it cannot look
+        without a copy, and a negative element gives 0 (docs/fusion.md)."""
+        return tuple(
+            n.srcs[1].arg
+            for n in self.trace.nodes
+            if n.op is ir.Op.POW and n.dtype.kind in "iu" and n.srcs[1].op is ir.Op.INPUT
+        )
+
 
 # --------------------------------------------------------------------------------------------
 # arguments
@@ -143,12 +154,15 @@ def check_out(program: Program, shapes: dict, call: Call) -> None:
 
 
 def check_exponents(program: Program, call: Call) -> None:
-    """NumPy's ValueError for an integer power whose exponent, known on the host, is
-    negative."""
+    """NumPy's ValueError for an integer power whose exponent, known on the host (a constant,
+    a scalar argument, or an array argument held there), is negative."""
     scalars = call.scalars()
-    for exponent in program.host_exponents:
-        if ir.evaluate(exponent, scalars) < 0:
-            raise ValueError("Integers to negative integer powers are not allowed.")
+    negative = any(ir.evaluate(exponent, scalars) < 0 for exponent in program.host_exponents)
+    for position in program.exponent_inputs:
+        arg = call.args[position]
+        negative |= arg.kind == arrays.HOST and bool(np.any(np.asarray(arg.value) < 0))
+    if negative:
+        raise ValueError("Integers to negative integer powers are not allowed.")
 
 
 # --------------------------------------------------------------------------------------------
@@ -505,14 +519,14 @@ def run_ready(program: Program, plan: LaunchPlan, args: tuple, stream):
     place = arrays.Placement.of_numba_arrays(stream)
     inputs = [a.value if type(a) is Arg else a for a in args]
     results = plan.run(inputs, place, [None] * len(plan.on_device))
-    return results[0] if program.trace.single else tuple(results)
+    return program.trace.pack(results)
 
 
 def execute(program: Program, plan: LaunchPlan, call: Call, stream):
     """Run the call; results are of the arguments' family (NumPy, numba, CuPy), except those
     that depend on no array: NumPy scalars computed on the host, as NumPy gives them."""
     check_out(program, plan.shapes, call)
-    if program.host_exponents:
+    if program.host_exponents or program.exponent_inputs:
         check_exponents(program, call)
     nodes = program.trace.outputs
     outs = call.out or [None] * len(nodes)
@@ -530,7 +544,7 @@ def execute(program: Program, plan: LaunchPlan, call: Call, stream):
         for k, result in zip(plan.on_device, on_device, strict=True):
             results[k] = place.finish(result, outs[k])
     ordered = [results[k] for k in range(len(nodes))]
-    return ordered[0] if program.trace.single else tuple(ordered)
+    return program.trace.pack(ordered)
 
 
 def _host_result(value: np.generic, out: Arg | None):

@@ -32,6 +32,13 @@ class Trace:
     # the function read a traced value's shape or size: its program holds those numbers, so
     # it serves calls with these exact shapes only (the program cache keys it by them)
     reads_shapes: bool = False
+    returns_none: bool = False  # the function returned None (no result), as CuPy's fuse allows
+
+    def pack(self, results):
+        """A call's results as the function returned them: None, one value, or a tuple."""
+        if self.returns_none:
+            return None
+        return results[0] if self.single else tuple(results)
 
     @property
     def nodes(self) -> list[Node]:
@@ -333,7 +340,8 @@ TT_FUNCTIONS = frozenset(
 def trace(fn, stand_ins: list, keywords: tuple[str, ...] = ()) -> Trace:
     """Trace ``fn`` on stand-ins for its arguments: ``("array", dtype, shape)`` or
     ``("scalar", value)`` per position; the last ``len(keywords)`` are passed by these names.
-    A function that returns an empty tuple traces to no result, as it returns ``()``."""
+    A function that returns an empty tuple traces to no result, as it returns ``()``; one that
+    returns None, to no result too, and its calls return None (as CuPy's ``fuse`` does)."""
     values = [
         Traced(ir.leaf_input(i, s[1], s[2]) if s[0] == "array" else ir.leaf_scalar(i, s[1]))
         for i, s in enumerate(stand_ins)
@@ -345,8 +353,9 @@ def trace(fn, stand_ins: list, keywords: tuple[str, ...] = ()) -> Trace:
         result = fn(*values[:positional], **dict(zip(keywords, values[positional:], strict=True)))
     finally:
         _tracing.current = outer
-    single = not isinstance(result, tuple)
-    results = (result,) if single else result
+    result_trace.returns_none = result is None
+    single = not isinstance(result, tuple) and result is not None
+    results = (result,) if single else result or ()
     outputs = []
     for k, r in enumerate(results):
         if not isinstance(r, Traced):

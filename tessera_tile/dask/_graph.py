@@ -367,7 +367,7 @@ def evaluate(fn, args, kwargs, strategy="auto", split_every=None):
     ev = Evaluator(fn, inputs, scalars, strategy, report, split_every)
     results = ev.run(traced.outputs)
     report.tasks = _tasks(results)
-    return (results[0] if traced.single else tuple(results)), report
+    return traced.pack(results), report
 
 
 def _tasks(results) -> int:

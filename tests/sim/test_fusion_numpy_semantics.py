@@ -205,6 +205,24 @@ def test_empty_tuple_returns_empty_tuple(side):
     assert tt.fuse(lambda x: ())(*on(side, x)) == ()
 
 
+def test_a_negative_integer_exponent_array_on_the_host_raises_as_numpy_does():
+    x, y = np.array([2, 3], np.int32), np.array([1, -1], np.int32)
+    with pytest.raises(ValueError, match="Integers to negative integer powers"):
+        x**y
+    power = tt.fuse(lambda x, y: x**y)
+    with pytest.raises(ValueError, match="Integers to negative integer powers"):
+        power(x, y)
+    np.testing.assert_array_equal(power(x, abs(y)), x ** abs(y))  # and runs when it may
+
+
+def test_a_function_returning_none_returns_none(side):
+    # CuPy's fuse does (its TestReturnNone); no kernel is planned
+    x = np.arange(4, dtype=np.float32)
+    fused = tt.fuse(lambda x: None)
+    assert fused(*on(side, x)) is None
+    assert fused.explain(x).kernels == 0
+
+
 # --------------------------------------------------------------------------------------------
 # item 10: NumPy's error classes and words
 
