@@ -14,7 +14,7 @@ move the tile between global memory and shared memory::
 
     @cuda.jit
     def transpose(src, dst):
-        tile = cuda.shared.array(SHAPE, float32)
+        tile = cuda.shared.array(SHAPE, float32, alignment=16)  # 16-byte accesses, banks
         row0 = cuda.blockIdx.y * 32
         col0 = cuda.blockIdx.x * 32
         stage.global_to_shared(src, row0, col0, tile, 0)

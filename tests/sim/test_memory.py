@@ -54,7 +54,7 @@ def kernels(shape, dtype, pad):
 
     @cuda.jit
     def stage_one_tile(src, row0, col0, fill, out):
-        s = cuda.shared.array(SHAPE, NB)
+        s = cuda.shared.array(SHAPE, NB, alignment=16)
         stage.global_to_shared(src, row0, col0, s, fill)
         cuda.syncthreads()
         tid = cuda.threadIdx.x + cuda.blockDim.x * cuda.threadIdx.y
@@ -63,7 +63,7 @@ def kernels(shape, dtype, pad):
 
     @cuda.jit
     def copy(src, dst):
-        s = cuda.shared.array(SHAPE, NB)
+        s = cuda.shared.array(SHAPE, NB, alignment=16)
         row0 = cuda.blockIdx.y * TILE_M
         col0 = cuda.blockIdx.x * TILE_N
         stage.global_to_shared(src, row0, col0, s, 0)
@@ -72,7 +72,7 @@ def kernels(shape, dtype, pad):
 
     @cuda.jit
     def transpose(src, dst):
-        s = cuda.shared.array(SHAPE, NB)
+        s = cuda.shared.array(SHAPE, NB, alignment=16)
         row0 = cuda.blockIdx.y * TILE_M
         col0 = cuda.blockIdx.x * TILE_N
         stage.global_to_shared(src, row0, col0, s, 0)
@@ -267,7 +267,7 @@ _REG_SHAPE = _REG_TILE.padded_shape
 @cuda.jit
 def sub_tile_sums(src, out):
     # 32 threads, each owns a 2 x 4 sub-tile of a 16 x 16 tile; adds 1 in registers, writes back.
-    s = cuda.shared.array(_REG_SHAPE, np.float32)
+    s = cuda.shared.array(_REG_SHAPE, np.float32, alignment=16)
     _reg_stage.global_to_shared(src, 0, 0, s, 0)
     cuda.syncthreads()
     t = cuda.threadIdx.x
@@ -336,7 +336,7 @@ def test_misaligned_vector_access_faults(load):
 
 @cuda.jit
 def shared_misaligned_load(out):
-    s = cuda.shared.array(16, np.float32)
+    s = cuda.shared.array(16, np.float32, alignment=16)
     for k in range(16):
         s[k] = k
     a, b, c, d = load16_shared(s, 2)

@@ -65,7 +65,7 @@ def small_ints(rng, shape):
 def _ldmatrix_kernel(fn, count):
     @cuda.jit
     def kernel(x, out):
-        s = cuda.shared.array((32, 8), float16)
+        s = cuda.shared.array((32, 8), float16, alignment=16)
         lane = cuda.threadIdx.x
         for j in range(8):
             s[lane, j] = x[lane, j]
@@ -197,8 +197,8 @@ def _tile_mma(elem, product, store_pair):
 
     @cuda.jit
     def kernel(a, b, d, d16):
-        sa = cuda.shared.array((16, 16), elem)
-        sb = cuda.shared.array((16, 16), elem)
+        sa = cuda.shared.array((16, 16), elem, alignment=16)
+        sb = cuda.shared.array((16, 16), elem, alignment=16)
         lane = cuda.threadIdx.x
         for i in range(lane, 256, 32):
             sa[i // 16, i % 16] = a[i // 16, i % 16]
@@ -313,7 +313,7 @@ def full_mma(out):
 
 @cuda.jit
 def ldmatrix_at(out, col):
-    s = cuda.shared.array((32, 16), float16)
+    s = cuda.shared.array((32, 16), float16, alignment=16)
     lane = cuda.threadIdx.x
     for j in range(16):
         s[lane, j] = 0
@@ -411,7 +411,7 @@ def ldmatrix_global(x, out):
 
 @cuda.jit
 def pair_store_wrong_space(x):
-    s = cuda.shared.array((32, 8), float16)
+    s = cuda.shared.array((32, 8), float16, alignment=16)
     lane = cuda.threadIdx.x
     mma.store_f16x2(s, (lane, 0), float32(1), float32(2))  # a global store into shared
     cuda.syncthreads()

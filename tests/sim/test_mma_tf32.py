@@ -234,8 +234,8 @@ def test_to_tf32_keeps_nan():
 
 @cuda.jit
 def tile_mma_tf32(a, b, d, frag):
-    sa = cuda.shared.array((16, 8), float32)
-    sb = cuda.shared.array((8, 8), float32)
+    sa = cuda.shared.array((16, 8), float32, alignment=16)
+    sb = cuda.shared.array((8, 8), float32, alignment=16)
     lane = cuda.threadIdx.x
     for i in range(lane, 128, 32):
         sa[i // 8, i % 8] = a[i // 8, i % 8]
@@ -272,8 +272,8 @@ def swapped_tile_mma_tf32(a, b, d):
     B by two LDS.64 (rows t, t + 4, columns 2g, 2g + 1) is the mma's A (its row g is column
     2g, row g + 8 column 2g + 1); A by ldmatrix with matrices (rows 0-7, k 0-3), (rows 0-7,
     k 4-7), (rows 8-15, ...) gives the mma's B of rows 0-7, then 8-15."""
-    sa = cuda.shared.array((16, 8), float32)
-    sb = cuda.shared.array((8, 16), float32)
+    sa = cuda.shared.array((16, 8), float32, alignment=16)
+    sb = cuda.shared.array((8, 16), float32, alignment=16)
     lane = cuda.threadIdx.x
     for i in range(lane, 128, 32):
         sa[i // 8, i % 8] = a[i // 8, i % 8]
@@ -306,7 +306,7 @@ def test_swapped_fragments_give_the_product():
 
 @cuda.jit
 def pair_load(s_index, out):
-    s = cuda.shared.array(64, float32)
+    s = cuda.shared.array(64, float32, alignment=16)
     lane = cuda.threadIdx.x
     s[lane] = float32(lane)
     s[lane + 32] = float32(-lane)
@@ -334,7 +334,7 @@ def test_load_f32x2_shared_refuses_misaligned_pairs():
 
 @cuda.jit
 def trans_on_float32(out):
-    s = cuda.shared.array((32, 4), float32)
+    s = cuda.shared.array((32, 4), float32, alignment=16)
     lane = cuda.threadIdx.x
     for j in range(4):
         s[lane, j] = float32(lane)
