@@ -51,6 +51,7 @@ from . import tile_ir as ir
 from ._fusion import lower, persist, runtime, schedule
 from ._fusion import plan as planner
 from ._fusion.compile import CountingCache, KernelCache
+from ._fusion.eager import outside_traces
 from ._fusion.plan import StageKind
 from ._fusion.schedule import MATH_MODES
 from ._fusion.trace import (
@@ -585,3 +586,12 @@ def logsumexp(x, axis=None, keepdims: bool = False):
         m = max(x, axis, keepdims=False)
         shift = where(isfinite(m), m, 0)
     return log(total) + shift
+
+
+# Outside a fused function, each on arrays runs as a fused function of its own (one kernel).
+for _name in ("abs", "all", "any", "argmax", "argmin", "astype", "ceil", "clip", "cos", "erf",
+              "exp", "exp2", "expm1", "floor", "gelu", "isfinite", "isinf", "isnan", "log",
+              "log1p", "log2", "logsumexp", "matmul", "max", "maximum", "mean", "min", "minimum",
+              "prod", "relu", "rsqrt", "sigmoid", "silu", "sin", "sqrt", "square", "std", "sum",
+              "swapaxes", "tanh", "var", "where"):  # fmt: skip
+    globals()[_name] = outside_traces(globals()[_name], fuse)

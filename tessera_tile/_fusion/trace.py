@@ -55,6 +55,11 @@ class _Tracing(threading.local):
 _tracing = _Tracing()
 
 
+def tracing() -> bool:
+    """Whether a function is being traced in this thread."""
+    return _tracing.current is not None
+
+
 class Traced:
     """A value inside a function being traced by ``@tt.fuse``."""
 

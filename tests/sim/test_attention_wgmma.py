@@ -41,11 +41,6 @@ PRODUCER_IN_TURN = aw.WgmmaAttentionConfig(64, 8, 2, False, True)
 PRODUCER_NARROW = aw.WgmmaAttentionConfig(32, 8, 3, False, True)
 
 
-@pytest.fixture(params=SIDES)
-def side(request):
-    return request.param
-
-
 def kernel_name(q, k, v, **kwargs) -> str:
     report = ops.attention.explain(q, k, v, **kwargs)
     assert report.kernels == 1, report
@@ -188,6 +183,7 @@ def test_op_matches_numpy(sq, sk, d, causal, dtype, side, seed):
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["f16", "bf16"])
+@pytest.mark.device_only
 def test_op_chooses_the_wgmma_kernel_on_sm90a(side, dtype):
     """float16 and bfloat16 with D 64 or 128: the wgmma kernel, and explain says so; an
     AttentionConfig asks for the mma.sync kernel; D = 32 has no wgmma kernel. Causal with

@@ -55,6 +55,7 @@ def measured(call, *args, **kwargs):
 @pytest.mark.parametrize(
     "shape", [(63, 64), (64, 65), (65, 64), (130, 63), (300, 40), (300, 5), (200, 8)]
 )
+@pytest.mark.device_only
 def test_float32_sums_and_selections_match_numpy_with_predicted_traffic(shape, side):
     x = rng.standard_normal(shape).astype(np.float32)
     for name in ("sum", "mean", "max", "argmin"):
@@ -78,6 +79,7 @@ def test_float32_sums_and_selections_match_numpy_with_predicted_traffic(shape, s
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
 @pytest.mark.parametrize("shape", [(130, 64), (70, 24)])
+@pytest.mark.device_only
 def test_half_column_sums_load_8_columns_and_match_numpy(dtype, shape, side):
     x = rng.standard_normal(shape).astype(dtype)
     for name in ("sum", "mean", "max"):

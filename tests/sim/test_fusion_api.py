@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import back, counting_launches, on
 
 import tessera_tile as tt
 from tessera_tile.fusion import TraceError, kernel_cache
@@ -154,6 +155,34 @@ def test_what_cannot_be_traced_is_explained():
         tt.fuse(lambda x: 3)(x)
     with pytest.raises(TypeError, match="fuse expects a function"):
         tt.fuse(3)
+
+
+def test_tt_functions_on_arrays_outside_a_fused_function_run_one_kernel(side):
+    # as CuPy's fused ufuncs do; each function and set of fixed arguments compiles once
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    (xs,) = on(side, x)
+    cases = [
+        (lambda: tt.exp(xs), np.exp(x)),
+        (lambda: tt.sum(xs, axis=1, keepdims=True), x.sum(1, keepdims=True)),
+        (lambda: tt.var(xs, 0, ddof=1), x.var(0, ddof=1)),
+        (lambda: tt.clip(xs, -0.5, 0.5), np.clip(x, -0.5, 0.5)),
+        (lambda: tt.maximum(xs, 0.25), np.maximum(x, 0.25)),
+        (lambda: tt.astype(xs, np.float16), x.astype(np.float16)),
+    ]
+    for run, want in cases:
+        with counting_launches() as counted:
+            got = back(run(), side)
+        assert counted.launches == 1
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(x, back(xs, side) if side == "device" else xs)  # untouched
+
+
+def test_tt_functions_on_scalars_outside_a_fused_function_follow_numpy():
+    assert repr(tt.exp(2.0)) == repr(np.exp(2.0))
+    assert repr(tt.maximum(np.float32(1), 2)) == repr(np.maximum(np.float32(1), 2))
+    with pytest.raises(TypeError, match="a list is neither an array"):
+        tt.sum([1, 2, 3])
 
 
 def test_numpy_ufuncs_on_traced_values_work():

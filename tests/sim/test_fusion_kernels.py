@@ -145,6 +145,7 @@ def row_scale(x, w):
 
 
 @pytest.mark.parametrize("names, rows, n, dtype, blocks", NORM_CASES)
+@pytest.mark.device_only
 def test_norm_weights_are_read_once_per_block(names, rows, n, dtype, blocks, side):
     """The weight and bias rows are read once per block (staged in shared memory for the rows
     of a warp-mode block): x read once, y written once, each weight ``blocks`` times."""

@@ -395,6 +395,7 @@ def test_the_ops_choose_the_wgmma_kernel_on_sm90a(bf16, side):
 
 
 @pytest.mark.parametrize("side", ["host", "device"])
+@pytest.mark.device_only
 def test_the_tuner_offers_the_wgmma_tiles_on_sm90a(side):
     """tile_config.WGMMA_CANDIDATES (k-tiles of 64, this kernel's fastest on an H200) are
     choices only where this kernel runs: the model scores them inf elsewhere, and on sm_90a
@@ -422,6 +423,7 @@ def test_the_tuner_offers_the_wgmma_tiles_on_sm90a(side):
 
 
 @pytest.mark.parametrize("side", ["host", "device"])
+@pytest.mark.device_only
 def test_the_tuner_offers_warp_specialised_tiles_that_only_a_measurement_picks(side):
     """The 12-warp WGMMA_CANDIDATES (a producer warpgroup, two that multiply) score as their
     8-warp twins and come after them, so the model never picks one; an explicit one runs the

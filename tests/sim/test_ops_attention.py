@@ -111,6 +111,7 @@ BY_DTYPE = pytest.mark.parametrize(
 @BY_DTYPE
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("sq", "sk"), [(1, 1), (1, 40), (40, 1), (24, 70), (70, 24)])
+@pytest.mark.device_only
 def test_lengths_short_and_long(side, sq, sk, causal, dtype, small):
     """S = 1 and query/key lengths that differ both ways (causal: bottom-right aligned; with
     Sq > Sk the first Sq - Sk rows see no key and give 0)."""
@@ -123,6 +124,7 @@ def test_lengths_short_and_long(side, sq, sk, causal, dtype, small):
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.device_only
 def test_head_dim_128_and_default_configs(side, causal, dtype):
     q, k, v = operands(np.random.default_rng(3), (1, 33, 128), (1, 70, 128), dtype)
     got = back(ops.attention(*on(side, q, k, v), causal=causal), side)
@@ -131,6 +133,7 @@ def test_head_dim_128_and_default_configs(side, causal, dtype):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("sq", "sk"), [(31, 65), (32, 63), (33, 64), (129, 129)])
+@pytest.mark.device_only
 def test_32_row_warps_and_128_row_blocks(side, sq, sk, causal):
     """The default D = 64 schedule (warps of 32 query rows, two m16 tiles sharing each K/V
     fragment; blocks of 128 rows past Sq = 64): query lengths either side of a warp's 32 rows
@@ -150,6 +153,7 @@ def test_32_row_warps_and_128_row_blocks(side, sq, sk, causal):
     [None, tc.AttentionConfig(64, 2, 2, 32)],
     ids=["default", "32-row warps"],
 )
+@pytest.mark.device_only
 def test_head_dim_128_in_dynamic_shared_memory(side, config, dtype):
     """D = 128 with 64-key tiles: 80 KiB of dynamic shared memory, past the 48 KiB a block
     may use without the opt-in (the simulator refuses the launch without it). The default has
@@ -168,6 +172,7 @@ def test_head_dim_128_in_dynamic_shared_memory(side, config, dtype):
 
 
 @BY_DTYPE
+@pytest.mark.device_only
 def test_large_values_exercise_the_online_rescaling(side, dtype, small):
     """Large scores make each row's maximum jump between K/V tiles: the running output must be
     rescaled each time (a kernel that skips it is off by orders of magnitude). float16: q and
@@ -185,6 +190,7 @@ def test_large_values_exercise_the_online_rescaling(side, dtype, small):
 
 
 @BY_DTYPE
+@pytest.mark.device_only
 def test_batch_and_heads_broadcast(side, dtype, small):
     rng = np.random.default_rng(5)
     q = rng.standard_normal((2, 3, 20, 16)).astype(dtype)
@@ -213,6 +219,7 @@ def test_non_contiguous_views_are_read_in_place(side, dtype, small):
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("scale", [-0.7, 0.0, 2.5])
+@pytest.mark.device_only
 def test_scale(side, scale, dtype):
     """Negative scales flip the ranking of keys; 0 averages V over the visible keys."""
     q, k, v = operands(np.random.default_rng(7), (18, 16), (30, 16), dtype)
@@ -222,6 +229,7 @@ def test_scale(side, scale, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
+@pytest.mark.device_only
 def test_nan_propagates_as_in_numpy(side, dtype):
     """A NaN in q poisons its row; a NaN in k every row that sees that key (causal: the rows
     at or below it); the other rows are untouched."""
@@ -241,6 +249,7 @@ def test_nan_propagates_as_in_numpy(side, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32])
 @pytest.mark.parametrize("where", ["k +inf", "k -inf", "v +inf"])
+@pytest.mark.device_only
 def test_infinities_as_ieee(side, dtype, where):
     """As the docstring says, IEEE arithmetic: a +inf score makes its row NaN (inf - inf), a
     -inf score gives its key weight 0 (the other keys within the module's bound), and inf in

@@ -44,6 +44,7 @@ def jobs(seed: int, side: str):
 
 
 @pytest.mark.parametrize("side", SIDES)
+@pytest.mark.device_only
 def test_eight_threads_trace_plan_and_launch_at_once(side):
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads often: inside tracing and planning too
