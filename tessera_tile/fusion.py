@@ -126,11 +126,13 @@ def set_dask_loader(loader) -> None:
     _dask_loader = loader
 
 
-def _dask():
+def dask_module():
+    """tessera_tile.dask, through the loader the package registers."""
     return _dask_loader()
 
 
-def _on_dask(args, kwargs) -> bool:
+def on_dask(args, kwargs) -> bool:
+    """Whether a call holds a Dask array (fused functions and ops then run on tessera_tile.dask)."""
     return _dask_loader is not None and builtins.any(  # `any` is tt.any here
         type(a).__module__.startswith("dask.") for a in (*args, *kwargs.values())
     )
@@ -266,8 +268,8 @@ class FusedFunction:
         :func:`tessera_tile.dask.explain`'s report (per chunk, and between chunks).
         """
         with dynamic_shared.planning_for(arch):  # the stages' reports plan their kernels too
-            if _on_dask(args, kwargs):
-                return _dask().explain(self, *args, **kwargs)
+            if on_dask(args, kwargs):
+                return dask_module().explain(self, *args, **kwargs)
             _, program, shapes, stages = self._bound(args, kwargs)
             return Explain(
                 kernels=len(stages),
@@ -335,10 +337,10 @@ class FusedFunction:
                 self._programs.hits += 1
                 ready[0].launch_plans.hits += 1
                 return runtime.run_ready(*ready, args, stream)
-        if _on_dask(args, kwargs):  # a lazy Dask array, chunk by chunk (tessera_tile.dask)
+        if on_dask(args, kwargs):  # a lazy Dask array, chunk by chunk (tessera_tile.dask)
             if out is not None or stream is not None:
                 raise TypeError("out= and stream= are not taken with Dask arrays")
-            return _dask().apply(self, *args, **kwargs)
+            return dask_module().apply(self, *args, **kwargs)
         call = self._call(args, kwargs, out)
         program = self._program(call)
         if program.plan.stages and not _config.SIMULATED and not _config.gpu_present():

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import dynamic_shared
+from .. import dynamic_shared, fusion
 from .._fusion import runtime
 from .._runtime import arrays
 from ..tile_ir import BFLOAT16, storage_dtype
@@ -62,6 +62,8 @@ class PrebuiltOp:
             ready = self._ready.get(key)
             if ready is not None and (ready.tuner is None or ready.current()):
                 return ready.run(args, stream)
+        if key is None and fusion.on_dask(args, kwargs):
+            return self._on_dask(args, kwargs, out, stream)
         plan = self._plan(*args, **kwargs)
         result = plan.run(out, stream)
         if key is not None:
@@ -71,6 +73,18 @@ class PrebuiltOp:
                     self._ready.clear()
                 self._ready[key] = ready
         return result
+
+    def _on_dask(self, args, kwargs, out, stream):
+        """The op on Dask arrays: tessera_tile.dask's, chunk by chunk (a lazy Dask array)."""
+        if out is not None or stream is not None:
+            raise ValueError(
+                f"{self.__name__} on Dask arrays: out= and stream= are not taken (Dask schedules "
+                "the chunks and makes the result)"
+            )
+        on_chunks = getattr(fusion.dask_module(), self.__name__, None)
+        if on_chunks is None:
+            raise TypeError(f"{self.__name__} does not take Dask arrays")
+        return on_chunks(*args, **kwargs)
 
     def explain(self, *args, arch: str | None = None, **kwargs):
         """What the call would do, without running it (see the class docstring): where it runs

@@ -351,6 +351,18 @@ def test_apply_takes_prebuilt_ops(client):
     close(got, _softmax_ref(x.astype(np.float64)))
 
 
+def test_ops_and_tt_functions_take_dask_arrays_as_fused_functions_do(client):
+    # ops.layer_norm(dask_array) is ttd.layer_norm; tt.exp(dask_array) a fused function's apply
+    x = rng.standard_normal((6, 9)).astype(np.float32)
+    lazy = ops.layer_norm(chunked(x, (2, 9)))
+    assert type(lazy).__module__.startswith("dask."), type(lazy)
+    close(fetch(lazy, client), fetch(ttd.layer_norm(chunked(x, (2, 9))), client))
+    close(fetch(ops.sum(chunked(x, (2, 3)), axis=0), client), x.sum(0))
+    close(fetch(tt.exp(chunked(x, (2, 3))), client), np.exp(x))
+    with pytest.raises(ValueError, match="out= and stream= are not taken"):
+        ops.softmax(chunked(x, (2, 9)), out=np.empty_like(x))
+
+
 # chunkings drawn by hypothesis --------------------------------------------------------------
 
 
