@@ -120,7 +120,14 @@ def _report(subject: str, message: str) -> None:
 
 
 def _report_corrupt(path: Path, problem: str) -> None:
-    _report(str(path), f"tessera_tile cache: {path} is corrupt ({problem}); ignored, and rebuilt")
+    writable = path.parent not in _unwritable and os.access(path.parent, os.W_OK)
+    then = (
+        "ignored, and rebuilt"
+        if writable
+        else "ignored; the directory is read-only, so it is not rebuilt (set "
+        "TESSERA_TILE_CACHE_DIR to a writable directory)"
+    )
+    _report(str(path), f"tessera_tile cache: {path} is corrupt ({problem}); {then}")
 
 
 @dataclass(frozen=True)

@@ -200,6 +200,20 @@ def test_a_read_only_cache_warns_once_in_all_and_is_still_read(tmp_path):
     assert "cannot write" in message and all(c.disabled for c in caches)
 
 
+def test_a_corrupt_entry_in_a_read_only_cache_is_not_promised_a_rebuild(tmp_path):
+    cache = _cache.DiskCache("a", root=tmp_path)
+    cache.put({"k": 1}, 1)
+    (path,) = (tmp_path / "a").glob("*.json")
+    path.write_bytes(b"{not json")
+    with read_only(tmp_path):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert _cache.DiskCache("a", root=tmp_path).get({"k": 1}) is None
+    (message,) = cache_warnings(caught)
+    assert "is corrupt" in message and "read-only, so it is not rebuilt" in message, message
+    assert "and rebuilt" not in message
+
+
 def test_concurrent_writers_lose_nothing_and_tear_nothing(tmp_path):
     """Two processes tune the same launcher over overlapping shapes at once."""
     code = """
