@@ -32,8 +32,14 @@ from .._runtime import config as _config
 from .._runtime.arrays import host_to_device
 from . import roofline as _roofline
 
-DTYPES = ("bool", "int32", "int64", "float16", "float32", "float64")
+DTYPES = ("bool", "int32", "int64", "float16", "bfloat16", "float32", "float64")
 NAMESPACES = ("autotune", "programs", "kernels")
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 def _emit(as_json: bool, data, text: str) -> None:
@@ -170,6 +176,11 @@ def _writable(directory: Path) -> bool:
 @json_option
 def inspect_cmd(target, signature, arch, block, elements_per_iteration, as_json) -> None:
     """Compile FILE:KERNEL offline: resources, opcode histogram, occupancy, loops."""
+    if _config.SIMULATED:
+        raise click.ClickException(
+            "inspect compiles for a real GPU architecture, which cannot happen in a process "
+            "running the simulator: run it without NUMBA_ENABLE_CUDASIM=1 (no GPU is needed)"
+        )
     from .. import inspect as offline
 
     path, _, name = target.rpartition(":")
@@ -364,13 +375,16 @@ def cache_list(as_json) -> None:
     rows, ignored = [], []
     for ns in NAMESPACES:
         for e in _cache.DiskCache(ns).entries(include_ignored=True):
-            row = {"cache": ns, "file": e["path"].name}
+            row = {"cache": ns, "file": e["path"].name, "bytes": e["path"].stat().st_size}
             if e["status"] == "ok":
                 rows.append(row | {"key": e["key"], "value": e["value"]})
             else:
                 ignored.append(row | {"status": e["status"], "problem": e["problem"]})
     lines = [f"cache directory: {_config.cache_dir()}", f"{len(rows)} entr(y/ies)"]
-    lines += [f"  {r['cache']}: {json.dumps(r['key'], default=str)[:100]}" for r in rows]
+    lines += [
+        f"  {r['cache']}/{r['file']} ({r['bytes']} B): {json.dumps(r['key'], default=str)}"
+        for r in rows
+    ]
     if ignored:
         lines.append(f"{len(ignored)} ignored, rebuilt at their next use:")
         lines += [
@@ -410,7 +424,14 @@ def report(device, out, shape, as_json) -> None:
         raise click.ClickException(
             "the report needs matplotlib: pip install 'tessera_tile[report]'"
         ) from None
-    rows = _roofline.measure(shape)
+    from rich.progress import Progress
+
+    from .. import ops
+
+    # on stderr, so that --json output stays one document on stdout
+    with Progress(console=_stderr(), transient=True) as bar:
+        task = bar.add_task("measuring each op in the simulator", total=len(ops.__all__))
+        rows = _roofline.measure(shape, progress=lambda row: bar.advance(task))
     axes = _roofline.plot(rows, device, out)
     lines = [f"wrote {out} ({profiling.DEVICES[device].name})"]
     lines += [

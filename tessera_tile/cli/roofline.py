@@ -91,11 +91,10 @@ def hand_flops(name: str, shape: tuple, hidden: int | None = None) -> int:
     return 0
 
 
-def _measure_here(shape: tuple, dtype: str) -> list[dict]:
-    """In the simulator: each op's measured bytes and counted FLOPs."""
+def _measure_here(shape: tuple, dtype: str):
+    """In the simulator: each op's measured bytes and counted FLOPs, one op at a time."""
     from .. import ops, sim
 
-    rows = []
     for name in ops.__all__:
         op = getattr(ops, name)
         big = name in MATMUL_OPS
@@ -107,32 +106,35 @@ def _measure_here(shape: tuple, dtype: str) -> list[dict]:
         with sim.profile() as prof:
             op(*args, **kwargs)
         flops = profiling.explain_flops(op, *args, **kwargs) or hand_flops(name, at, hidden)
-        rows.append(
-            {
-                "op": name,
-                "shape": list(at),
-                "dtype": dt,
-                "bytes": prof.bytes_read + prof.bytes_written,
-                "flops": flops,
-                "launches": prof.launches,
-            }
-        )
-    return rows
+        yield {
+            "op": name,
+            "shape": list(at),
+            "dtype": dt,
+            "bytes": prof.bytes_read + prof.bytes_written,
+            "flops": flops,
+            "launches": prof.launches,
+        }
 
 
-def measure(shape: tuple = SHAPE, dtype: str = DTYPE) -> list[dict]:
-    """Run :func:`_measure_here` in a simulator child process."""
+def measure(shape: tuple = SHAPE, dtype: str = DTYPE, progress=None) -> list[dict]:
+    """Run :func:`_measure_here` in a simulator child process; ``progress(row)`` is called as
+    each op's row arrives."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     spec = json.dumps({"shape": list(shape), "dtype": dtype})
-    done = subprocess.run(
-        [sys.executable, "-m", "tessera_tile.cli.roofline", spec],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"the simulator run failed:\n{done.stderr.strip()[-2000:]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    command = [sys.executable, "-m", "tessera_tile.cli.roofline", spec]
+    rows = []
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        for line in child.stdout:
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+                if progress is not None:
+                    progress(rows[-1])
+        errors = child.stderr.read()
+    if child.returncode != 0:
+        raise RuntimeError(f"the simulator run failed:\n{errors.strip()[-2000:]}")
+    return rows
 
 
 def _roof(spec: profiling.DeviceSpec, dtype: str) -> float:
@@ -237,4 +239,4 @@ def plot(rows: list[dict], device: str, path: str) -> dict:
 if __name__ == "__main__":
     request = json.loads(sys.argv[1])
     for row in _measure_here(tuple(request["shape"]), request["dtype"]):
-        print(json.dumps(row))
+        print(json.dumps(row), flush=True)

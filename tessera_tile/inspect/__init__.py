@@ -383,7 +383,7 @@ def _compile_cached(pyfunc, signature, arch: str, cc, block: int, options) -> Co
     return CompileReport(
         name=name,
         arch=arch,
-        signature=str(signature),
+        signature=signature_text(signature),
         ptx=ptx,
         cubin=cubin,
         histogram=sass.histogram(ins for f in functions for ins in f.instructions),
@@ -395,6 +395,24 @@ def _compile_cached(pyfunc, signature, arch: str, cc, block: int, options) -> Co
         options=dict(options),
         **resources,
     )
+
+
+def signature_text(signature) -> str:
+    """A signature as its string form is written (``(float32[:, ::1], int64)``), whether it
+    came as that string or as Numba types (a fused kernel's)."""
+    if isinstance(signature, str):
+        return signature
+    from numba.core import types
+
+    def text(t) -> str:
+        if isinstance(t, types.Array):
+            axes = [":"] * t.ndim
+            if t.ndim and t.layout in "CF":
+                axes[-1 if t.layout == "C" else 0] = "::1"
+            return f"{t.dtype}[{', '.join(axes)}]"
+        return str(t)
+
+    return f"({', '.join(map(text, signature))})"
 
 
 def _ptx(pyfunc, signature, cc, nvvm_options: dict[str, Any]) -> str:

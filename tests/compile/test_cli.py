@@ -28,6 +28,7 @@ def cli(tmp_path):
         return done
 
     run.tmp = tmp_path
+    run.env = env
     return run
 
 
@@ -87,6 +88,14 @@ def test_explain_every_op(cli):
             assert data["flops"] >= 64 * 256, name
     text = cli("explain", "softmax", "--shape", "4096x1024", "--dtype", "float16").stdout
     assert "predicted global traffic 16777216 B" in text  # one read and one write of 2-byte x
+    text = cli("explain", "layer_norm", "--shape", "8x100", "--dtype", "bfloat16").stdout
+    assert "bfloat16[8, 100]" in text and "4096" not in text  # the IR at the call's shapes
+
+
+def test_inspect_in_a_simulator_process_says_why_it_cannot(cli):
+    cli.env["NUMBA_ENABLE_CUDASIM"] = "1"
+    err = cli("inspect", "kernels.py:axpy", "--signature", "void()", expect=1).stderr
+    assert "run it without NUMBA_ENABLE_CUDASIM=1" in err and "Traceback" not in err, err
 
 
 def test_bad_ops_shapes_and_dtypes_are_usage_errors(cli):
@@ -144,7 +153,12 @@ def test_cache_list_and_clear(cli):
     listed = json.loads(cli("cache", "list", "--json").stdout)
     assert [e["cache"] for e in listed["entries"]] == ["autotune"]
     assert listed["entries"][0]["value"]["config"] == "'a'"
-    assert "1 entr" in cli("cache", "list").stdout
+    text = cli("cache", "list").stdout
+    assert "1 entr" in text
+    (row,) = listed["entries"]
+    # the whole key, the file and its size
+    assert f"autotune/{row['file']} ({row['bytes']} B): {json.dumps(row['key'])}" in text, text
+    assert row["bytes"] == (cli.tmp / "cache" / "autotune" / row["file"]).stat().st_size
     assert json.loads(cli("cache", "clear", "--json").stdout)["autotune"] == 1
     assert json.loads(cli("cache", "list", "--json").stdout)["entries"] == []
 

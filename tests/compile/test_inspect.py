@@ -254,3 +254,11 @@ def test_bad_input_is_named():
         inspect.compile(shuffle_down, "void(float32[::1], int32)")
     with pytest.raises(ValueError, match="block"):
         inspect.compile(shuffle_down, "void(float32[::1], float32[::1])", block=0)
+
+
+def test_signatures_given_as_numba_types_read_as_written():
+    from numba.core import types
+
+    sig = (types.float32[:, ::1], types.float16[:], types.Array(types.float32, 2, "F"), types.int64)
+    assert inspect.signature_text(sig) == "(float32[:, ::1], float16[:], float32[::1, :], int64)"
+    assert inspect.signature_text("void(float32[::1])") == "void(float32[::1])"
