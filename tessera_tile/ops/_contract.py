@@ -314,6 +314,8 @@ class HandWritten:
     def run(self, out, stream):
         inputs = self.inputs()
         o = check_out(out, self.out_shape, self.dtype, inputs)
+        if o is not None and o.dtype != self.dtype:  # NumPy's same_kind, as fused functions
+            return _cast_into(self.run(None, stream), out=out, stream=stream)
         if o is not None and o.size:
             if any(n > 1 and s == 0 for n, s in zip(o.shape, o.strides, strict=True)):
                 raise ValueError("out repeats memory (a stride of 0): its copies would race")
@@ -446,7 +448,8 @@ def eps_value(eps) -> float:
 
 
 def check_out(out, shape, dtype, inputs: dict[str, arrays.Arg]) -> arrays.Arg | None:
-    """The record of ``out=`` of a hand-written op, checked against the result; and every
+    """The record of ``out=`` of a hand-written op, checked against the result (its dtype one
+    the result casts to under NumPy's ``same_kind`` rule, as for fused functions); and every
     array of the call (``inputs``: name -> record, and ``out``) on one side, host or device:
     TypeError naming two of them otherwise. Every hand-written op calls this before it
     places or launches anything (the fused functions check the same in their runtime)."""
@@ -454,8 +457,21 @@ def check_out(out, shape, dtype, inputs: dict[str, arrays.Arg]) -> arrays.Arg | 
     named = inputs if o is None else {**inputs, "out": o}
     arrays.check_one_side(list(named.values()), list(named))
     if o is not None:
-        arrays.check_out(o, "out", shape, dtype, inputs)
+        if o.dtype != dtype and not np.can_cast(dtype, o.dtype, "same_kind"):
+            raise TypeError(  # NumPy's words, as the fused functions say it
+                f"Cannot cast the result into out from dtype('{dtype}') to dtype('{o.dtype}') "
+                "with casting rule 'same_kind'"
+            )
+        arrays.check_out(o, "out", shape, o.dtype, inputs)
     return o
+
+
+def _same(result):
+    return result
+
+
+# an out= of another dtype (same_kind): the result, then one elementwise kernel casting it
+_cast_into = fusion.fuse(_same)
 
 
 def numba_type(rec: arrays.Arg):

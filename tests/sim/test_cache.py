@@ -205,10 +205,9 @@ def test_a_corrupt_entry_in_a_read_only_cache_is_not_promised_a_rebuild(tmp_path
     cache.put({"k": 1}, 1)
     (path,) = (tmp_path / "a").glob("*.json")
     path.write_bytes(b"{not json")
-    with read_only(tmp_path):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert _cache.DiskCache("a", root=tmp_path).get({"k": 1}) is None
+    with read_only(tmp_path), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _cache.DiskCache("a", root=tmp_path).get({"k": 1}) is None
     (message,) = cache_warnings(caught)
     assert "is corrupt" in message and "read-only, so it is not rebuilt" in message, message
     assert "and rebuilt" not in message

@@ -369,3 +369,41 @@ def test_misaligned_simulator_device_array_is_refused(op):
     args = [_arrays._fake_device_array(misaligned), *on("device", *hosts[1:])]
     with refused(ValueError, names[0], "multiples of its itemsize"):
         spec.call(*args)
+
+
+# --------------------------------------------------------------------------------------------
+# out= of another dtype: NumPy's same_kind rule, for every op and fused function alike
+
+
+def _wider_and_narrower(dtype: np.dtype) -> tuple:
+    """A dtype same_kind allows for a result of ``dtype`` (another float or int width), and
+    one it refuses (a float result into int32; an integer result into bool)."""
+    if dtype.kind == "f":
+        return np.dtype(np.float64 if dtype != np.float64 else np.float32), np.dtype(np.int32)
+    return np.dtype(np.int32 if dtype != np.int32 else np.int64), np.dtype(np.bool_)
+
+
+@pytest.mark.parametrize("op", SPECS)
+def test_out_of_another_dtype_follows_same_kind(op, side):
+    spec = SPECS[op]
+    want = np.asarray(spec.call(*spec.arrays.values()))
+    allowed, refused = _wider_and_narrower(want.dtype)
+    args = on(side, *spec.arrays.values())
+    (out,) = on(side, np.full(want.shape, 7, allowed))
+    got = spec.call(*args, out=out)
+    assert got is out
+    got = out.copy_to_host() if side == "device" else out
+    if want.dtype.kind == "f":
+        # the result cast once; a fused definition then runs another variant of its kernel
+        # (element accesses, not 16-byte vectors: the arrays' item sizes differ), whose
+        # rounding may differ by an ulp of the result's dtype, relative to the largest
+        # magnitude (a layer norm's centred values are as exact as x, not as themselves)
+        ulp = 2 * float(np.finfo(want.dtype).eps)
+        scale = float(np.abs(want).max(initial=0))
+        np.testing.assert_allclose(got, want.astype(allowed), rtol=ulp, atol=ulp * scale)
+    else:
+        np.testing.assert_array_equal(got, want.astype(allowed))
+    (bad,) = on(side, np.full(want.shape, 7, refused))
+    with counting_launches() as counted, pytest.raises(TypeError, match="same_kind"):
+        spec.call(*args, out=bad)
+    assert counted.launches == 0
