@@ -100,7 +100,8 @@ class _CrossEntropy(HandWritten):
         """The row kernel, then the mean or sum of its losses (a fused full reduction)."""
         handles = [arrays.device_handle(r) for r in records]
         if self.reduction == "none":
-            launch_all(self.launches(records, result), [*handles, result.value], place.stream)
+            out = arrays.device_handle(result)  # a view numba launches on, whatever out= is
+            launch_all(self.launches(records, result), [*handles, out], place.stream)
             return
         n = self.logits.shape[0]
         loss, valid = place.temp((n,), self.compute), place.temp((n,), self.compute)

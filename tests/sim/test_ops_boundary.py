@@ -407,3 +407,15 @@ def test_out_of_another_dtype_follows_same_kind(op, side):
     with counting_launches() as counted, pytest.raises(TypeError, match="same_kind"):
         spec.call(*args, out=bad)
     assert counted.launches == 0
+
+
+@pytest.mark.parametrize("op", SPECS)
+def test_out_as_a_plain_cuda_array_interface_object(op):
+    # any __cuda_array_interface__ object is a device array, as an input and as out=
+    spec = SPECS[op]
+    want = np.asarray(spec.call(*spec.arrays.values()))
+    (device_out,) = on("device", np.full(want.shape, 7, want.dtype))
+    out = Interface(device_out)
+    got = spec.call(*on("device", *spec.arrays.values()), out=out)
+    assert got is out
+    np.testing.assert_array_equal(device_out.copy_to_host(), want)
