@@ -322,15 +322,29 @@ _SWAPS = {id(math): (math, MODULE)} | {
 @contextlib.contextmanager
 def swapped_math(fn):
     """Inside, ``fn``'s module sees :data:`MODULE`: every global bound to the ``math`` module
-    or to one of its functions is bound to the twin, and restored on exit."""
+    or to one of its functions is bound to the twin, and so is every variable of ``fn``'s
+    closure (``log = math.log`` captured by a kernel made in a factory); restored on exit."""
     fn_globals = fn.__globals__
     saved = {}
     for key, value in fn_globals.items():
         swap = _SWAPS.get(id(value))
         if swap is not None and swap[0] is value:
             saved[key] = value
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a variable not yet bound
+            continue
+        swap = _SWAPS.get(id(value))
+        if swap is not None and swap[0] is value:
+            cells.append((cell, value))
     fn_globals.update({key: _SWAPS[id(value)][1] for key, value in saved.items()})
+    for cell, value in cells:
+        cell.cell_contents = _SWAPS[id(value)][1]
     try:
         yield
     finally:
         fn_globals.update(saved)
+        for cell, value in cells:
+            cell.cell_contents = value

@@ -157,6 +157,30 @@ def test_unary_functions_against_numpy(name, dtype):
     assert_cuda_close(got, reference(UNARY_UFUNCS[name], dtype, x), ulps, name, [x])
 
 
+@functools.cache
+def through_a_closure(name: str):
+    """A kernel made in a factory that captures ``math.<name>`` as a variable (valid numba-cuda:
+    a closure variable is a constant of the kernel)."""
+    fn = getattr(math, name)
+
+    @cuda.jit
+    def kernel(x, out):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = fn(x[i])
+
+    return kernel
+
+
+@pytest.mark.parametrize("name", sorted({*UNARY_UFUNCS, *EXACT_UNARY}))
+def test_math_functions_captured_in_a_closure_follow_cuda_too(name):
+    # they raised ValueError / OverflowError on special values (Python's math)
+    x = special_values(np.float64)
+    out = np.zeros(x.size)
+    launch(through_a_closure(name), x, out)
+    np.testing.assert_array_equal(out, call_in_kernel(name, x))  # as math.<name>(x) gives
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 @pytest.mark.parametrize("name", sorted(EXACT_UNARY))
 def test_correctly_rounded_unary_functions_give_numpys_bits(name, dtype):
