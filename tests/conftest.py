@@ -5,6 +5,10 @@
   there is none); tests marked ``sim_only`` (profiler, race detection...) are left out;
 * ``compile``: ``pytest tests/compile``, real compilation for sm_80 and sm_90.
 
+A test of ``tests/sim`` that takes ``side`` runs on host and on device arrays; one marked
+``device_only`` (a heavy kernel case) on device arrays alone: the host path (copies around the
+same launches) is covered by each op's and fused function's boundary tests.
+
 Hypothesis profiles (``HYPOTHESIS_PROFILE``): ``deterministic``, the default and always in CI
 (``CI`` set), draws the same examples on every run and machine (derandomised, no example
 database, no shrinking: a failure shows the example as drawn); ``explore`` draws new random
