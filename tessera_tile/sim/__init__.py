@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from .._runtime import config as _config
 from ._base import SimulationError, twin, twins
+from .transfers import transfers  # named as its module: a lazy name would lose to the module
 
 if TYPE_CHECKING:
     from .profiler import Profile
@@ -52,7 +53,6 @@ _LAZY = {
     "address": ".tracked_arrays", "carved": ".tracked_arrays",
     "element_address": ".tracked_arrays", "in_allocation": ".tracked_arrays",
     "load": ".tracked_arrays", "store": ".tracked_arrays",
-    "transfers": ".transfers",
 }  # fmt: skip
 
 

@@ -53,7 +53,10 @@ def twin(python_impl: Callable) -> Callable[[Callable], Callable]:
     """
 
     def register(intrinsic: Callable) -> Callable:
-        name = f"{python_impl.__module__}.{getattr(intrinsic, '__name__', python_impl.__name__)}"
+        # named where the intrinsic is defined (its twin may live in the simulator's modules)
+        module = getattr(getattr(intrinsic, "_defn", intrinsic), "__module__", None)
+        name = f"{module or python_impl.__module__}."
+        name += getattr(intrinsic, "__name__", python_impl.__name__)
         _TWINS[name] = (intrinsic, python_impl)
         if _config.SIMULATED:
             transparent_code.add(python_impl.__code__)

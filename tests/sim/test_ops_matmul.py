@@ -454,7 +454,7 @@ BAD = [
         "config has float16 tiles",
     ),
     (lambda: ops.matmul(F32, W, out=np.zeros((4, 4), "f4")), ValueError, "out has shape"),
-    (lambda: ops.matmul(F32, W, out=np.zeros((4, 5), "f2")), ValueError, "out has shape"),
+    (lambda: ops.matmul(F32, W, out=np.zeros((4, 5), "i4")), TypeError, "same_kind"),
     (lambda: ops.mlp(F32, W, None, np.zeros((4, 2), "f4"), None), ValueError, "w2 has shape"),
     (lambda: ops.mlp(F32, W, np.zeros(3, "f4"), np.zeros((5, 2), "f4"), None), ValueError, "b1"),
     (lambda: ops.mlp(F32, W, None, np.zeros((5, 2), "f4"), np.zeros(3, "f4")), ValueError, "b2"),
