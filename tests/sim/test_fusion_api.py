@@ -181,8 +181,20 @@ def test_tt_functions_on_arrays_outside_a_fused_function_run_one_kernel(side):
 def test_tt_functions_on_scalars_outside_a_fused_function_follow_numpy():
     assert repr(tt.exp(2.0)) == repr(np.exp(2.0))
     assert repr(tt.maximum(np.float32(1), 2)) == repr(np.maximum(np.float32(1), 2))
-    with pytest.raises(TypeError, match="a list is neither an array"):
+    with pytest.raises(TypeError, match="argument 0 of sum is a list, not an array"):
         tt.sum([1, 2, 3])
+    with pytest.raises(TypeError, match="pass axis as ints, tuples"):
+        tt.sum(np.ones(3), axis=[0])
+
+
+def test_tt_functions_outside_take_new_numbers_without_new_kernels():
+    # numbers are arguments of the function's one fused function; axes and dtypes shape it
+    x = rng.standard_normal(8).astype(np.float32)
+    tt.maximum(x, 0.25)
+    misses = kernel_cache.misses
+    for bound in (0.5, -1.0, 2.0):  # one scalar kind: one signature
+        np.testing.assert_array_equal(tt.maximum(x, bound), np.maximum(x, bound))
+    assert kernel_cache.misses == misses
 
 
 def test_numpy_ufuncs_on_traced_values_work():
