@@ -41,6 +41,7 @@ import numpy as np
 
 from ._runtime import cache as _cache
 from ._runtime import config as _config
+from ._runtime import target as _target
 
 __all__ = ["Autotuned", "autotune", "bucket"]
 
@@ -73,12 +74,7 @@ def key_part(value) -> list:
 
 def _arch() -> str:
     """The architecture tuning results are measured on ("none" without a GPU)."""
-    if not _config.gpu_present():
-        return "none"
-    from numba import cuda
-
-    major, minor = cuda.get_current_device().compute_capability
-    return f"sm_{major}{minor}"
+    return _target.current().name if _config.gpu_present() else "none"
 
 
 def _default_model(config, *args, **kwargs) -> float:

@@ -18,23 +18,21 @@ opted in. numba-cuda has no API for the opt-in; :func:`launch` makes it and laun
 
 Limits per block (CUDA C++ Programming Guide, "Technical Specifications per Compute
 Capability", maximum amount of shared memory per thread block): sm_80 and sm_87 163 KiB,
-sm_86 and sm_89 99 KiB, sm_90 227 KiB. On a GPU :func:`limit` reads the device's own figure; in
-the simulator (an sm_90, unless ``sim.simulated_arch`` says otherwise) and offline it comes from
-this table. The simulator refuses what the GPU refuses: static arrays over 48 KiB, dynamic
-memory over 48 KiB without the opt-in, and either over the architecture's limit.
+sm_86 and sm_89 99 KiB, sm_90 227 KiB. On a GPU :func:`limit` reads the device's own figure;
+in the simulator (an sm_80, unless ``sim.simulated_arch`` says otherwise) and offline (an sm_90)
+it comes from this table. The simulator refuses what the GPU refuses: static arrays over 48 KiB,
+dynamic memory over 48 KiB without the opt-in, and either over the architecture's limit.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import threading
 
 import numpy as np
 
 from ._runtime import config as _config
+from ._runtime import target as _target
 from .sim import compat, shared_limits
-from .sim.shared_limits import BLOCK_LIMIT, MAX_BLOCK_LIMIT, STATIC_LIMIT
 
 __all__ = [
     "BLOCK_LIMIT",
@@ -49,81 +47,30 @@ __all__ = [
     "planning_for",
 ]
 
-OFFLINE_ARCH = "sm_90"  # what plans target with no GPU: the machine the default models describe
+STATIC_LIMIT = _target.STATIC_SHARED  # bytes of static shared memory per block, everywhere
+BLOCK_LIMIT = {name: t.block_shared for name, t in _target.TARGETS.items()}  # once opted in
+MAX_BLOCK_LIMIT = _target.MAX_BLOCK_SHARED  # no architecture gives a block more
+planning_for = _target.planning_for  # inside, plans are made for the architecture named
 
 
 def arch() -> str:
-    """The architecture kernels run on: the GPU's, the simulated one, else :data:`OFFLINE_ARCH`."""
-    if _config.SIMULATED:
-        return shared_limits.ARCH[0]
-    if _config.gpu_present():
-        from numba import cuda
-
-        major, minor = cuda.get_current_device().compute_capability
-        return f"sm_{major}{minor}"
-    return OFFLINE_ARCH
-
-
-class _Planning(threading.local):
-    target: str | None = None  # the architecture an offline compile plans for
-
-
-_planning = _Planning()
-
-
-WGMMA_ARCHS = ("sm_90", "sm_90a")  # what numba-cuda builds for compute capability 9.0: sm_90a
-
-
-@contextlib.contextmanager
-def planning_for(arch: str | None):
-    """Inside, plans are made for ``arch`` (an offline ``inspect`` or ``explain``): ``"sm_90"``
-    (or ``"sm_90a"``) plans what a GPU of compute capability 9.0 runs, the warpgroup-MMA
-    kernels; another architecture the others; wherever this runs. ``None`` changes nothing
-    (plans for where kernels run)."""
-    if arch is None:
-        yield
-        return
-    shared_limits.block_limit(arch)  # an unknown architecture: ValueError, naming the known
-    saved, _planning.target = _planning.target, arch
-    try:
-        yield
-    finally:
-        _planning.target = saved
+    """The architecture kernels are planned for (:func:`tessera_tile._runtime.target.current`):
+    the GPU's, the simulated one (sm_80 unless ``sim.simulated_arch`` names another), the one
+    :func:`planning_for` names, else ``"sm_90"``."""
+    return _target.current().name
 
 
 def wgmma() -> bool:
-    """Whether kernels run where warpgroup MMA is (sm_90a): on a GPU of compute capability 9.0
-    or more (numba-cuda compiles for sm_90a there), in plans made for ``"sm_90"`` or
-    ``"sm_90a"`` (:func:`planning_for`), or in the simulator standing for sm_90a
-    (``sim.simulated_arch("sm_90a")``). The simulator's default device and plans made with no
-    GPU and no architecture named run the mma.sync kernels."""
-    if _planning.target is not None:
-        return _planning.target in WGMMA_ARCHS
-    if _config.SIMULATED:
-        return shared_limits.ARCH[0] == "sm_90a"
-    return _gpu_has_wgmma()
-
-
-@functools.cache
-def _gpu_has_wgmma() -> bool:
-    """Asked once per process (every call plans with it): the GPU's compute capability."""
-    if not _config.gpu_present():
-        return False
-    from numba import cuda
-
-    return tuple(cuda.get_current_device().compute_capability) >= (9, 0)
+    """Whether the kernels are planned for a device with warpgroup MMA: compute capability 9.0,
+    which numba-cuda compiles for as sm_90a (a GPU, ``planning_for("sm_90")``, offline with no
+    architecture named, or ``sim.simulated_arch("sm_90")``)."""
+    return _target.current().wgmma
 
 
 def limit(target: str | None = None) -> int:
     """Bytes of shared memory a block may use once opted in: on ``target`` (from the table), or
-    on the device kernels run on (a GPU's own figure; the simulated or offline one's)."""
-    if target is None:
-        if not _config.SIMULATED and _config.gpu_present():
-            from numba import cuda
-
-            return int(cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-        target = arch()
-    return shared_limits.block_limit(target)
+    where kernels are planned for (a GPU's own figure; the simulated or offline one's)."""
+    return (_target.current() if target is None else _target.target(target)).block_shared
 
 
 _opted: dict = {}  # (kernel, argument types, device) -> bytes opted into

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dynamic_shared, profiling
+from . import profiling
 from . import tile_ir as ir
 from ._fusion import lower, persist, runtime, schedule
 from ._fusion import plan as planner
@@ -72,6 +72,7 @@ from ._fusion.trace import swapaxes as _swapaxes
 from ._fusion.trace import tri as _tri
 from ._runtime import cache as _cache
 from ._runtime import config as _config
+from ._runtime import target
 from .tile_ir import Op
 
 __all__ = [
@@ -264,10 +265,9 @@ class FusedFunction:
 
         Nothing is allocated or launched; NumPy arrays may stand in for device arrays. ``arch``:
         plan for that architecture rather than where kernels run now (``"sm_90"``: Hopper's
-        warpgroup-MMA GEMM and attention kernels). On Dask arrays:
-        :func:`tessera_tile.dask.explain`'s report (per chunk, and between chunks).
+        warpgroup-MMA kernels). On Dask arrays: :func:`tessera_tile.dask.explain`'s report.
         """
-        with dynamic_shared.planning_for(arch):  # the stages' reports plan their kernels too
+        with target.planning_for(arch):  # the stages' reports plan their kernels too
             if on_dask(args, kwargs):
                 return dask_module().explain(self, *args, **kwargs)
             _, program, shapes, stages = self._bound(args, kwargs)
@@ -287,15 +287,14 @@ class FusedFunction:
         program = self._program(call)
         return profiling.trace_flops(program.trace.nodes, call.shapes(program))
 
-    def inspect(self, *args, arch: str = "sm_90", **kwargs) -> list:
-        """Compile the kernels of this call offline (no GPU needed) for ``arch``.
-
-        Returns one :class:`tessera_tile.inspect.CompileReport` per kernel, in launch order.
-        """
+    def inspect(self, *args, arch: str | None = None, **kwargs) -> list:
+        """Compile offline (no GPU needed) the kernels :meth:`explain` plans for the same
+        ``arch``: one :class:`tessera_tile.inspect.CompileReport` each, in launch order."""
         from . import inspect as offline
 
-        with dynamic_shared.planning_for(arch):  # sm_90: the warpgroup-MMA kernels
+        with target.planning_for(arch):
             launches = self.kernel_signatures(*args, **kwargs)
+            arch = target.current().name
         return [
             offline.compile(kernel, signature, arch=arch, block=block, dynamic_shared=shared)
             for kernel, signature, block, shared in launches

@@ -55,6 +55,7 @@ import math
 from dataclasses import astuple, dataclass, fields, replace
 
 from . import dynamic_shared
+from ._runtime import target as _target
 from .dynamic_shared import BLOCK_LIMIT as ARCH_SHARED_LIMIT
 from .dynamic_shared import MAX_BLOCK_LIMIT as MAX_SHARED
 from .dynamic_shared import STATIC_LIMIT as STATIC_SHARED_LIMIT
@@ -266,13 +267,11 @@ def estimated_registers(config: TileConfig) -> int:
     return tm * tn + tm * 4 + tn + 24
 
 
-def blocks_per_sm(config: TileConfig, arch: str = "sm_90") -> int:
+def blocks_per_sm(config: TileConfig, arch: str | None = "sm_90") -> int:
     regs = -(-estimated_registers(config) * WARP // 256) * 256  # per warp, in units of 256
     by_regs = SM_REGISTERS // (regs * config.num_warps)
-    from .inspect import ARCHS  # here: importing tessera_tile must not load the compiler side
-
-    sm = ARCHS.get(arch, ARCHS["sm_90"])  # shared memory per SM, and the per-block reserve
-    by_smem = sm.max_shared // (config.shared_bytes + sm.reserved_shared)
+    sm = _target.current() if arch is None else _target.target(arch)
+    by_smem = sm.sm_shared // (config.shared_bytes + sm.reserved_shared)
     return max(0, min(by_regs, by_smem, SM_WARPS // config.num_warps, SM_BLOCKS))
 
 
@@ -301,7 +300,13 @@ def traffic_bytes(m: int, n: int, k: int, batch: int, config: TileConfig, itemsi
 
 
 def estimate(
-    m: int, n: int, k: int, batch: int, config: TileConfig, itemsize: int = 4, arch: str = "sm_90"
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    config: TileConfig,
+    itemsize: int = 4,
+    arch: str | None = "sm_90",
 ):
     """The analytic model's estimate for ``config`` on a ``batch`` of ``(m, k) @ (k, n)``
     (blocks per SM from ``arch``'s shared memory per SM). A warp-specialised config is
@@ -397,13 +402,10 @@ def score(
     if config.dtype != tile_dtype(dtype, precision) or not config.fits(arch):
         return math.inf
     wgmma_only = config in WGMMA_CANDIDATES or config.num_warps == WARP_SPECIALISED
-    if wgmma_only and not dynamic_shared.wgmma():
+    if wgmma_only and not (_target.current() if arch is None else _target.target(arch)).wgmma:
         return math.inf
     item = 2 if config.dtype == "float16" else 4
-    e = estimate(
-        max(m, 1), max(n, 1), max(k, 1), max(batch, 1), config, item,
-        arch or dynamic_shared.arch(),
-    )  # fmt: skip
+    e = estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), config, item, arch)
     return e.seconds + e.bytes * 1e-21
 
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import dynamic_shared, profiling
+from .. import profiling
 from .. import tile_ir as ir
-from .._runtime import arrays
+from .._runtime import arrays, target
 from .._runtime import config as _config
 from .._runtime.arrays import DEVICE, Arg
 from ..sim import compat
@@ -415,7 +415,7 @@ def launch_plan(
     program: Program, call: Call, cache: KernelCache, math: str, precision: str | None = None
 ) -> LaunchPlan:
     """The call's launch plan, made at the first call with this layout."""
-    key = (layout_key(call), math, precision, dynamic_shared.wgmma())  # the GEMM kernels
+    key = (layout_key(call), math, precision, target.current())  # the stages' kernels
     return program.launch_plans.get(key, lambda: _make_plan(program, call, cache, math, precision))
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .._runtime import config as _config
+from .._runtime import target as _target
 from ..dynamic_shared import limit as dynamic_shared_limit
 from ..sim import compat
 from . import sass
@@ -49,31 +50,10 @@ from .sass import Loop
 __all__ = ["ARCHS", "CompileReport", "Loop", "compile", "occupancy"]
 
 
-@dataclass(frozen=True)
-class ArchLimits:
-    """Per-SM limits of one architecture (CUDA occupancy calculator figures)."""
-
-    cc: tuple  # (major, minor), and "a" for the arch-specific target
-    max_warps: int
-    max_blocks: int
-    registers: int
-    max_shared: int  # bytes of shared memory per SM usable by blocks
-    reserved_shared: int = 1024  # per block, reserved by the system on sm_80+
-    register_granularity: int = 256  # registers are allocated per warp in units of this
-    shared_granularity: int = 128
-
-
-ARCHS: dict[str, ArchLimits] = {
-    "sm_80": ArchLimits((8, 0), max_warps=64, max_blocks=32, registers=65536, max_shared=167936),
-    "sm_86": ArchLimits((8, 6), max_warps=48, max_blocks=16, registers=65536, max_shared=102400),
-    "sm_89": ArchLimits((8, 9), max_warps=48, max_blocks=24, registers=65536, max_shared=102400),
-    # numba-cuda builds every kernel for a device of compute capability 9.0 as sm_90a (sm_90
-    # with Hopper's arch-specific instructions, wgmma): so does "sm_90" here.
-    "sm_90": ArchLimits(
-        (9, 0, "a"), max_warps=64, max_blocks=32, registers=65536, max_shared=233472
-    ),
-}
-ARCHS["sm_90a"] = ARCHS["sm_90"]  # its own name, the same target
+# The architectures reports are made for, with their per-SM limits (CUDA occupancy calculator
+# figures): one table, the runtime's. "sm_90" (or "sm_90a") compiles for sm_90a, as numba-cuda
+# does on a device of compute capability 9.0.
+ARCHS = _target.TARGETS
 
 DEFAULT_BLOCK = 256
 
@@ -94,7 +74,7 @@ def occupancy(arch: str, registers: int, shared_bytes: int, block: int) -> float
     by_regs = (lim.registers // per_warp_regs) // warps
     smem = shared_bytes + lim.reserved_shared
     smem = -(-smem // lim.shared_granularity) * lim.shared_granularity
-    by_smem = lim.max_shared // smem
+    by_smem = lim.sm_shared // smem
     blocks = min(by_warps, by_regs, by_smem, lim.max_blocks)
     return blocks * warps / lim.max_warps
 
@@ -313,7 +293,9 @@ def compile(  # noqa: A001 - the public name asked for by users of this module
     signature:
         A Numba signature, as a string (``"void(float32[::1], int32)"``) or a tuple of types.
     arch:
-        ``"sm_80"``, ``"sm_86"``, ``"sm_89"`` or ``"sm_90"``.
+        One of :data:`ARCHS`: ``"sm_80"``, ``"sm_86"``, ``"sm_87"``, ``"sm_89"`` or ``"sm_90"``
+        (compiled for sm_90a, as numba-cuda compiles for a GPU of compute capability 9.0;
+        ``"sm_90a"`` names it too).
     block:
         Threads per block for the occupancy figure (default: the kernel's ``launch_bounds``
         maximum if it has one, else 256).
@@ -358,7 +340,7 @@ def _compile_cached(pyfunc, signature, arch: str, cc, block: int, options) -> Co
     max_registers = nvvm_options.pop("max_registers", None)
     ptx = _ptx(pyfunc, signature, cc, nvvm_options)
     tools = _tools()
-    target = "sm_" + "".join(str(part) for part in cc)  # "sm_90a" for "sm_90"
+    target = "sm_" + "".join(str(part) for part in cc)  # (9, 0, "a"): "sm_90a"
     ptxas_flags = [f"-arch={target}", "-v"]
     if max_registers:
         ptxas_flags.append(f"-maxrregcount={max_registers}")
@@ -486,11 +468,8 @@ def _block(block: int | None, launch_bounds: Any) -> int:
     return block
 
 
-def _arch(arch: str) -> ArchLimits:
-    try:
-        return ARCHS[arch]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown target {arch!r}; known: {', '.join(ARCHS)}") from None
+def _arch(arch: str) -> _target.Target:
+    return _target.target(arch)
 
 
 def _dist(name: str) -> str:

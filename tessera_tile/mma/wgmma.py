@@ -34,10 +34,10 @@ _I64 = ir.IntType(64)
 
 
 def _require_sm90a(name: str) -> None:
-    """Codegen: refuse a wgmma instruction for a target below sm_90 (where the target is known)
-    with our message rather than ptxas's."""
+    """Codegen: refuse a wgmma instruction for a target other than sm_90a (where the target is
+    known; Blackwell's sm_100a has no wgmma) with our message rather than ptxas's."""
     cc = target_compute_capability()
-    if cc is not None and cc < (9, 0):
+    if cc is not None and tuple(cc[:2]) != (9, 0):
         raise NumbaTypeError(
             f"{name}: wgmma needs compute capability 9.0 (sm_90a: numba-cuda adds the 'a' on "
             f"9.0 and later); this compile targets sm_{cc[0]}{cc[1]}. Use mma_m16n8k16 there"

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import dynamic_shared, fusion
 from .._fusion import runtime
-from .._runtime import arrays
+from .._runtime import arrays, target
 from ..tile_ir import BFLOAT16, storage_dtype
 
 MAX_READY = 256  # calls an op keeps (by key; bounded)
@@ -87,18 +87,17 @@ class PrebuiltOp:
         return on_chunks(*args, **kwargs)
 
     def explain(self, *args, arch: str | None = None, **kwargs):
-        """What the call would do, without running it (see the class docstring): where it runs
-        now, or on ``arch`` (``"sm_90"``: what a GPU of compute capability 9.0 runs, the
-        warpgroup-MMA kernels)."""
-        with dynamic_shared.planning_for(arch):
+        """What the call would do, without running it (see the class docstring): for where
+        kernels run now, or for ``arch`` (``"sm_90"``: what a GPU of compute capability 9.0
+        runs, the warpgroup-MMA kernels)."""
+        with target.planning_for(arch):
             return self._plan(*args, **kwargs).explain()
 
-    def inspect(self, *args, arch: str = "sm_90", **kwargs) -> list:
-        """Offline compile reports of the kernels the call would launch, for ``arch``
-        (``"sm_90"``: what a GPU of compute capability 9.0 runs, the warpgroup-MMA kernels,
-        compiled for sm_90a as numba-cuda compiles there)."""
-        with dynamic_shared.planning_for(arch):
-            return self._plan(*args, **kwargs).inspect(arch)
+    def inspect(self, *args, arch: str | None = None, **kwargs) -> list:
+        """Offline compile reports of the kernels the call would launch: the kernels
+        :meth:`explain` plans for the same ``arch``, compiled for it."""
+        with target.planning_for(arch):
+            return self._plan(*args, **kwargs).inspect(target.current().name)
 
     def __repr__(self) -> str:
         return f"<tessera_tile op {self.__name__}{self.__signature__}>"
@@ -108,8 +107,8 @@ def _key(args: tuple, kwargs: dict) -> tuple | None:
     """An op call's key: positional arrays by layout, everything else by value (keywords must
     be values: an array passed by keyword is not kept)."""
     key = runtime.quick_key(args, constants=True)
-    if key is not None:  # the kernels differ where warpgroup MMA is (sm_90a)
-        key = (dynamic_shared.wgmma(), *key)
+    if key is not None:  # the kernels differ per architecture (sm_90a: warpgroup MMA)
+        key = (target.current(), *key)
     if key is None or not kwargs:
         return key
     named = runtime.quick_key(tuple(kwargs.values()), constants=True)

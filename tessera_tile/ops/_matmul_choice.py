@@ -77,7 +77,7 @@ def as_wgmma(c: TileConfig, has_bias: bool = False, bf16: bool = False) -> wg.Wg
 
 def wgmma_config(config: TileConfig, dtype, has_bias: bool, dual: bool) -> wg.WgmmaConfig | None:
     """The warpgroup-MMA kernel's config for a float16 ``config`` where it runs (sm_90a: a GPU
-    of compute capability 9.0 or more, or the simulator standing for one) and takes the tile;
+    of compute capability 9.0, or the simulator standing for one) and takes the tile;
     else None (the mma.sync kernels)."""
     if dual or config.dtype != "float16" or not dynamic_shared.wgmma():
         return None

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import dynamic_shared
 from .._fusion.compile import CountingCache
 from .._fusion.runtime import MAX_LAUNCH_PLANS
-from .._runtime import arrays
+from .._runtime import arrays, target
 from ..kernels import epilogue
 from ..kernels import matmul_tc as tc
 from ..tile_config import (
@@ -181,7 +180,7 @@ class Product(HandWritten):
             config, self.precision, self.activation, self.names[:2], self.batch, self.a_vector,
             self.b_vector, *(_layout(r) for r in (a, b, self.bias, c, self.b2)), self.epilogue,
             self.prologue,
-            self.scalar_types, *(_layout(r) for r in self.extras), dynamic_shared.wgmma(),
+            self.scalar_types, *(_layout(r) for r in self.extras), target.current(),
         )  # fmt: skip
         return _LAUNCH_PLANS.get(key, lambda: self._plan_launches(a, b, c, config))
 

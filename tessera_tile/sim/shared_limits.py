@@ -5,32 +5,20 @@
 * Dynamic shared memory (``kernel[grid, block, stream, nbytes]``) that, with the block's static
   arrays, passes 48 KiB without the kernel's opt-in (:func:`opt_in`), or passes what it opted in
   to: the launch fails (``CUDA_ERROR_INVALID_VALUE``).
-* An opt-in over the simulated architecture's limit (:data:`ARCH`): the driver refuses the
-  attribute.
+* An opt-in over the simulated architecture's limit: the driver refuses the attribute.
 
-The simulator models an sm_90 device unless :func:`simulated_arch` says otherwise. Limits per
-architecture: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability",
-maximum amount of shared memory per thread block.
+The simulator models an sm_80 device unless :func:`simulated_arch` says otherwise; the limits
+per architecture are :mod:`tessera_tile._runtime.target`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
-
+from .._runtime import target as _target
 from . import compat
 from ._base import SimulationError
 
-STATIC_LIMIT = 48 * 1024  # bytes of static shared memory per block, every architecture
-BLOCK_LIMIT = {  # bytes a block may opt into, per architecture
-    "sm_80": 163 * 1024,
-    "sm_86": 99 * 1024,
-    "sm_87": 163 * 1024,
-    "sm_89": 99 * 1024,
-    "sm_90": 227 * 1024,
-    "sm_90a": 227 * 1024,  # sm_90 with its arch-specific instructions (wgmma)
-}
-MAX_BLOCK_LIMIT = max(BLOCK_LIMIT.values())  # no architecture gives a block more
-ARCH = ["sm_90"]  # the simulated device's architecture (a list: simulated_arch() changes it)
+STATIC_LIMIT = _target.STATIC_SHARED  # bytes of static shared memory per block
+
 
 # The bytes of dynamic shared memory a kernel opted into, per argument kinds: an attribute of
 # the kernel object (two kernels of one function opt in apart), a dict its configured copies
@@ -44,34 +32,29 @@ class SharedMemoryError(SimulationError):
 
 def block_limit(arch: str) -> int:
     """Bytes of shared memory (static and dynamic) a block may use on ``arch`` once opted in."""
-    try:
-        return BLOCK_LIMIT[arch]
-    except KeyError:
-        known = sorted(BLOCK_LIMIT)
-        raise ValueError(f"no shared-memory limit known for {arch!r}; known: {known}") from None
+    return _target.target(arch).block_shared
 
 
-@contextlib.contextmanager
 def simulated_arch(arch: str):
-    """Inside, the simulator applies ``arch``'s shared-memory limit."""
-    block_limit(arch)
-    saved = ARCH[0]
-    ARCH[0] = arch
-    try:
-        yield
-    finally:
-        ARCH[0] = saved
+    """Inside (a context manager), the simulator stands for a device of architecture ``arch``:
+    its shared-memory limits, and the kernels plans choose for it (``"sm_90a"``: warpgroup
+    MMA)."""
+    return _target.simulating(arch)
+
+
+def _arch() -> str:
+    return _target.simulated().name
 
 
 def opt_in(kernel, args, nbytes: int) -> None:
     """Let ``kernel``, launched on arguments of the kinds of ``args``, use up to ``nbytes`` of
     dynamic shared memory, as ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` does for one
     compiled kernel; refused over the architecture's limit."""
-    limit = block_limit(ARCH[0])
+    limit = block_limit(_arch())
     if not 0 <= nbytes <= limit:
         raise SharedMemoryError(
             f"cannot opt {kernel.fn.__name__} into {nbytes} B of dynamic shared memory: "
-            f"{ARCH[0]} allows a block at most {limit} B (CUDA_ERROR_INVALID_VALUE)"
+            f"{_arch()} allows a block at most {limit} B (CUDA_ERROR_INVALID_VALUE)"
         )
     opted = kernel.__dict__.setdefault(_OPTED_IN, {})
     opted[compat.argument_kinds(args)] = nbytes
@@ -109,8 +92,8 @@ def check_block(fn, opted: int | None, static: int, dynamic: int) -> None:
             f"launch of {fn.__name__}: {static} B of static and {dynamic} B of dynamic shared "
             f"memory need an opt-in over {STATIC_LIMIT} B (CUDA_ERROR_INVALID_VALUE)"
         )
-    if opted is not None and static + opted > block_limit(ARCH[0]):
+    if opted is not None and static + opted > block_limit(_arch()):
         raise SharedMemoryError(
             f"{fn.__name__}: {static} B of static shared memory and an opt-in of {opted} B "
-            f"pass {ARCH[0]}'s {block_limit(ARCH[0])} B per block (CUDA_ERROR_INVALID_VALUE)"
+            f"pass {_arch()}'s {block_limit(_arch())} B per block (CUDA_ERROR_INVALID_VALUE)"
         )

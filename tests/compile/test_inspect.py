@@ -244,7 +244,7 @@ def test_occupancy_model():
 
 
 def test_bad_input_is_named():
-    with pytest.raises(ValueError, match="unknown target 'sm_70'"):
+    with pytest.raises(ValueError, match="unknown architecture 'sm_70'"):
         inspect.compile(shuffle_down, "void(float32[::1], float32[::1])", arch="sm_70")
     with pytest.raises(TypeError, match="expected a @cuda.jit kernel"):
         inspect.compile(42, "void()")

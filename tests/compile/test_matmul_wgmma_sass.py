@@ -181,6 +181,10 @@ def test_the_ops_inspected_for_sm90_are_the_wgmma_kernels(dtype, record_property
         assert ampere.count("HMMA") > 0 and ampere.count("HGMMA") == 0
         assert "warpgroup MMA" in str(op.explain(*args, arch="sm_90"))
         assert "warpgroup MMA" not in str(op.explain(*args, arch="sm_80"))
+        # no architecture named: explain and inspect plan for one target, offline an sm_90
+        (default,) = op.inspect(*args)
+        assert default.arch == "sm_90" and default.name == hopper.name
+        assert "warpgroup MMA" in str(op.explain(*args))
         record_property(
             "resources",
             f"sm_90 {label} {np.dtype(dtype)}: {hopper.name}, {hopper.registers} registers, "

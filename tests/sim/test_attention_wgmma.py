@@ -189,7 +189,7 @@ def test_op_chooses_the_wgmma_kernel_on_sm90a(side, dtype):
     AttentionConfig asks for the mma.sync kernel; D = 32 has no wgmma kernel. Causal with
     Sq > Sk: the rows that see no key are zeros."""
     q, k, v = operands(np.random.default_rng(11), (3, 130, 64), (3, 100, 64), dtype)
-    if SIMULATED:  # the simulator's default sm_90: mma.sync
+    if SIMULATED:  # the simulator's default sm_80: mma.sync
         assert "wgmma" not in kernel_name(q, k, v)
     with on_sm90a():
         assert kernel_name(q, k, v).startswith("flash_attention_wgmma")

@@ -5,6 +5,7 @@ either over the architecture's limit)."""
 import numpy as np
 import pytest
 from dynamic_shared_kernels import CARVED_BYTES, carved_tiles
+from helpers import SIMULATED
 from numba import cuda, float32
 
 from tessera_tile import dynamic_shared, sim
@@ -112,7 +113,7 @@ def test_limits_table():
     assert dynamic_shared.limit("sm_80") == 163 * KIB
     assert dynamic_shared.limit("sm_89") == 99 * KIB
     assert dynamic_shared.limit("sm_90") == 227 * KIB
-    with pytest.raises(ValueError, match="no shared-memory limit known for 'sm_75'"):
+    with pytest.raises(ValueError, match="unknown architecture 'sm_75'"):
         dynamic_shared.limit("sm_75")
 
 
@@ -181,3 +182,27 @@ def test_planning_for_an_unknown_architecture_is_refused():
         assert not dynamic_shared.wgmma()
         with dynamic_shared.planning_for(None):  # None: as planned around it
             assert not dynamic_shared.wgmma()
+
+
+def test_one_target_answers_every_question():
+    """The architecture, whether warpgroup MMA runs and the shared-memory limit are one
+    record's: the simulator's default device is an sm_80 (the mma.sync kernels); told to stand
+    for an sm_90 it has the warpgroup MMA and the sm_90 limit; plans made for an architecture
+    see that one; on a GPU, the GPU's."""
+    from tessera_tile._runtime import target
+
+    def answers():
+        return dynamic_shared.arch(), dynamic_shared.wgmma(), dynamic_shared.limit()
+
+    here = target.current()
+    assert answers() == (here.name, here.wgmma, here.block_shared)
+    if SIMULATED:
+        assert answers() == ("sm_80", False, 163 * KIB)
+        with sim.simulated_arch("sm_90"):
+            assert answers() == ("sm_90", True, 227 * KIB)
+            with dynamic_shared.planning_for("sm_86"):
+                assert answers() == ("sm_86", False, 99 * KIB)
+                assert target.simulated().name == "sm_90"  # what the simulator enforces
+    for name in ("sm_90", "sm_90a"):
+        with dynamic_shared.planning_for(name):
+            assert answers() == (name, True, 227 * KIB)

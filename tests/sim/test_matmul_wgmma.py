@@ -370,7 +370,7 @@ def test_the_ops_choose_the_wgmma_kernel_on_sm90a(bf16, side):
     def moved(a):  # bfloat16 host arrays reach a device by their bits (tt.to_device)
         return tt.to_device(a) if side == "device" else a
 
-    if SIMULATED:  # planned first as the simulator's default sm_90 has it: mma.sync
+    if SIMULATED:  # planned first as the simulator's default sm_80 has it: mma.sync
         ((kernel, *_),) = block.kernel_signatures(x, w, b, r)
         assert not kernel.py_func.__name__.startswith("matmul_wgmma"), kernel.py_func.__name__
     with on_sm90a():

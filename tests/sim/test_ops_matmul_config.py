@@ -12,6 +12,7 @@ from tessera_tile.inspect import ARCHS
 from tessera_tile.tile_config import (
     CANDIDATES,
     STATIC_SHARED_LIMIT,
+    WGMMA_CANDIDATES,
     blocks_per_sm,
     default_config,
     estimate,
@@ -105,7 +106,9 @@ def test_default_tensor_core_tiles_follow_shape_and_architecture():
     big = {a: default_config(4096, 4096, 4096, dtype="float16", arch=a) for a in ARCHS}
     assert all(c.tile_m * c.tile_n > 128 * 128 and c.fits(a) for a, c in big.items())
     # CUTLASS's 144 KiB tile where a block may hold it, a 72 KiB one where it may not
-    assert big["sm_80"] == big["sm_90"] == TileConfig(256, 128, 64, 8, 3, dtype="float16")
+    assert big["sm_80"] == TileConfig(256, 128, 64, 8, 3, dtype="float16")
+    # sm_90 runs the warpgroup-MMA kernel on these operands: one of its own tiles
+    assert big["sm_90"] == big["sm_90a"] and big["sm_90"] in WGMMA_CANDIDATES
     assert big["sm_86"] == big["sm_89"] == TileConfig(128, 256, 32, 8, 3, dtype="float16")
     small = default_config(256, 256, 256, dtype="float16", arch="sm_90")
     assert small.tile_m * small.tile_n == 128 * 128  # 4 tiles: larger ones would idle SMs
