@@ -310,11 +310,24 @@ def _ranges(body: list[Instruction]) -> tuple[tuple[int, int], ...]:
 
 
 def hottest(loops: Sequence[Loop]) -> Loop | None:
-    """A static guess at the loop that runs most: the innermost loop with the most
-    instructions (an unrolled main loop rather than its remainder loop), the first on a tie.
-    ``None`` when there is no loop."""
+    """A static guess at the loop that runs most: of the innermost loops, the one with the
+    widest global load (a kernel's vectorised main loop, not the narrow path it falls back to
+    on unaligned rows), then the most bytes loaded from global memory per iteration, then the
+    most instructions (an unrolled main loop rather than its remainder loop); the first on a
+    tie. ``None`` when there is no loop."""
+
+    def score(loop: Loop) -> tuple[int, int, int]:
+        loads = [(load_bytes(op), n) for op, n in loop.histogram.items() if _global_load(op)]
+        widest = max((width for width, _ in loads), default=0)
+        return widest, sum(width * n for width, n in loads), loop.instructions
+
     candidates = [loop for loop in loops if loop.innermost]
-    return max(candidates, key=lambda loop: loop.instructions, default=None)
+    return max(candidates, key=score, default=None)
+
+
+def _global_load(opcode: str) -> bool:
+    """``LDG`` and ``LDGSTS`` (the copy into shared memory that ``cp.async`` is)."""
+    return opcode.split(".")[0] in ("LDG", "LDGSTS")
 
 
 def loop_with(opcode: str, loops: Sequence[Loop], functions: Sequence[Function]) -> Loop | None:

@@ -302,6 +302,39 @@ def test_hottest_is_the_largest_innermost_loop():
     assert sass.hottest(loops) == loops[1] and sass.hottest(()) is None
 
 
+def test_hottest_prefers_the_widest_global_load_then_the_most_bytes():
+    # a long 2-byte path (unaligned rows) beside a short 16-byte main loop: the main loop
+    narrow = ["LDG.E.U16 R4, [R2.64]"] * 4 + ["HADD2 R0, R0, R4"] * 6
+    loops = loops_of(
+        *narrow,  # 0x00  header of the 2-byte loop
+        "@P0 BRA 0x0",  # 0xa0
+        "LDG.E.128 R4, [R2.64]",  # 0xb0  the 16-byte main loop
+        "HADD2 R0, R0, R4",
+        "@P0 BRA 0xb0",  # 0xd0
+    )
+    assert [loop.instructions for loop in loops] == [11, 3]
+    assert sass.hottest(loops) == loops[1]
+    # equal widths: the loop that loads more per iteration (4 loads against 1)
+    more = loops_of(
+        "LDG.E R4, [R2.64]",  # 0x00
+        "FADD R0, R0, R4",
+        "FADD R0, R0, R4",
+        "@P0 BRA 0x0",  # 0x30
+        *["LDG.E R4, [R2.64]"] * 4,  # 0x40
+        "@P0 BRA 0x40",  # 0x80
+    )
+    assert sass.hottest(more) == more[1]
+
+
+def test_a_kernels_hottest_loop_is_its_vector_main_loop():
+    """cross_entropy_rows_f16 has a 16-byte loop and a longer 2-byte one for unaligned rows."""
+    from tessera_tile.kernels import cross_entropy
+
+    signature = "void(float16[:, ::1], int64[::1], float16[::1], float32[::1], int64, boolean)"
+    report = inspect.compile(cross_entropy.cross_entropy_rows_f16, signature, "sm_90", block=128)
+    assert report.hottest_loop.count("LDG.E.128") >= 1, report
+
+
 def test_listing_with_wrong_length_is_refused():
     doc = json.loads(listing("EXIT"))
     doc[1][0]["length"] = 32
