@@ -131,6 +131,11 @@ class Attention(HandWritten):
     wgmma: bool  # aligned launches run the warpgroup-MMA kernel (sm_90a)
 
     @property
+    def tuner(self):
+        """The tuner whose choice the launches hold (a kept call is dropped when it clears)."""
+        return TUNED_WGMMA if self.wgmma and self.config is None else None
+
+    @property
     def dtype(self) -> np.dtype:
         return self.q.dtype
 
@@ -442,7 +447,7 @@ def attention(q, k, v, *, causal=False, scale=None, config=None):
     :class:`tessera_tile.kernels.attention_wgmma.WgmmaAttentionConfig` (the same, on sm_90a
     with D 64 or 128) or :class:`tessera_tile.kernels.attention_simt.SimtAttentionConfig`
     (float32); default, the family's :func:`default_config` for D (float16 and bfloat16: and
-    Sq). On sm_90a (a GPU of compute capability 9.0 or more, or the simulator standing for
+    Sq). On sm_90a (a GPU of compute capability 9.0, or the simulator standing for
     one) float16 and bfloat16 with D 64 or 128 run on the warpgroup-MMA kernel unless an
     ``AttentionConfig`` asks for the mma.sync one; its default config is then its tuner's
     choice (:data:`WGMMA_CHOICES`: the default, or the same with a producer warpgroup, timed

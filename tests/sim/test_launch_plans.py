@@ -5,11 +5,11 @@ import collections
 
 import numpy as np
 import pytest
-from helpers import SIDES, back, on
+from helpers import SIDES, SIMULATED, back, on, on_sm90a
 from numba import cuda
 
 import tessera_tile as tt
-from tessera_tile import ops
+from tessera_tile import dynamic_shared, ops
 from tessera_tile import tile_ir as ir
 from tessera_tile._fusion import plan as planner
 from tessera_tile._fusion import runtime, schedule
@@ -283,6 +283,36 @@ def test_a_kept_call_consults_no_tuner_until_it_is_cleared(monkeypatch):
     tuner.clear()  # the choice is dropped: the next call asks again
     np.testing.assert_array_equal(ops.linear(dx, dw).copy_to_host(), x @ w)
     assert consulted["choose"] >= 1
+
+
+def test_a_kept_attention_call_is_dropped_when_its_tuner_clears(monkeypatch):
+    """The warpgroup-MMA attention keeps its tuner's choice as the matmul ops do."""
+    from tessera_tile.ops import _attention
+
+    tuner = _attention.TUNED_WGMMA
+    consulted = collections.Counter()
+    for name in ("choose", "expected"):
+        original = getattr(tuner, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            consulted[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(tuner, name, counted)
+    rng = np.random.default_rng(3)
+    q = (rng.standard_normal((1, 64, 64)) / 4).astype(np.float16)
+    (dq,) = _device(q)
+    with on_sm90a():
+        first = ops.attention(dq, dq, dq).copy_to_host()
+        if SIMULATED or dynamic_shared.wgmma():
+            assert consulted["choose"] >= 1
+        consulted.clear()
+        np.testing.assert_array_equal(ops.attention(dq, dq, dq).copy_to_host(), first)
+        assert consulted == {}
+        tuner.clear()
+        np.testing.assert_array_equal(ops.attention(dq, dq, dq).copy_to_host(), first)
+        if SIMULATED or dynamic_shared.wgmma():
+            assert consulted["choose"] >= 1
 
 
 @pytest.mark.parametrize("op", ["cross_entropy", "transpose", "layer_norm_long"])
