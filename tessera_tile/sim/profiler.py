@@ -147,7 +147,7 @@ class Profile:
         )
         for line, extra in self.conflict_lines.most_common(5):
             console.print(f"  {line}: {extra} extra wavefronts")
-        console.print(f"races: {len(self.races)}")
+        console.print(f"shared-memory races: {len(self.races)} (global memory is not checked)")
         for race in self.races[:10]:
             console.print(f"  {race}")
         console.print(f"out-of-bounds accesses: {len(self.out_of_bounds)}")
