@@ -85,8 +85,8 @@ min_nan = _make_extreme("min")
 
 def _make_approx(name: str, asm: str, scale: float, twin):
     """A float32 function of one hardware instruction (``MUFU``), ``asm`` applied to
-    ``x * scale``; its simulator twin is NumPy's function of the float32 argument (the
-    instruction's own error is measured offline and documented in docs/fusion.md)."""
+    ``x * scale``; its simulator twin computes the instruction with the worst error the PTX
+    ISA allows it (:func:`_worst`)."""
 
     def typer(typingctx, x):
         if x != types.float32:
@@ -115,40 +115,85 @@ def _flush(v):
     return np.float32(np.copysign(0.0, v)) if 0 < abs(v) < _TINY else v
 
 
+# The instructions' own error, as the PTX ISA (9.1, "Floating Point Instructions") bounds it:
+# ex2.approx.f32 within 2 ulp of the correctly rounded result, rcp.approx.f32 within 1 ulp,
+# rsqrt.approx.f32 within a relative 2**-22.9. A GPU's results lie somewhere inside; the twins
+# give the farthest float32 the bound allows, on a side fixed by the argument's bits, so a test
+# of a fast-math kernel sees the worst the instruction may do, the same on every run.
+def _worst(exact: float, within) -> np.float32:
+    """The float32 farthest from ``exact`` (a float64) that ``within(candidate)`` accepts, up
+    to 3 steps either side of the correctly rounded result (the bits of ``exact`` break a tie);
+    special values stay as they are."""
+    r = np.float32(exact)
+    if not np.isfinite(r) or r == 0:
+        return r
+    bits = int(np.float64(exact).view(np.uint64))
+    first = np.float32(np.inf if (bits * 0x9E3779B97F4A7C15 >> 40) & 1 else -np.inf)
+    best, far = r, abs(float(r) - exact)
+    for side in (first, -first):
+        c = r
+        for _ in range(3):
+            c = np.nextafter(c, side)
+            if not np.isfinite(c) or c == 0 or not within(c):
+                break
+            if abs(float(c) - exact) > far:
+                best, far = c, abs(float(c) - exact)
+    return best
+
+
+def _within_ulps(exact: float, ulps: float):
+    spacing = float(np.spacing(np.float32(abs(exact))))
+    return lambda c: abs(float(c) - exact) <= ulps * spacing
+
+
+def _ex2(y) -> np.float32:
+    y = float(y)
+    if y == 0:  # the ISA's table: 2**0 is 1 exactly (softmax's largest element relies on it)
+        return np.float32(1)
+    exact = math.inf if y >= 1024 else 2.0**y  # NaN stays NaN, -inf gives 0
+    return _worst(exact, _within_ulps(exact, 2.0))
+
+
+def _rcp(x) -> np.float32:
+    exact = 1.0 / float(x) if float(x) != 0 else math.copysign(math.inf, float(x))
+    return _worst(exact, _within_ulps(exact, 1.0))
+
+
+def _rsqrt(x) -> np.float32:
+    x = float(x)
+    if not x > 0 or math.isinf(x):  # NaN, negatives, zeros and inf: as numpy's float32
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.float32(1) / np.sqrt(np.float32(x))
+    exact = 1.0 / math.sqrt(x)
+    return _worst(exact, lambda c: abs(float(c) - exact) <= 2.0**-22.9 * exact)
+
+
 # exp(x) = 2**(x log2 e), one FMUL and one MUFU.EX2, used per element where the rounding of
 # x log2 e stays small (the error grows with |x|; docs/fusion.md): softmax's exp(x - max) and
 # sigmoid's exp(-x). The .ftz form has no subnormal fix-up (ptxas adds three instructions to the
 # plain form); results below 2**-126 (x < -87.3) become 0, an absolute error under 1.2e-38.
-# The twin rounds x log2 e to float32 as the FMUL does and flushes as the instruction does;
-# the instruction's own error of a few ulp is not modelled.
+# The twin rounds x log2 e to float32 as the FMUL does and flushes as the instruction does.
 _LOG2E = np.float32(math.log2(math.e))
 exp_approx = _make_approx(
     "exp_approx",
     "ex2.approx.ftz.f32",
     math.log2(math.e),
-    lambda x: _flush(np.exp2(np.float32(x) * _LOG2E)),
+    lambda x: _flush(_ex2(_flush(np.float32(x) * _LOG2E))),
 )
 # 2**x in one MUFU.EX2, for callers that fold log2(e) into a scale they apply anyway (flash
 # attention's scores: one FFMA gives s * scale * log2(e) - max); .ftz as exp_approx
 exp2_approx = _make_approx(
-    "exp2_approx", "ex2.approx.ftz.f32", 1.0, lambda x: _flush(np.exp2(np.float32(x)))
+    "exp2_approx", "ex2.approx.ftz.f32", 1.0, lambda x: _flush(_ex2(_flush(x)))
 )
 # 1 / sqrt(x) in one MUFU.RSQ (instead of an IEEE square root and division), once per row
-rsqrt_approx = _make_approx(
-    "rsqrt_approx", "rsqrt.approx.f32", 1.0, lambda x: np.float32(1) / np.sqrt(np.float32(x))
-)
+rsqrt_approx = _make_approx("rsqrt_approx", "rsqrt.approx.f32", 1.0, _rsqrt)
 # 1 / x in one MUFU.RCP (no IEEE slow path): the reciprocal of a per-row divisor, which may be
 # subnormal, so the plain form (ptxas scales operands beyond 2**126: four more instructions)
-rcp_approx = _make_approx(
-    "rcp_approx", "rcp.approx.f32", 1.0, lambda x: np.float32(1) / np.float32(x)
-)
+rcp_approx = _make_approx("rcp_approx", "rcp.approx.f32", 1.0, _rcp)
 # 1 / x per element in one MUFU.RCP, for sigmoid's 1 + exp(-x) >= 1: only its results below
 # 2**-126 (1 + exp(-x) above 2**126, x < -87.3) are flushed to 0
 rcp_approx_ftz = _make_approx(
-    "rcp_approx_ftz",
-    "rcp.approx.ftz.f32",
-    1.0,
-    lambda x: _flush(np.float32(1) / _flush(x)),
+    "rcp_approx_ftz", "rcp.approx.ftz.f32", 1.0, lambda x: _flush(_rcp(_flush(x)))
 )
 
 
