@@ -1,13 +1,21 @@
 """Test tiers. Each tier runs in its own process (``tests/run_tiers.sh`` runs all three):
 
-* ``sim``: ``NUMBA_ENABLE_CUDASIM=1 pytest tests/sim``, correctness against NumPy in the simulator;
+* ``sim``: ``NUMBA_ENABLE_CUDASIM=1 pytest tests --ignore=tests/compile``, correctness against
+  NumPy in the simulator;
 * ``gpu``: the same tests without the simulator, on a real device (skipped, with the reason, when
   there is none); tests marked ``sim_only`` (profiler, race detection...) are left out;
-* ``compile``: ``pytest tests/compile``, real compilation for sm_80 and sm_90.
+* ``compile``: ``pytest tests/compile``, real compilation for sm_80 and sm_90 (SASS, registers,
+  spills, the layering and the guides' figures).
 
-A test of ``tests/sim`` that takes ``side`` runs on host and on device arrays; one marked
-``device_only`` (a heavy kernel case) on device arrays alone: the host path (copies around the
-same launches) is covered by each op's and fused function's boundary tests.
+The sim and GPU tiers' tests, by area: ``primitives`` (memory, pipeline, warp, mma, wgmma,
+mbarrier, bfloat16, dynamic shared memory), ``fusion`` (the composer, its kernels, launch plans
+and caches), ``ops`` (the prebuilt ops, by family), ``simulator`` (the simulator against numba
+and the PTX ISA), ``tuning`` (autotune and the persistent caches), ``dask``, ``guides`` (the
+examples and the guides' snippets) and ``unit`` (no kernel runs).
+
+A test that takes ``side`` runs on host and on device arrays; one marked ``device_only`` (a heavy
+kernel case) on device arrays alone: the host path (copies around the same launches) is covered
+by each op's and fused function's boundary tests.
 
 Hypothesis profiles (``HYPOTHESIS_PROFILE``): ``deterministic``, the default and always in CI
 (``CI`` set), draws the same examples on every run and machine (derandomised, no example
@@ -69,6 +77,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "sim_only(reason): holds only in the simulator (profiler, twins...), and why"
     )
+    config.addinivalue_line(
+        "markers",
+        "device_only(reason): a heavy kernel case run on device arrays only; the op's host path "
+        "(copies in and out around the same launches) is covered by its boundary tests",
+    )
     if config.option.basetemp is None:  # unless given; xdist gives its workers a subdirectory
         config.option.basetemp = str(_TEMP / "tmp_path")
 
@@ -103,3 +116,24 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("skipped tests, per reason")
         for reason, count in counts.most_common():
             terminalreporter.write_line(f"{count:5d}  {reason}")
+
+
+def pytest_generate_tests(metafunc):
+    """``side``: where the caller's arrays live. Fused functions and ops must work on host and
+    device arrays; a test marked ``device_only`` runs the device side alone."""
+    if "side" not in metafunc.fixturenames or _parametrizes_side(metafunc):
+        return
+    from helpers import SIDES
+
+    device_only = metafunc.definition.get_closest_marker("device_only") is not None
+    metafunc.parametrize("side", ["device"] if device_only else list(SIDES))
+
+
+def _parametrizes_side(metafunc) -> bool:
+    """Whether the test gives ``side`` itself (``@pytest.mark.parametrize("side", ...)``)."""
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else names
+        if "side" in names:
+            return True
+    return False

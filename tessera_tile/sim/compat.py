@@ -1,5 +1,5 @@
 """Every private numba-cuda name that :mod:`tessera_tile.sim` and :mod:`tessera_tile.inspect`
-rely on, in one place, each with a smoke test (``tests/sim/test_compat.py``,
+rely on, in one place, each with a smoke test (``tests/simulator/test_compat.py``,
 ``tests/compile/test_inspect.py``), so that a numba-cuda upgrade fails here, clearly, and
 nowhere else.
 

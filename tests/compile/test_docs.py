@@ -1,7 +1,7 @@
 """The figures the README and the guides quote are what the code gives today (issue 20).
 
 Snippets that compile offline or only plan run as written and print what their document shows
-(the simulator tier runs those that run kernels: tests/sim/test_doc_snippets.py); the figures
+(the simulator tier runs those that run kernels: tests/guides/test_doc_snippets.py); the figures
 quoted in prose and tables (registers, instruction counts, FLOP/byte) are recomputed here with
 the commands the documents name, so a change that moves them fails until the text follows.
 """

@@ -1,5 +1,5 @@
 """mbarrier intrinsics compile on sm_80 (test_wait, ATOMS.ARRIVE, ARRIVES.LDGSTSBAR) and sm_90
-(try_wait, SYNCS), in the producer/consumer hand-off of tests/sim/test_mbarrier.py, with 0
+(try_wait, SYNCS), in the producer/consumer hand-off of tests/primitives/test_mbarrier.py, with 0
 spills and no local memory."""
 
 import importlib.util
@@ -10,7 +10,7 @@ import pytest
 from tessera_tile import inspect
 
 _SPEC = importlib.util.spec_from_file_location(
-    "compiled_test_mbarrier", Path(__file__).parents[1] / "sim" / "test_mbarrier.py"
+    "compiled_test_mbarrier", Path(__file__).parents[1] / "primitives" / "test_mbarrier.py"
 )
 _MODULE = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(_MODULE)

@@ -1,6 +1,6 @@
 """Compile tier: the kernels the mma tests define, built by the real compiler.
 
-The GPU tier runs ``tests/sim/test_mma*.py`` on a device, where their kernels meet Numba's
+The GPU tier runs ``tests/primitives/test_mma*.py`` on a device, where their kernels meet Numba's
 typing for the first time: the simulator runs them as Python, which accepts what Numba refuses
 (``(uint32(0),) * 4``, tuple repetition, is typed ``mul(UniTuple(uint32 x 1), int64)``, which
 has no implementation). Here every ``@cuda.jit`` kernel of those modules is compiled with the
@@ -15,7 +15,7 @@ from numba.cuda.dispatcher import CUDADispatcher
 
 from tessera_tile import inspect
 
-SIM = Path(__file__).resolve().parents[1] / "sim"
+PRIMITIVES = Path(__file__).resolve().parents[1] / "primitives"
 F32 = "float32[::1]"
 F32_2D = "float32[:, ::1]"
 U32_2D = "uint32[:, ::1]"
@@ -54,7 +54,7 @@ REFUSED = {("test_mma_tf32", "trans_on_float32")}
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"compiled_{name}", SIM / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"compiled_{name}", PRIMITIVES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -72,7 +72,7 @@ CASES = [
 @pytest.mark.parametrize("module", sorted(SIGNATURES))
 def test_every_kernel_of_the_module_is_listed(module):
     found = {n for n, v in vars(MODULES[module]).items() if isinstance(v, CUDADispatcher)}
-    assert found == set(SIGNATURES[module]), f"list each kernel of tests/sim/{module}.py"
+    assert found == set(SIGNATURES[module]), f"list each kernel of tests/primitives/{module}.py"
 
 
 @pytest.mark.parametrize(("module", "kernel", "sig"), CASES, ids=lambda v: str(v))

@@ -3,7 +3,7 @@ shared-memory loads for operands read through descriptors, no spills.
 
 numba-cuda compiles for sm_90a on a device of compute capability 9.0 and later; offline,
 ``inspect.compile`` builds the same with ``arch="sm_90a"``. Also: every kernel of
-``tests/sim/test_wgmma.py`` compiles for sm_90a with the argument types its tests launch it
+``tests/primitives/test_wgmma.py`` compiles for sm_90a with the argument types its tests launch it
 with (the GPU tier runs them on an H100), and a wgmma kernel compiled for sm_80 is refused with
 our message, not ptxas's.
 """
@@ -19,7 +19,7 @@ from numba.types import float16
 
 from tessera_tile import inspect, mma
 
-SIM_TESTS = Path(__file__).resolve().parents[1] / "sim" / "test_wgmma.py"
+SIM_TESTS = Path(__file__).resolve().parents[1] / "primitives" / "test_wgmma.py"
 
 
 @cuda.jit

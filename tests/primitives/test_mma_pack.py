@@ -1,6 +1,6 @@
 """mma.pack_f16x2: two float32 rounded to float16 (nearest even) in one register, ``lo`` in the
 low 16 bits, as ``cvt.rn.f16x2.f32 d, hi, lo`` (PTX ISA: the first source goes to the upper
-half). The attention kernel's P @ V relies on this order (tests/sim/test_ops_attention.py)."""
+half). The attention kernel's P @ V relies on this order (tests/ops/test_ops_attention.py)."""
 
 import numpy as np
 from numba import cuda
