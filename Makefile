@@ -3,11 +3,13 @@
 #               simulator); one summary line per check. The compile reports of the kernels:
 #               .venv/bin/python examples/demo.py --reports
 #   make test   set up .venv and run all test tiers
+# On a machine with a GPU (no network needed: the Python found there runs it):
+#   make gpu-check  the GPU tier and the GPU benchmarks, into benchmarks/results/
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo test gpu-check lint format bench clean
 
 $(VENV)/.installed: pyproject.toml setup.cfg
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +26,12 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	PYTHON=$(BIN)/python bash tests/run_tiers.sh
+
+# The Python a GPU machine has: .venv's where make setup ran, else the one on PATH.
+GPU_PYTHON ?= $(shell test -x $(BIN)/python && echo $(BIN)/python || echo python3)
+
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
