@@ -29,6 +29,16 @@ def test_the_readme_says_what_each_snippet_needs():
         assert f"`{marker}`" in text, f"the README does not explain {marker!r}"
 
 
+def test_every_excerpt_says_what_it_needs():
+    """A guide's snippet runs in the tests, or is marked an excerpt naming what it needs."""
+    excerpts = [s for doc in DOCS for s in snippets(doc) if s.needs == "excerpt"]
+    assert excerpts, "no excerpt found: the marker moved"
+    for s in excerpts:
+        said = s.source.splitlines()[0].removeprefix("# excerpt:").strip()
+        assert len(said) > 10, f"{s.id}: say what the excerpt needs"
+    assert "`# excerpt: ...`" in (ROOT / "README.md").read_text()
+
+
 def test_make_demo_ends_with_one_line_per_check(tmp_path):
     """`make demo` (examples/demo.py) prints a short summary, not the compile reports."""
     env = dict(os.environ, TESSERA_TILE_CACHE_DIR=str(tmp_path / "cache"))
