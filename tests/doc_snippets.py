@@ -11,6 +11,9 @@ first line                                      how the tests run it
 ``# compiles offline``                          compile tier, without the simulator
 ``# continues the snippet above``               appended to the snippet before it
 ``# excerpt: what it needs``                    not run: part of a larger program
+``# name.py`` (a tutorial's file)               written to a directory of its own, in order;
+                                                the ``$ python name.py`` block after it runs
+                                                there, as the command says, and is compared
 anything else                                   compile tier (it only plans)
 ==============================================  ============================================
 
@@ -34,13 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Every snippet of these runs, but an excerpt. docs/custom_kernels.md is not among them yet: its
-# snippets are the files of a tutorial (my_transpose.py, then scripts that import it), which
-# this harness cannot lay out.
+# Every snippet of these runs but an excerpt; a tutorial's files run as its commands say.
 DOCS = (
     "README.md", "docs/fusion.md", "docs/inspect.md", "docs/architecture.md", "docs/attention.md",
-    "docs/distributed.md", "docs/matmul.md", "docs/ops.md", "docs/simulator.md",
-    "docs/tensor_cores.md", "docs/tuning.md",
+    "docs/custom_kernels.md", "docs/distributed.md", "docs/matmul.md", "docs/ops.md",
+    "docs/simulator.md", "docs/tensor_cores.md", "docs/tuning.md",
 )  # fmt: skip
 MARKERS = {
     "# needs a GPU, or NUMBA_ENABLE_CUDASIM=1": "kernels",
@@ -48,6 +49,10 @@ MARKERS = {
     "# compiles offline": "compiler",
     "# excerpt:": "excerpt",
 }
+TUTORIAL_FILE = re.compile(r"# ([\w/.-]+\.py)$")  # a tutorial's file: "# my_transpose.py"
+CONSOLE = re.compile(
+    r"\$ ((?:\w+=\S+ )*)python (\S+\.py)\n"
+)  # "$ NUMBA_ENABLE_CUDASIM=1 python x.py"
 CONTINUES = "# continues the snippet above"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
 
@@ -73,6 +78,8 @@ class Snippet:
 
 
 def _needs(first_line: str) -> str:
+    if TUTORIAL_FILE.fullmatch(first_line):
+        return "file"
     return next((v for k, v in MARKERS.items() if first_line.startswith(k)), "nothing")
 
 
@@ -112,6 +119,11 @@ def snippets(doc: str) -> list[Snippet]:
     return found
 
 
+def printed(text: str) -> str:
+    """What a block shows: without trailing spaces on its lines (rich pads its tables)."""
+    return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+
 def run(snippet: Snippet, simulated: bool, cache_dir: Path) -> subprocess.CompletedProcess:
     """Run a snippet in a fresh process from the repository's root, with its own cache."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1" if simulated else "0")
@@ -132,10 +144,57 @@ def check(snippet: Snippet, simulated: bool, cache_dir: Path) -> None:
     done = run(snippet, simulated, cache_dir)
     assert done.returncode == 0, f"{snippet.id} failed:\n{done.stderr[-3000:]}"
     if snippet.output is not None:
-        assert done.stdout.strip() == (snippet.inherited + snippet.output).strip(), (
+        assert printed(done.stdout) == printed(snippet.inherited + snippet.output), (
             f"{snippet.id} now prints (regenerate: python tests/doc_snippets.py {snippet.doc}):\n"
             f"{done.stdout}"
         )
+
+
+def run_tutorial(doc: str, workdir: Path):
+    """Write ``doc``'s tutorial files into ``workdir`` in order; after each file followed by a
+    ``$ python name.py`` block, run that command there. Yields ``(snippet, command, done)`` per
+    command run (``command``: its env and script)."""
+    for snippet in snippets(doc):
+        if snippet.needs != "file":
+            continue
+        name = TUTORIAL_FILE.fullmatch(snippet.source.splitlines()[0]).group(1)
+        (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / name).write_text(snippet.source)
+        console = CONSOLE.match(snippet.output or "")
+        if console is None:
+            continue
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+        env.update(v.split("=", 1) for v in console.group(1).split())
+        env["PYTHONPATH"] = os.pathsep.join([str(workdir), str(ROOT), env.get("PYTHONPATH", "")])
+        env["TESSERA_TILE_CACHE_DIR"] = str(workdir / ".cache")
+        done = subprocess.run(
+            [sys.executable, console.group(2)], cwd=workdir, env=env, capture_output=True,
+            text=True, timeout=600,
+        )  # fmt: skip
+        yield snippet, console, done
+
+
+def check_tutorial(doc: str, workdir: Path) -> None:
+    """Assert every command of ``doc``'s tutorial runs and prints what the document shows."""
+    ran = 0
+    for snippet, console, done in run_tutorial(doc, workdir):
+        assert done.returncode == 0, f"{snippet.id} failed:\n{done.stderr[-3000:]}"
+        shown = snippet.output[console.end() :]
+        assert printed(done.stdout) == printed(shown), (
+            f"{snippet.id} now prints (regenerate: python tests/doc_snippets.py {doc}):\n"
+            f"{done.stdout}"
+        )
+        ran += 1
+    assert ran, f"{doc} has no tutorial command"
+
+
+def _regenerate_tutorial(doc: str, text: str, replacements: list) -> None:
+    with tempfile.TemporaryDirectory() as workdir:
+        for snippet, console, done in run_tutorial(doc, Path(workdir)):
+            if done.returncode != 0:
+                raise SystemExit(f"{snippet.id} failed:\n{done.stderr[-3000:]}")
+            start = snippet.output_span[0] + console.end()
+            replacements.append(((start, snippet.output_span[1]), printed(done.stdout) + "\n"))
 
 
 def regenerate(doc: str) -> None:
@@ -144,13 +203,17 @@ def regenerate(doc: str) -> None:
     replacements, printed_before = [], ""
     with tempfile.TemporaryDirectory() as cache_dir:
         for snippet in snippets(doc):
+            if snippet.needs in ("excerpt", "file"):
+                continue
             done = run(snippet, snippet.simulated(tier_simulated=True), Path(cache_dir))
             if done.returncode != 0:
                 raise SystemExit(f"{snippet.id} failed:\n{done.stderr[-3000:]}")
             own = done.stdout[len(printed_before) :] if snippet.continues else done.stdout
             if snippet.output_span is not None:
-                replacements.append((snippet.output_span, own.rstrip("\n") + "\n"))
+                replacements.append((snippet.output_span, printed(own) + "\n"))
             printed_before = done.stdout
+    _regenerate_tutorial(doc, text, replacements)
+    replacements.sort()
     for (start, end), new in reversed(replacements):  # from the end: earlier spans stay valid
         text = text[:start] + new + text[end:]
     (ROOT / doc).write_text(text)

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from doc_snippets import DOCS, ROOT, check, snippets
+from doc_snippets import DOCS, ROOT, check, check_tutorial, snippets
 
 import tessera_tile as tt
 from tessera_tile import ops
@@ -36,6 +36,16 @@ def quoted(doc: str, figure: str) -> None:
 @pytest.mark.parametrize("snippet", OFFLINE_SNIPPETS, ids=lambda s: s.id)
 def test_snippet_runs_as_written(snippet, tmp_path):
     check(snippet, simulated=False, cache_dir=tmp_path / "cache")
+
+
+TUTORIALS = [doc for doc in DOCS if any(s.needs == "file" for s in snippets(doc))]
+
+
+@pytest.mark.parametrize("doc", TUTORIALS)
+def test_tutorial_runs_as_written(doc, tmp_path):
+    """A tutorial's files, written in order; each ``$ python file.py`` runs as its block says
+    (in the simulator where it sets NUMBA_ENABLE_CUDASIM=1) and prints what the guide shows."""
+    check_tutorial(doc, tmp_path)
 
 
 def test_the_readmes_inspect_command_prints_what_it_shows(tmp_path):
