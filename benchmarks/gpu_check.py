@@ -52,12 +52,11 @@ def parts(python: str, jobs: int) -> list[Part]:
     pytest += ["-p", "no:cacheprovider"]
     if jobs > 1:
         pytest += ["-n", str(jobs)]
-    bench = [python]
     return [
         Part("GPU tier", pytest, ("numba", "pytest", "hypothesis"), 360, {"TESSERA_TIER": "gpu"}),
-        Part("host cost per warm call", [*bench, "benchmarks/overhead.py", "gpu"], ("cupy",), 120),
-        Part("matmul against cuBLAS", [*bench, "benchmarks/matmul.py", "gpu"], ("cupy",), 180),
-        Part("attention", [*bench, "benchmarks/attention.py", "gpu"], ("cupy",), 120),
+        Part("host cost per warm call", [python, "benchmarks/overhead.py", "gpu"], ("cupy",), 120),
+        Part("matmul against cuBLAS", [python, "benchmarks/matmul.py", "gpu"], ("cupy",), 180),
+        Part("attention", [python, "benchmarks/attention.py", "gpu"], ("cupy",), 120),
         Part("row ops against CuPy", [python, "-m", "tessera_tile", "bench"], ("cupy",), 120),
     ]
 

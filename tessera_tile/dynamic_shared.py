@@ -70,7 +70,7 @@ def wgmma() -> bool:
 def limit(target: str | None = None) -> int:
     """Bytes of shared memory a block may use once opted in: on ``target`` (from the table), or
     where kernels are planned for (a GPU's own figure; the simulated or offline one's)."""
-    return (_target.current() if target is None else _target.target(target)).block_shared
+    return _target.target(target).block_shared
 
 
 _opted: dict = {}  # (kernel, argument types, device) -> bytes opted into

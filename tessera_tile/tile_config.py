@@ -270,7 +270,7 @@ def estimated_registers(config: TileConfig) -> int:
 def blocks_per_sm(config: TileConfig, arch: str | None = "sm_90") -> int:
     regs = -(-estimated_registers(config) * WARP // 256) * 256  # per warp, in units of 256
     by_regs = SM_REGISTERS // (regs * config.num_warps)
-    sm = _target.current() if arch is None else _target.target(arch)
+    sm = _target.target(arch)
     by_smem = sm.sm_shared // (config.shared_bytes + sm.reserved_shared)
     return max(0, min(by_regs, by_smem, SM_WARPS // config.num_warps, SM_BLOCKS))
 
@@ -402,7 +402,7 @@ def score(
     if config.dtype != tile_dtype(dtype, precision) or not config.fits(arch):
         return math.inf
     wgmma_only = config in WGMMA_CANDIDATES or config.num_warps == WARP_SPECIALISED
-    if wgmma_only and not (_target.current() if arch is None else _target.target(arch)).wgmma:
+    if wgmma_only and not _target.target(arch).wgmma:
         return math.inf
     item = 2 if config.dtype == "float16" else 4
     e = estimate(max(m, 1), max(n, 1), max(k, 1), max(batch, 1), config, item, arch)

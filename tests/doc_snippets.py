@@ -188,7 +188,7 @@ def check_tutorial(doc: str, workdir: Path) -> None:
     assert ran, f"{doc} has no tutorial command"
 
 
-def _regenerate_tutorial(doc: str, text: str, replacements: list) -> None:
+def _regenerate_tutorial(doc: str, replacements: list) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for snippet, console, done in run_tutorial(doc, Path(workdir)):
             if done.returncode != 0:
@@ -212,7 +212,7 @@ def regenerate(doc: str) -> None:
             if snippet.output_span is not None:
                 replacements.append((snippet.output_span, printed(own) + "\n"))
             printed_before = done.stdout
-    _regenerate_tutorial(doc, text, replacements)
+    _regenerate_tutorial(doc, replacements)
     replacements.sort()
     for (start, end), new in reversed(replacements):  # from the end: earlier spans stay valid
         text = text[:start] + new + text[end:]

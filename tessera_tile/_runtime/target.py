@@ -67,8 +67,11 @@ MAX_BLOCK_SHARED = max(t.block_shared for t in TARGETS.values())  # no architect
 OFFLINE = "sm_90"  # planned for with no GPU, no simulator and no architecture named
 
 
-def target(name: str) -> Target:
-    """The target called ``name``; ``ValueError`` naming the known ones otherwise."""
+def target(name: str | None) -> Target:
+    """The target called ``name`` (None: :func:`current`); ``ValueError`` naming the known
+    ones otherwise."""
+    if name is None:
+        return current()
     try:
         return TARGETS[name]
     except (KeyError, TypeError):
@@ -136,7 +139,7 @@ def planning_for(name: str | None):
 @contextlib.contextmanager
 def simulating(name: str):
     """Inside, the simulator stands for a device of architecture ``name``."""
-    target(name)
+    target(str(name))  # a known name (None is not one here)
     saved, _simulated[0] = _simulated[0], name
     try:
         yield

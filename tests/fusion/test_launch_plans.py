@@ -2,6 +2,7 @@
 the same layout walks no IR, propagates no shapes, binds no stage and chooses no variant."""
 
 import collections
+import contextlib
 
 import numpy as np
 import pytest
@@ -260,10 +261,8 @@ def test_kept_hand_written_calls_read_each_call_s_arrays():
             assert kept.setdefault(op, ready) is ready, op  # the same kept call every time
 
 
-def test_a_kept_call_consults_no_tuner_until_it_is_cleared(monkeypatch):
-    from tessera_tile.ops import _matmul
-
-    tuner = _matmul.TUNED_LINEAR
+def _consulted(monkeypatch, tuner) -> collections.Counter:
+    """Counts of the calls to ``tuner.choose`` and ``tuner.expected`` from here on."""
     consulted = collections.Counter()
     for name in ("choose", "expected"):
         original = getattr(tuner, name)
@@ -273,46 +272,38 @@ def test_a_kept_call_consults_no_tuner_until_it_is_cleared(monkeypatch):
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(tuner, name, counted)
-    x, w = np.ones((4, 8), np.float32), np.full((8, 3), 0.5, np.float32)
-    dx, dw = _device(x, w)
-    ops.linear(dx, dw)
-    assert consulted["choose"] >= 1  # the first call: its launch and the launches it keeps
-    consulted.clear()
-    np.testing.assert_array_equal(ops.linear(dx, dw).copy_to_host(), x @ w)
-    assert consulted == {}
-    tuner.clear()  # the choice is dropped: the next call asks again
-    np.testing.assert_array_equal(ops.linear(dx, dw).copy_to_host(), x @ w)
-    assert consulted["choose"] >= 1
+    return consulted
 
 
-def test_a_kept_attention_call_is_dropped_when_its_tuner_clears(monkeypatch):
-    """The warpgroup-MMA attention keeps its tuner's choice as the matmul ops do."""
-    from tessera_tile.ops import _attention
+@pytest.mark.parametrize("op", ["linear", "attention"])
+def test_a_kept_call_consults_no_tuner_until_it_is_cleared(monkeypatch, op):
+    """The matmul ops and the warpgroup-MMA attention alike: a kept call holds its tuner's
+    choice, and clearing the tuner drops it."""
+    from tessera_tile.ops import _attention, _matmul
 
-    tuner = _attention.TUNED_WGMMA
-    consulted = collections.Counter()
-    for name in ("choose", "expected"):
-        original = getattr(tuner, name)
-
-        def counted(*args, _original=original, _name=name, **kwargs):
-            consulted[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(tuner, name, counted)
-    rng = np.random.default_rng(3)
-    q = (rng.standard_normal((1, 64, 64)) / 4).astype(np.float16)
-    (dq,) = _device(q)
-    with on_sm90a():
-        first = ops.attention(dq, dq, dq).copy_to_host()
-        if SIMULATED or dynamic_shared.wgmma():
-            assert consulted["choose"] >= 1
+    if op == "linear":
+        x, w = np.ones((4, 8), np.float32), np.full((8, 3), 0.5, np.float32)
+        dx, dw = _device(x, w)
+        tuner, tuned, where = _matmul.TUNED_LINEAR, True, contextlib.nullcontext()
+        call = lambda: ops.linear(dx, dw)  # noqa: E731
+    else:
+        q = (np.random.default_rng(3).standard_normal((1, 64, 64)) / 4).astype(np.float16)
+        (dq,) = _device(q)
+        tuner, where = _attention.TUNED_WGMMA, on_sm90a()
+        tuned = SIMULATED or dynamic_shared.wgmma()  # elsewhere the mma.sync kernel, untuned
+        call = lambda: ops.attention(dq, dq, dq)  # noqa: E731
+    consulted = _consulted(monkeypatch, tuner)
+    with where:
+        first = call().copy_to_host()
+        if op == "linear":
+            np.testing.assert_array_equal(first, x @ w)
+        assert consulted["choose"] >= tuned  # the first call: its launch and those it keeps
         consulted.clear()
-        np.testing.assert_array_equal(ops.attention(dq, dq, dq).copy_to_host(), first)
+        np.testing.assert_array_equal(call().copy_to_host(), first)
         assert consulted == {}
-        tuner.clear()
-        np.testing.assert_array_equal(ops.attention(dq, dq, dq).copy_to_host(), first)
-        if SIMULATED or dynamic_shared.wgmma():
-            assert consulted["choose"] >= 1
+        tuner.clear()  # the choice is dropped: the next call asks again
+        np.testing.assert_array_equal(call().copy_to_host(), first)
+        assert consulted["choose"] >= tuned
 
 
 @pytest.mark.parametrize("op", ["cross_entropy", "transpose", "layer_norm_long"])
