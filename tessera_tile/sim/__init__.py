@@ -57,8 +57,9 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    if name in _LAZY:  # kept as a global: twins ask for these names in their inner loops
+        value = globals()[name] = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -6,6 +6,8 @@ tensor core does (the model is in :mod:`tessera_tile.mma`'s docstring).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import sim
@@ -182,6 +184,15 @@ def _tf32_sum(a, b, c) -> np.ndarray:
     return rounded
 
 
+@functools.cache
+def _layout(coord, per_lane: int) -> np.ndarray:
+    """``coord`` for every lane and register as an index array ``[2, lane, i]`` (rows, then
+    columns), so a warp's fragments move with one indexing."""
+    return np.array(
+        [[coord(lane, i) for i in range(per_lane)] for lane in range(32)], np.intp
+    ).transpose(2, 0, 1)
+
+
 def _mma_twin_of(name: str, kind: str, k: int, values, a_coord, b_coord, accumulate=_exact_sum):
     """The twin of an ``m16n8k{k}`` mma: the warp's fragments gathered by the PTX layouts
     (``values`` unpacks a lane's registers), multiplied exactly and summed by ``accumulate``
@@ -189,18 +200,19 @@ def _mma_twin_of(name: str, kind: str, k: int, values, a_coord, b_coord, accumul
     precision in its sums; TF32: as the hardware sums)."""
 
     def compute(args: dict) -> dict:
+        lanes, registers = list(args), list(args.values())
+        n = len(lanes)
         a = np.empty((16, k), np.float64)
         b = np.empty((k, 8), np.float64)
         c = np.empty((16, 8), np.float64)
-        for lane, (ra, rb, rc) in args.items():
-            for i, v in enumerate(values(ra, 4)):
-                a[a_coord(lane, i)] = v
-            for i, v in enumerate(values(rb, 2)):
-                b[b_coord(lane, i)] = v
-            for i in range(4):
-                c[_c_coord(lane, i)] = rc[i]
-        d = accumulate(a, b, c)
-        return {lane: tuple(d[_c_coord(lane, i)] for i in range(4)) for lane in args}
+        va = values([r for ra, _, _ in registers for r in ra], 4 * n).reshape(n, -1)
+        vb = values([r for _, rb, _ in registers for r in rb], 2 * n).reshape(n, -1)
+        a[tuple(_layout(a_coord, va.shape[1])[:, lanes])] = va
+        b[tuple(_layout(b_coord, vb.shape[1])[:, lanes])] = vb
+        c_at = tuple(_layout(_c_coord, 4)[:, lanes])
+        c[c_at] = [rc for _, _, rc in registers]
+        d = accumulate(a, b, c)[c_at]
+        return {lane: tuple(d[j]) for j, lane in enumerate(lanes)}
 
     sim.register_aligned(kind, compute)
 

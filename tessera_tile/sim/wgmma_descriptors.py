@@ -163,6 +163,9 @@ class SharedWindow:
 
     def address(self, host: int) -> int:
         """The window address of the shared byte at host address ``host``."""
+        for lo, (start, data) in self.regions.items():  # the arrays already placed first
+            if lo <= host < lo + data.size:
+                return start + host - lo
         for lo, data in self._candidates():
             if lo <= host < lo + data.size:
                 if lo not in self.regions:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import sim
 from ._base import format_site, transparent_code, user_site
-from .mma_twins import _bf16_halves, _exact_sum, _halves
+from .mma_twins import _bf16_halves, _exact_sum, _halves, _layout
 from .wgmma_descriptors import (
     _RESERVED,
     WARPGROUP,
@@ -429,27 +429,23 @@ def _mma_action(wg, record, warp, args):
     if from_registers:
         a_rows = np.empty((16, 16), np.float64)
         values = _bf16_halves if bf16 else _halves
+        a_at = _layout(_wgmma_a_coord, 8)
         for lane in lanes:
-            regs = args[lane][0]
-            for i, v in enumerate(values(regs, 4)):
-                a_rows[_wgmma_a_coord(lane, i)] = v
+            a_rows[a_at[0, lane], a_at[1, lane]] = values(args[lane][0], 4)
     else:
         a_full = _read_operand(wg, op, a0, 64, bool(trans_a), bf16, "A (descriptor)")
         a_rows = a_full[16 * warp : 16 * warp + 16]
     c = np.zeros((16, n), np.float64)
+    rows, cols = _layout(_wgmma_d_coord, n // 2)
     if s0:
         for lane in lanes:
             acc = args[lane][2]
             regs = acc._values if isinstance(acc, WgmmaAccumulator) else tuple(acc)
             if len(regs) != n // 2:
                 raise WgmmaError(f"wgmma: an accumulator of {len(regs)} registers for m64n{n}k16")
-            for i in range(n // 2):
-                c[_wgmma_d_coord(lane, i)] = np.float32(regs[i])
+            c[rows[lane], cols[lane]] = np.array(regs, np.float32)
     d = _exact_sum(scale_a * a_rows, scale_b * b.T, c)
-    return {
-        lane: WgmmaAccumulator(tuple(d[_wgmma_d_coord(lane, i)] for i in range(n // 2)), op, wg)
-        for lane in lanes
-    }
+    return {lane: WgmmaAccumulator(tuple(d[rows[lane], cols[lane]]), op, wg) for lane in lanes}
 
 
 def _mma_done(wg, record):
