@@ -173,6 +173,10 @@ class _BlockRecorder:
         self.last_write: dict = {}  # (key, byte) -> access record
         self.reads: dict = {}  # (key, byte) -> {tid: access record}
         self.spaces: dict = {}
+        # The bytes an address of ``last_write`` and ``reads`` stands for, per space: the
+        # itemsize while every access is one aligned element of it (one check per element, not
+        # per byte), 1 from the first access that is not.
+        self.units: dict = {}
 
     def shared_array(self, key, arr: np.ndarray) -> TrackedArray:
         space = self.spaces.get(key)
@@ -197,9 +201,28 @@ class _BlockRecorder:
             return
         block = self.block
         rec = (t.tid, t.warp, block.barrier_epoch, block.warp_epoch[t.warp], site, t.threadIdx)
+        # Every dynamic shared array of a block is one memory, whatever its dtype: they race.
+        key = "dynamic" if isinstance(space.key[0], str) else space.key
+        check = self._check_race
+        unit = self.units.setdefault(key, itemsize)
+        if unit > 1 and (itemsize != unit or any(off % unit for off in offsets)):
+            self._to_bytes(key, unit)
+            unit = 1
         for off in offsets:
-            for byte in range(off, off + itemsize):
-                self._check_race(space, (space.key, byte), rec, write)
+            if unit > 1:
+                check(space, (key, off), rec, write)
+            else:
+                for byte in range(off, off + itemsize):
+                    check(space, (key, byte), rec, write)
+
+    def _to_bytes(self, key, unit: int) -> None:
+        """Split the space's element addresses into bytes, once it is accessed otherwise."""
+        self.units[key] = 1
+        for table in (self.last_write, self.reads):
+            for addr in [a for a in table if a[0] == key]:
+                value = table.pop(addr)
+                for byte in range(addr[1], addr[1] + unit):
+                    table[key, byte] = value if table is self.last_write else dict(value)
 
     @staticmethod
     def _ordered(a, b) -> bool:

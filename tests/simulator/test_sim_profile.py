@@ -118,6 +118,43 @@ def test_missing_syncthreads_is_a_race_and_the_fix_is_not():
     np.testing.assert_array_equal(y, np.roll(x, -1))
 
 
+def make_mixed_width_exchange(read_at, with_barrier):
+    """Thread 0 writes the float32 at bytes 4..7 of dynamic shared memory; thread 32 (another
+    warp) reads the uint16 at bytes ``2 * read_at``.. through a second dynamic view."""
+
+    @cuda.jit
+    def exchange(y):
+        words = cuda.shared.array(0, float32)
+        halves = cuda.shared.array(0, np.uint16)
+        t = cuda.threadIdx.x
+        if t == 32:
+            halves[0] = 0
+            halves[1] = 0
+        if t == 0:
+            words[1] = 1.0
+        if with_barrier:
+            cuda.syncthreads()
+        if t == 32:
+            y[0] = halves[read_at]
+
+    return exchange
+
+
+@pytest.mark.parametrize(
+    ("read_at", "with_barrier", "racy"),
+    [(2, False, True), (3, False, True), (0, False, False), (2, True, False)],
+)
+def test_races_through_dynamic_views_of_other_widths(read_at, with_barrier, racy):
+    """A byte is one byte whatever view touches it: a uint16 read of a float32 written by
+    another warp races without a barrier, and only where their bytes overlap."""
+    y = np.zeros(1, np.uint16)
+    with sim.profile() as prof:
+        make_mixed_width_exchange(read_at, with_barrier)[1, 64, 0, 16](y)
+    assert bool(prof.races) == racy, str(prof)
+    if with_barrier:
+        assert y[0] == np.array([1.0], np.float32).view(np.uint16)[read_at - 2]
+
+
 @cuda.jit
 def warp_synchronous_exchange(y):
     s = cuda.shared.array(32, float32)
