@@ -126,6 +126,8 @@ def _call(self, *args):
     t = getcurrent()
     if isinstance(t, SimThread):  # called by a running kernel: a device function
         t.block.launch.swap_module_of(self.fn)
+        if getattr(self, _SIGNATURE, None) is None:  # nothing declared: nothing to convert
+            return self.fn(*args)
         argtypes, restype = _declared_types(self, len(args))
         result = self.fn(*map(ints.as_declared, args, argtypes))
         return ints.as_declared(result, restype)

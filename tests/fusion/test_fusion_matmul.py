@@ -132,7 +132,7 @@ def gelu64(v):
     return 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2)))
 
 
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.device_only
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_epilogues_run_in_the_gemm_kernel(dtype, side):
     m, k, n = 37, 24, 40
@@ -252,7 +252,7 @@ def cast_of(dtype):
     return tt.fuse(lambda x, w: (x @ w).astype(to)), np.dtype(to)
 
 
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.device_only
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_several_results_and_casts_come_from_one_gemm_kernel(dtype, side):
     m, k, n = 37, 24, 40
@@ -333,7 +333,7 @@ def gated_reference(x, w1, w3):
     return silu * p3, (1.1 * s + np.abs(silu)) * np.abs(p3) + s3 * np.abs(silu)
 
 
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.device_only
 @pytest.mark.parametrize(
     ("dtype", "precision"),
     [("float16", None), ("bfloat16", None), ("float32", None), ("float32", "tf32")],
@@ -658,7 +658,7 @@ def attention_reference(q, k, v, axis=-1, mask=None, fill=-np.inf):
     return p @ v, np.abs(p) @ np.abs(v)
 
 
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.device_only
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fn", [attention, attention_divided])
 def test_attention_pattern_runs_on_the_flash_kernel(fn, dtype, side):
@@ -675,7 +675,7 @@ def test_attention_pattern_runs_on_the_flash_kernel(fn, dtype, side):
     assert_within(got, ref, flash, dtype)
 
 
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.device_only
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("sq", "sk"), [(24, 24), (16, 40)])
 def test_causal_attention_pattern_runs_on_the_flash_kernel(sq, sk, dtype, side):
@@ -689,7 +689,7 @@ def test_causal_attention_pattern_runs_on_the_flash_kernel(sq, sk, dtype, side):
     assert_within(got, ref, flash, dtype)
 
 
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.device_only
 @pytest.mark.parametrize(
     ("fn", "shapes", "mask"),
     [

@@ -120,7 +120,7 @@ def test_random_prologue_chains_match_numpy(chain, on_a, on_b, dtype, m, n, k, s
     assert_within(got, ref, scale, dtype)
 
 
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.device_only
 @pytest.mark.parametrize(
     ("dtype", "precision", "k"),
     [
@@ -250,7 +250,7 @@ def _near_miss_references(name, x64, w64, third=None) -> list:
     }[name]()
 
 
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.device_only
 @pytest.mark.parametrize("name", NEAR_MISSES)
 def test_near_misses_run_the_operand_in_an_earlier_kernel(name, side):
     f, third, kernels, prologue = NEAR_MISSES[name]
@@ -327,7 +327,7 @@ def _cast_input(shape, dtype, seed):
     return draw(shape, dtype, seed)
 
 
-@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.device_only
 @pytest.mark.parametrize("name", CASTS)
 def test_widening_casts_are_prologues(name, side):
     f, dtypes, dtype, operand_name = CASTS[name]

@@ -28,6 +28,7 @@ from tessera_tile.kernels import attention_wgmma as aw
 pytestmark = wgmma_skip("test_attention_wgmma")
 
 BF16 = ml_dtypes.bfloat16
+F16 = np.float16
 LOG2E = math.log2(math.e)
 ONE_GROUP = aw.WgmmaAttentionConfig(64, 4)  # 64 query rows
 NARROW_KEYS = aw.WgmmaAttentionConfig(32, 8)  # 128 rows, 32-key tiles
@@ -67,15 +68,20 @@ def run_kernel(q, k, v, causal, cfg, scale, side="host"):
 # the kernel
 
 
-@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["f16", "bf16"])
+# Every config once or twice, not every config x causal x dtype: the mask meets the key tile
+# widths (32, 64, 128 keys) and head dims causal and not, and each dtype runs with each.
 @pytest.mark.parametrize(
-    ("d", "cfg"),
-    [(64, None), (64, ONE_GROUP), (64, NARROW_KEYS), (64, WIDE_KEYS), (64, IN_TURN),
-     (64, IN_TURN_3), (128, None), (128, ONE_GROUP), (128, IN_TURN)],
-    ids=["d64", "d64-one-group", "d64-32-keys", "d64-128-keys", "d64-in-turn",
-         "d64-in-turn-3-stages", "d128", "d128-one-group", "d128-in-turn"],
+    ("d", "cfg", "causal", "dtype"),
+    [(64, None, False, F16), (64, None, True, BF16), (64, ONE_GROUP, True, F16),
+     (64, NARROW_KEYS, True, BF16), (64, NARROW_KEYS, False, F16),
+     (64, WIDE_KEYS, True, F16), (64, WIDE_KEYS, False, BF16), (64, IN_TURN, False, BF16),
+     (64, IN_TURN_3, True, F16), (128, None, False, BF16), (128, None, True, F16),
+     (128, ONE_GROUP, False, BF16), (128, IN_TURN, True, BF16)],
+    ids=["d64", "d64-causal-bf16", "d64-one-group-causal", "d64-32-keys-causal-bf16",
+         "d64-32-keys", "d64-128-keys-causal", "d64-128-keys-bf16", "d64-in-turn-bf16",
+         "d64-in-turn-3-stages-causal", "d128-bf16", "d128-causal", "d128-one-group-bf16",
+         "d128-in-turn-causal-bf16"],
 )  # fmt: skip
-@pytest.mark.parametrize("causal", [False, True])
 def test_kernel_matches_numpy(d, cfg, causal, dtype):
     """Query and key lengths that end inside a warp's 16 rows, a warpgroup's 64 and a tile."""
     cfg = cfg or aw.default_config(d)
