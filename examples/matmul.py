@@ -256,14 +256,14 @@ def run(m: int = 70, n: int = 67, k: int = 37, variant: str = "auto", seed: int 
     return float(np.max(np.abs(c - expected), initial=0.0))
 
 
-# (m, n, k) each variant runs at in the demo: edges in every dimension (16-byte variants need
-# N and K multiples of 4)
+# (m, n, k) each variant runs at in the demo: edges in every dimension, two block rows and one
+# block column (each simulated block costs seconds; 16-byte variants need N and K multiples of 4)
 DEMO_SIZES = {
-    "sync": (70, 67, 37),
-    "2stage": (70, 67, 37),
-    "3stage": (70, 67, 37),
-    "3stage_v16": (70, 68, 36),
-    "3stage_8x8": (70, 68, 36),
+    "sync": (70, 35, 37),
+    "2stage": (70, 35, 37),
+    "3stage": (70, 35, 37),
+    "3stage_v16": (70, 36, 36),
+    "3stage_8x8": (70, 36, 36),
 }
 
 

@@ -317,7 +317,9 @@ def compile(  # noqa: A001 - the public name asked for by users of this module
     options = _codegen_options(fn, pyfunc.__name__)
     block = _block(block, options.get("launch_bounds"))
     sig = tuple(signature) if isinstance(signature, list) else signature
-    report = _compile_cached(pyfunc, sig, arch, lim.cc, block, tuple(options.items()))
+    report = _compile_cached(pyfunc, sig, lim.cc, block, tuple(options.items()))
+    if report.arch != arch:  # "sm_90a" asked: the one compile for compute capability 9.0
+        report = dataclasses.replace(report, arch=arch)
     if not dynamic_shared:
         return report
     total, allowed = report.shared_bytes + dynamic_shared, dynamic_shared_limit(arch)
@@ -334,8 +336,10 @@ def compile(  # noqa: A001 - the public name asked for by users of this module
 
 
 @functools.lru_cache(maxsize=512)
-def _compile_cached(pyfunc, signature, arch: str, cc, block: int, options) -> CompileReport:
+def _compile_cached(pyfunc, signature, cc, block: int, options) -> CompileReport:
+    """One compile per compute capability (``sm_90`` and ``sm_90a`` name one)."""
     name = pyfunc.__name__
+    arch = f"sm_{cc[0]}{cc[1]}"
     nvvm_options = dict(options)
     max_registers = nvvm_options.pop("max_registers", None)
     ptx = _ptx(pyfunc, signature, cc, nvvm_options)

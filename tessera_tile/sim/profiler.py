@@ -208,12 +208,13 @@ class _BlockRecorder:
         if unit > 1 and (itemsize != unit or any(off % unit for off in offsets)):
             self._to_bytes(key, unit)
             unit = 1
-        for off in offsets:
-            if unit > 1:
+        if unit > 1:
+            for off in offsets:
                 check(space, (key, off), rec, write)
-            else:
-                for byte in range(off, off + itemsize):
-                    check(space, (key, byte), rec, write)
+            return
+        for off in offsets:
+            for byte in range(off, off + itemsize):
+                check(space, (key, byte), rec, write)
 
     def _to_bytes(self, key, unit: int) -> None:
         """Split the space's element addresses into bytes, once it is accessed otherwise."""

@@ -147,8 +147,13 @@ REDUCTIONS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(REDUCTIONS))
-@pytest.mark.parametrize("axis", [None, 0, 1])
+# Each kind of reduction (sums, moments, selections, indices) over every axis, not every
+# reduction over every axis: each call is traced and generated again in the workers.
+@pytest.mark.parametrize(
+    ("name", "axis"),
+    [("sum", None), ("sum", 1), ("mean", 0), ("var", None), ("var", 1), ("std", 0),
+     ("max", 1), ("min", None), ("argmax", None), ("argmax", 1), ("argmin", 0)],
+)  # fmt: skip
 def test_fused_reductions_over_chunked_and_whole_axes(client, name, axis):
     x = rng.standard_normal((10, 9)).astype(np.float32)
     x[3, 4] = x[7, 1] = x.max() + 1  # a tie: the first index wins
