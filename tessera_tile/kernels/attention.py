@@ -85,6 +85,7 @@ from ..pipeline import (
     cp_async_commit_group,
     cp_async_wait_group,
 )
+from ._named import NamedKernels
 from .tc_tiles import CHUNK, INLINE, tile_copies
 
 __all__ = [
@@ -554,9 +555,15 @@ def _build(d: int, causal: bool, aligned: bool, cfg: AttentionConfig, bf16: bool
     return cuda.jit(kernel)
 
 
-# The configurations the compile tier builds (module-level kernels: one compile case each).
-flash_attention_d64 = flash_attention(64, False, True)
-flash_attention_d64_causal = flash_attention(64, True, True)
-flash_attention_d128 = flash_attention(128, False, True)
-flash_attention_d16_sync = flash_attention(16, True, False)
-flash_attention_bf16_d64 = flash_attention(64, False, True, bf16=True)
+# The configurations the compile tier builds (one compile case each), built on first use.
+NAMED = NamedKernels(
+    __name__,
+    {
+        "flash_attention_d64": lambda: flash_attention(64, False, True),
+        "flash_attention_d64_causal": lambda: flash_attention(64, True, True),
+        "flash_attention_d128": lambda: flash_attention(128, False, True),
+        "flash_attention_d16_sync": lambda: flash_attention(16, True, False),
+        "flash_attention_bf16_d64": lambda: flash_attention(64, False, True, bf16=True),
+    },
+)
+__getattr__ = NAMED.module_getattr

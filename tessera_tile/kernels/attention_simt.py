@@ -85,6 +85,7 @@ from ..pipeline import (
     cp_async_commit_group,
     cp_async_wait_group,
 )
+from ._named import NamedKernels
 from .attention import kv_rows  # the same traffic rule
 
 __all__ = [
@@ -474,21 +475,17 @@ def signature(aligned: bool) -> str:
     return f"void({a}, {a}, {a}, {a}, float32)"
 
 
-# The default configs' kernels as module attributes: the compile tier builds each of them
+# The default configs' kernels by name: the compile tier builds each of them
 # (tests/compile/cases.py), and the ops get the same objects from the memoised factory.
-attention_simt_d16 = simt_attention(16, False, True)
-attention_simt_d16_causal = simt_attention(16, True, True)
-attention_simt_d16_strided = simt_attention(16, False, False)
-attention_simt_d16_causal_strided = simt_attention(16, True, False)
-attention_simt_d32 = simt_attention(32, False, True)
-attention_simt_d32_causal = simt_attention(32, True, True)
-attention_simt_d32_strided = simt_attention(32, False, False)
-attention_simt_d32_causal_strided = simt_attention(32, True, False)
-attention_simt_d64 = simt_attention(64, False, True)
-attention_simt_d64_causal = simt_attention(64, True, True)
-attention_simt_d64_strided = simt_attention(64, False, False)
-attention_simt_d64_causal_strided = simt_attention(64, True, False)
-attention_simt_d128 = simt_attention(128, False, True)
-attention_simt_d128_causal = simt_attention(128, True, True)
-attention_simt_d128_strided = simt_attention(128, False, False)
-attention_simt_d128_causal_strided = simt_attention(128, True, False)
+NAMED = NamedKernels(
+    __name__,
+    {
+        f"attention_simt_d{d}{'_causal' if causal else ''}{'' if aligned else '_strided'}": (
+            lambda d=d, causal=causal, aligned=aligned: simt_attention(d, causal, aligned)
+        )
+        for d in (16, 32, 64, 128)
+        for causal in (False, True)
+        for aligned in (True, False)
+    },
+)
+__getattr__ = NAMED.module_getattr

@@ -40,6 +40,7 @@ from .. import fusion as tt
 from .._device.numerics import exp_approx, max_nan
 from ..bfloat16 import bf16_to_f32, f32_to_bf16
 from ..memory import aligned16, load16
+from ._named import NamedKernels
 from .tc_tiles import INLINE
 
 WARP_SIZE = 32
@@ -143,17 +144,26 @@ def _make(ct, vector: int, bf16: bool = False, bf16_losses: bool = False):
     return cuda.jit(cross_entropy_rows)
 
 
-cross_entropy_rows_f16 = _make(float32, 8)  # float16 logits, computed in float32
-cross_entropy_rows_f32 = _make(float32, 4)
-cross_entropy_rows_f64 = _make(float64, 2)
-cross_entropy_rows_bf16 = _make(float32, 8, bf16=True, bf16_losses=True)  # reduction "none"
-cross_entropy_rows_bf16_f32 = _make(float32, 8, bf16=True)  # float32 losses to reduce
-KERNELS = {
-    np.dtype("f2"): cross_entropy_rows_f16,
-    np.dtype("f4"): cross_entropy_rows_f32,
-    np.dtype("f8"): cross_entropy_rows_f64,
-}
-BF16_KERNELS = {True: cross_entropy_rows_bf16, False: cross_entropy_rows_bf16_f32}  # by "none"
+NAMED = NamedKernels(
+    __name__,
+    {
+        "cross_entropy_rows_f16": lambda: _make(float32, 8),  # float16 logits, in float32
+        "cross_entropy_rows_f32": lambda: _make(float32, 4),
+        "cross_entropy_rows_f64": lambda: _make(float64, 2),
+        # bfloat16 logits: bfloat16 losses (reduction "none") or float32 ones to reduce
+        "cross_entropy_rows_bf16": lambda: _make(float32, 8, bf16=True, bf16_losses=True),
+        "cross_entropy_rows_bf16_f32": lambda: _make(float32, 8, bf16=True),
+    },
+)
+__getattr__ = NAMED.module_getattr
+
+
+def rows_kernel(dtype, bf16_none: bool = False):
+    """The row kernel for logits of ``dtype``; bfloat16 logits (``dtype`` None) write
+    bfloat16 losses when ``bf16_none`` (reduction "none"), else float32 ones."""
+    if dtype is None:
+        return NAMED["cross_entropy_rows_bf16" if bf16_none else "cross_entropy_rows_bf16_f32"]
+    return NAMED[f"cross_entropy_rows_f{np.dtype(dtype).itemsize * 8}"]
 
 
 @functools.cache

@@ -38,6 +38,7 @@ from numba import cuda, float32, float64, int32
 from .._device.numerics import rcp_approx, rsqrt_approx
 from .._runtime import config as _config
 from ..memory import aligned16, load16, store16
+from ._named import NamedKernels
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -227,6 +228,13 @@ def _affine(vector: int, ct, has_weight: bool, has_bias: bool):
 
 
 # The variants with a weight and a bias, by name, for the compile tier (tests/compile/cases.py).
-layer_norm_long_f16 = kernel(np.float16, True, True)
-layer_norm_long_f32 = kernel(np.float32, True, True)
-layer_norm_long_f64 = kernel(np.float64, True, True)
+NAMED = NamedKernels(
+    __name__,
+    {
+        f"layer_norm_long_{np.dtype(t).name.replace('loat', '')}": (
+            lambda t=t: kernel(t, True, True)
+        )
+        for t in (np.float16, np.float32, np.float64)
+    },
+)
+__getattr__ = NAMED.module_getattr

@@ -48,6 +48,7 @@ from .._runtime import config as _config
 from ..memory import aligned16, load16_shared, store16, store16_shared
 from ..pipeline import SHARED_ALIGN, ring_buffer
 from ..tile_config import CANDIDATES, TileConfig
+from ._named import NamedKernels
 from .epilogue import ACTIVATIONS, ElementEpilogue, identity
 from .prologue import name_of
 from .tc_tiles import INLINE, entry_point
@@ -376,11 +377,21 @@ def signature(dtype: str = "float32", layout: str = "C") -> str:
     return f"void({abc}, {abc}, {dtype}[::1], {abc})"
 
 
-# The default configs' kernels as module attributes: the compile tier builds each of them
+# The default configs' kernels by name: the compile tier builds each of them
 # (tests/compile/cases.py), and the ops get the same objects from the memoised factory.
-matmul_f32_default_128x128 = simt_matmul(CANDIDATES[0])
-matmul_f32_default_128x64 = simt_matmul(CANDIDATES[1])
-matmul_f32_default_64x128 = simt_matmul(CANDIDATES[2])
-matmul_f32_default_64x64 = simt_matmul(CANDIDATES[3])
-linear_f32_gelu_bias_128x128 = simt_matmul(CANDIDATES[0], ACTIVATIONS["gelu"], True)
-matmul_f16_sync_128x128 = simt_matmul(CANDIDATES[0], async_copy=False, vector_store=False)
+NAMED = NamedKernels(
+    __name__,
+    {
+        "matmul_f32_default_128x128": lambda: simt_matmul(CANDIDATES[0]),
+        "matmul_f32_default_128x64": lambda: simt_matmul(CANDIDATES[1]),
+        "matmul_f32_default_64x128": lambda: simt_matmul(CANDIDATES[2]),
+        "matmul_f32_default_64x64": lambda: simt_matmul(CANDIDATES[3]),
+        "linear_f32_gelu_bias_128x128": (
+            lambda: simt_matmul(CANDIDATES[0], ACTIVATIONS["gelu"], True)
+        ),
+        "matmul_f16_sync_128x128": (
+            lambda: simt_matmul(CANDIDATES[0], async_copy=False, vector_store=False)
+        ),
+    },
+)
+__getattr__ = NAMED.module_getattr

@@ -87,6 +87,7 @@ from ..pipeline import (
     cp_async_commit_group,
     cp_async_wait_group,
 )
+from ._named import NamedKernels
 from .epilogue import ElementEpilogue, identity
 from .matmul_tc_plan import Plan, aligned_rows, check_operands, plan
 from .prologue import chunk_pass, name_of, on_load
@@ -571,15 +572,22 @@ def build_kernel(
     return cuda.jit(kernel)
 
 
-# The configurations the compile tier builds (module-level kernels: one compile case each).
-matmul_tc_anchor = tensor_core_matmul()  # 128 x 128 x 32, 4 warps, 3 stages
-matmul_tc_8warps = tensor_core_matmul(128, 128, 32, 8, 3)
-# Synchronous loads gain nothing from a third stage; with 4 warps this variant spills.
-matmul_tc_sync = tensor_core_matmul(128, 128, 32, 8, 2, async_copy=False)
-matmul_tc_small_bias = tensor_core_matmul(32, 32, 16, 1, 2, has_bias=True)
-matmul_bf16_anchor = tensor_core_matmul(bf16=True)  # the anchor's tile on bfloat16
-# The larger tiles of tile_config.TENSOR_CORE_CANDIDATES (dynamic shared memory past 48 KiB):
-# CUTLASS's Ampere tile, the model's choice at 4096^3 on sm_80 and sm_90 (144 KiB), and the
-# 72 KiB one where that does not fit (sm_86, sm_89); both 8 warps of 64 x 64.
-matmul_tc_256x128x64 = tensor_core_matmul(256, 128, 64, 8, 3)
-matmul_tc_128x256 = tensor_core_matmul(128, 256, 32, 8, 3)
+# The configurations the compile tier builds (one compile case each), built on first use.
+NAMED = NamedKernels(
+    __name__,
+    {
+        "matmul_tc_anchor": lambda: tensor_core_matmul(),  # 128 x 128 x 32, 4 warps, 3 stages
+        "matmul_tc_8warps": lambda: tensor_core_matmul(128, 128, 32, 8, 3),
+        # Synchronous loads gain nothing from a third stage; with 4 warps this variant spills.
+        "matmul_tc_sync": lambda: tensor_core_matmul(128, 128, 32, 8, 2, async_copy=False),
+        "matmul_tc_small_bias": lambda: tensor_core_matmul(32, 32, 16, 1, 2, has_bias=True),
+        "matmul_bf16_anchor": lambda: tensor_core_matmul(bf16=True),  # the anchor's tile
+        # The larger tiles of tile_config.TENSOR_CORE_CANDIDATES (dynamic shared memory past
+        # 48 KiB): CUTLASS's Ampere tile, the model's choice at 4096^3 on sm_80 and sm_90
+        # (144 KiB), and the 72 KiB one where that does not fit (sm_86, sm_89); both 8 warps
+        # of 64 x 64.
+        "matmul_tc_256x128x64": lambda: tensor_core_matmul(256, 128, 64, 8, 3),
+        "matmul_tc_128x256": lambda: tensor_core_matmul(128, 256, 32, 8, 3),
+    },
+)
+__getattr__ = NAMED.module_getattr

@@ -63,6 +63,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import matmul_tc_plan
+from ._named import NamedKernels
 from .epilogue import ACTIVATIONS
 from .matmul_tc import build_kernel
 from .matmul_tc_plan import Plan, aligned_rows
@@ -115,11 +116,19 @@ def check_operands(a, b, bias, c) -> bool:
     return matmul_tc_plan.check_operands(a, b, bias, c, np.float32)
 
 
-# The configurations the compile tier builds (module-level kernels: one compile case each).
-matmul_tf32_anchor = tf32_matmul()  # 128 x 128 x 16, 8 warps, 3 stages
-matmul_tf32_4warps = tf32_matmul(128, 64, 16, 4, 3)
-matmul_tf32_small_bias = tf32_matmul(32, 32, 16, 1, 2, has_bias=True)
-linear_tf32_gelu_bias = tf32_matmul(activation=ACTIVATIONS["gelu"], has_bias=True)  # exact erf
-# 4 warps of 64 x 64 and k-tiles of 32 (96 KiB, dynamic shared memory): the first of
-# tile_config.TF32_CANDIDATES, 2.11 / 2.15 instructions per HMMA on sm_80 / sm_90
-matmul_tf32_wide = tf32_matmul(128, 128, 32, 4, 3)
+# The configurations the compile tier builds (one compile case each), built on first use.
+NAMED = NamedKernels(
+    __name__,
+    {
+        "matmul_tf32_anchor": lambda: tf32_matmul(),  # 128 x 128 x 16, 8 warps, 3 stages
+        "matmul_tf32_4warps": lambda: tf32_matmul(128, 64, 16, 4, 3),
+        "matmul_tf32_small_bias": lambda: tf32_matmul(32, 32, 16, 1, 2, has_bias=True),
+        "linear_tf32_gelu_bias": (  # exact erf
+            lambda: tf32_matmul(activation=ACTIVATIONS["gelu"], has_bias=True)
+        ),
+        # 4 warps of 64 x 64 and k-tiles of 32 (96 KiB, dynamic shared memory): the first of
+        # tile_config.TF32_CANDIDATES, 2.11 / 2.15 instructions per HMMA on sm_80 / sm_90
+        "matmul_tf32_wide": lambda: tf32_matmul(128, 128, 32, 4, 3),
+    },
+)
+__getattr__ = NAMED.module_getattr

@@ -34,6 +34,7 @@ from numba import cuda, uint32, uint64
 from numba.np import numpy_support
 
 from ..memory import Tile, aligned16, load16, make_stager, store16
+from ._named import NamedKernels
 
 TILE = 32
 THREADS = 256  # the block the kernels are built for: a float32 tile is one 16-byte chunk each
@@ -186,11 +187,13 @@ def _make(dtype: str):
     return cuda.jit(transpose_tiles, launch_bounds=(THREADS, 8))
 
 
-transpose_f16 = _make("f2")
-transpose_f32 = _make("f4")
-transpose_f64 = _make("f8")
-KERNELS = {
-    np.dtype("f2"): transpose_f16,
-    np.dtype("f4"): transpose_f32,
-    np.dtype("f8"): transpose_f64,
-}
+NAMED = NamedKernels(
+    __name__,
+    {f"transpose_f{8 * size}": (lambda size=size: _make(f"f{size}")) for size in (2, 4, 8)},
+)
+__getattr__ = NAMED.module_getattr
+
+
+def kernel(dtype):
+    """The kernel that moves elements of ``dtype``'s size (2, 4 or 8 bytes)."""
+    return NAMED[f"transpose_f{8 * np.dtype(dtype).itemsize}"]

@@ -59,8 +59,8 @@ class _CrossEntropy(HandWritten):
     @property
     def kernel(self):
         if self.bits is not None:
-            return _cross_entropy.BF16_KERNELS[self.reduction == "none"]
-        return _cross_entropy.KERNELS[self.logits.dtype]
+            return _cross_entropy.rows_kernel(None, bf16_none=self.reduction == "none")
+        return _cross_entropy.rows_kernel(self.logits.dtype)
 
     def _reducer(self):
         if self.reduction == "none":

@@ -37,7 +37,7 @@ class _Transpose(HandWritten):
 
     @property
     def kernel(self):
-        return _transpose.KERNELS[self.bits or self.x.dtype]
+        return _transpose.kernel(self.bits or self.x.dtype)
 
     @property
     def out_shape(self) -> tuple:

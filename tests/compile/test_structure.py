@@ -58,3 +58,30 @@ def test_the_simulator_is_imported_only_under_it():
     assert "tessera_tile.sim.profiler" not in outside, outside
     inside = fresh(IMPORT, simulated=True)["modules"]
     assert "tessera_tile.sim.engine" in inside, inside
+
+
+IMPORT_OPS = """
+import gc, json, time
+start = time.perf_counter()
+import tessera_tile
+top = time.perf_counter()
+import tessera_tile.ops
+ops = time.perf_counter()
+from numba.cuda.dispatcher import CUDADispatcher
+print(json.dumps({
+    "top_ms": 1000 * (top - start), "ops_ms": 1000 * (ops - top),
+    "kernels": sorted(o.py_func.__qualname__ for o in gc.get_objects()
+                      if isinstance(o, CUDADispatcher) and not o.targetoptions.get("device")),
+}))
+"""
+
+
+def test_importing_the_ops_builds_no_kernel(record_property):
+    """Kernels are built when a call (or the compile tier) first asks for them, not at import."""
+    got = fresh(IMPORT_OPS, simulated=False)
+    record_property(
+        "resources",
+        f"import tessera_tile {got['top_ms']:.0f} ms, then tessera_tile.ops {got['ops_ms']:.0f} "
+        f"ms (one fresh interpreter, offline); kernels built: {len(got['kernels'])}",
+    )
+    assert got["kernels"] == [], got["kernels"]
