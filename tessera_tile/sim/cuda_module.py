@@ -16,7 +16,7 @@ from greenlet import getcurrent
 from numba import cuda as numba_cuda
 from numba.cuda import types
 
-from . import compat, ints, shared_limits
+from . import compat, constant_shapes, ints, shared_limits
 from ._base import SimulationError
 from .allocations import own_allocation
 from .scheduler import SimThread, block_on, current_thread
@@ -48,6 +48,7 @@ class _Shared:
             key = (frame.f_code, frame.f_lineno, frame.f_lasti)
             arr = block.shared.get(key)
             if arr is None:
+                constant_shapes.check(frame, "cuda.shared.array")
                 arr = _aligned_empty(shape, dtype, alignment or natural_alignment(dtype))
                 arr.view(np.uint8).fill(0xFF)
                 arr = block.shared[key] = ints.typed_view(arr)
@@ -112,6 +113,7 @@ class _Local(compat.FakeCUDALocal):
     ``alignment=`` honoured as compiled code honours it (numba-cuda's simulator refuses it)."""
 
     def array(self, shape, dtype, alignment=None):
+        constant_shapes.check(sys._getframe(1), "cuda.local.array")
         alignment = _checked_alignment(alignment)
         if alignment is None:
             return ints.typed_view(super().array(shape, dtype))

@@ -6,6 +6,7 @@ import itertools
 import math
 
 import pytest
+import shape_kernels
 from numba.cuda import types
 from numba.cuda.descriptor import cuda_target
 from numba.cuda.utils import numba_target_override
@@ -61,3 +62,17 @@ def test_every_other_math_function_is_refused_by_numba_cuda(typing_context):
         if numba_cuda_type(typing_context, getattr(math, name), arg_types) is not None
     ]
     assert not accepted, f"numba-cuda types these, the simulator refuses them: {accepted}"
+
+
+@pytest.mark.parametrize(("fn", "typed"), shape_kernels.CASES, ids=shape_kernels.IDS)
+def test_array_shapes_as_numba_types_them(fn, typed):
+    """The ground truth of the simulator's test_array_shapes_numba_cannot_type_are_refused:
+    numba-cuda itself types these shapes or refuses them."""
+    from numba import cuda
+    from numba.core.errors import TypingError
+
+    if typed:
+        cuda.compile_ptx(fn, shape_kernels.SIGNATURE, cc=(8, 0))
+    else:
+        with pytest.raises(TypingError):
+            cuda.compile_ptx(fn, shape_kernels.SIGNATURE, cc=(8, 0))

@@ -6,9 +6,10 @@ import struct
 
 import numpy as np
 import pytest
+import shape_kernels
 from helpers import SIMULATED
 from numba import cuda
-from numba.cuda.core.errors import RequireLiteralValue
+from numba.cuda.core.errors import NumbaTypeError, RequireLiteralValue
 
 import tessera_tile  # noqa: F401 - importing it installs the warp-aware simulator
 from tessera_tile.memory import store16_shared
@@ -169,3 +170,18 @@ def test_options_that_change_only_the_code_are_accepted():
     out = np.zeros(64, np.int64)
     fill[1, 64](out)
     np.testing.assert_array_equal(out, np.arange(64))
+
+
+@pytest.mark.parametrize(("fn", "typed"), shape_kernels.CASES, ids=shape_kernels.IDS)
+def test_array_shapes_numba_cannot_type_are_refused(fn, typed):
+    """A shared or local array's shape must be a constant when Numba types the kernel: an
+    expression of globals or a field of an object is refused as numba-cuda refuses it (the
+    compile tier's test_array_shapes_as_numba_types_them checks numba-cuda's side)."""
+    x = np.ones(4, np.float32)
+    kernel = cuda.jit(fn)
+    if typed:
+        kernel[1, 1](x)
+        assert x[1] == 1.0
+    else:
+        with pytest.raises(NumbaTypeError, match="not a constant Numba can type"):
+            kernel[1, 1](x)
