@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import threading
 from contextlib import ExitStack
 
@@ -28,6 +29,14 @@ class Launch:
     """One kernel launch: the fake ``cuda`` module, arguments and blocks."""
 
     def __init__(self, kernel, args):
+        code = kernel.fn.__code__
+        if code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
+            # numba-cuda binds ``*args`` to the first argument alone (a kernel of one argument
+            # mis-types) and refuses more: "Signature mismatch" (numba-cuda 0.30)
+            raise TypeError(
+                f"Signature mismatch: {len(args)} argument types given, but function takes "
+                f"{code.co_argcount + 1} arguments (kernels cannot take *args or **kwargs)"
+            )
         self.grid_dim, self.block_dim = compat.normalize_kernel_dimensions(
             kernel.grid_dim, kernel.block_dim
         )

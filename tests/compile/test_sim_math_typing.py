@@ -76,3 +76,14 @@ def test_array_shapes_as_numba_types_them(fn, typed):
     else:
         with pytest.raises(TypingError):
             cuda.compile_ptx(fn, shape_kernels.SIGNATURE, cc=(8, 0))
+
+
+def test_star_args_kernels_are_refused():
+    """The ground truth of the simulator's test_a_kernel_taking_star_args_is_refused."""
+    from numba import cuda
+
+    def star_args_kernel(*args):
+        args[1][0] = args[0][0]
+
+    with pytest.raises(TypeError, match="Signature mismatch: 2 argument types given"):
+        cuda.compile_ptx(star_args_kernel, "void(float32[::1], float32[::1])", cc=(8, 0))

@@ -185,3 +185,16 @@ def test_array_shapes_numba_cannot_type_are_refused(fn, typed):
     else:
         with pytest.raises(NumbaTypeError, match="not a constant Numba can type"):
             kernel[1, 1](x)
+
+
+def star_args_kernel(*args):
+    args[1][0] = args[0][0]
+
+
+def test_a_kernel_taking_star_args_is_refused():
+    """numba-cuda binds ``*args`` to one argument and refuses a launch of more (the compile
+    tier's test_star_args_kernels_are_refused checks numba-cuda's side)."""
+    x, y = np.ones(1, np.float32), np.zeros(1, np.float32)
+    with pytest.raises(TypeError, match="Signature mismatch: 2 argument types given"):
+        cuda.jit(star_args_kernel)[1, 1](x, y)
+    assert y[0] == 0.0
