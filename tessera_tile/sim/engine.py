@@ -79,13 +79,11 @@ class Launch:
             # Run on the array itself (no copy), seen as an allocation of its own, as its device
             # copy would be: a vector access past its end is out of bounds even where the
             # NumPy array it is a view of goes on.
-            return ints.typed_view(own_allocation(arg))
+            return _typed(own_allocation(arg))
         if isinstance(arg, compat.ArgHint):
             arg = arg.to_device(self.retr)
         if isinstance(arg, compat.FakeCUDAArray) and compat.host_memory(arg).dtype.fields is None:
-            return ints.typed_view(
-                compat.host_memory(arg)
-            )  # device arrays and their views: any strides
+            return _typed(compat.host_memory(arg))  # device arrays and their views: any strides
         if isinstance(arg, np.ndarray) and arg.ndim > 0:
             arg = compat.InOut(arg).to_device(self.retr)
         elif isinstance(arg, np.void):
@@ -120,6 +118,27 @@ class Launch:
         if compat.debug_kernel(self.kernel):
             return np.errstate(divide="raise")  # the block's threads copy this context
         return np.errstate(all="ignore")
+
+
+class _AnyLayout(np.ndarray):
+    """A kernel argument neither C- nor F-contiguous, which Numba types as layout "A": it has no
+    ``reshape`` in a kernel."""
+
+    def reshape(self, *args, **kwargs):
+        raise compat.NumbaTypeError("reshape() supports contiguous array only")
+
+
+class _AnyLayoutInts(ints.IntArray, _AnyLayout):
+    pass
+
+
+def _typed(array: np.ndarray) -> np.ndarray:
+    """A kernel's view of an array argument: narrow integers typed as Numba types them, and
+    layout "A" as Numba types it."""
+    array = ints.typed_view(array)
+    if array.ndim and not (array.flags.c_contiguous or array.flags.f_contiguous):
+        return array.view(_AnyLayoutInts if isinstance(array, ints.IntArray) else _AnyLayout)
+    return array
 
 
 _stock_call = compat.FakeCUDAKernel.__call__

@@ -87,3 +87,17 @@ def test_star_args_kernels_are_refused():
 
     with pytest.raises(TypeError, match="Signature mismatch: 2 argument types given"):
         cuda.compile_ptx(star_args_kernel, "void(float32[::1], float32[::1])", cc=(8, 0))
+
+
+def test_reshape_in_a_kernel_needs_a_contiguous_array():
+    """The ground truth of the simulator's reshape test: layout C compiles, layout A does not."""
+    from numba import cuda
+    from numba.core.errors import TypingError
+
+    def reshape_kernel(x, y):
+        z = x.reshape((2, 2))
+        y[0] = z[1, 1]
+
+    cuda.compile_ptx(reshape_kernel, "void(float32[::1], float32[::1])", cc=(8, 0))
+    with pytest.raises(TypingError, match="reshape\\(\\) supports contiguous array only"):
+        cuda.compile_ptx(reshape_kernel, "void(float32[:], float32[::1])", cc=(8, 0))

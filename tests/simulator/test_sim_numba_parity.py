@@ -198,3 +198,19 @@ def test_a_kernel_taking_star_args_is_refused():
     with pytest.raises(TypeError, match="Signature mismatch: 2 argument types given"):
         cuda.jit(star_args_kernel)[1, 1](x, y)
     assert y[0] == 0.0
+
+
+def reshape_kernel(x, y):
+    z = x.reshape((2, 2))
+    y[0] = z[1, 1]
+
+
+def test_reshape_of_a_strided_argument_is_refused_and_of_a_contiguous_one_runs():
+    """numba-cuda reshapes a C-contiguous array in a kernel and refuses one of layout "A" (the
+    compile tier's test_reshape_in_a_kernel_needs_a_contiguous_array checks its side)."""
+    y = np.zeros(1, np.float32)
+    x = cuda.to_device(np.arange(8, dtype=np.float32))
+    cuda.jit(reshape_kernel)[1, 1](x[:4], y)
+    assert y[0] == 3.0
+    with pytest.raises(NumbaTypeError, match="reshape\\(\\) supports contiguous array only"):
+        cuda.jit(reshape_kernel)[1, 1](x[::2], y)
