@@ -17,7 +17,7 @@ tier() {  # name, then the command
 tier "GPU tier: correctness tests on a real device" \
     env TESSERA_TIER=gpu "$PY" -m pytest tests --ignore=tests/compile -q
 tier "compile tier: every kernel for sm_80 and sm_90, resources and SASS" \
-    env TESSERA_TIER=compile "$PY" -m pytest tests/compile -q -n "$JOBS" --dist loadgroup
+    env TESSERA_TIER=compile "$PY" -m pytest tests/compile -q -n "$JOBS"
 tier "simulator tier: correctness against NumPy in the warp-aware simulator" \
     env NUMBA_ENABLE_CUDASIM=1 TESSERA_TIER=sim "$PY" -m pytest tests --ignore=tests/compile -q -n "$JOBS"
 exit $rc
