@@ -422,7 +422,10 @@ def _ptx(pyfunc, signature, cc, nvvm_options: dict[str, Any]) -> str:
 
 
 def _disassemble(nvdisasm: str, cubin: Path, flags: list[str]) -> str:
-    res = subprocess.run([nvdisasm, *flags, "-c", str(cubin)], capture_output=True, text=True)
+    # -ndf: no dataflow analysis; the listing is the same (compared for nvdisasm 13.5), 12% faster
+    res = subprocess.run(
+        [nvdisasm, *flags, "-c", "-ndf", str(cubin)], capture_output=True, text=True
+    )
     if res.returncode != 0:
         raise RuntimeError(f"nvdisasm {' '.join(flags)} failed: {res.stderr.strip()}")
     return res.stdout
