@@ -105,6 +105,11 @@ class TrackedArray:
     def __len__(self) -> int:
         return len(self._a)
 
+    def reshape(self, *shape):
+        """A kernel's ``reshape``: a view of the same memory, still tracked (refused for layout
+        "A", as Numba refuses it)."""
+        return TrackedArray(self._a.reshape(*shape), self._space)
+
     def __repr__(self) -> str:
         return f"TrackedArray({self._space.name}, shape={self._a.shape}, dtype={self._a.dtype})"
 

@@ -214,3 +214,16 @@ def test_reshape_of_a_strided_argument_is_refused_and_of_a_contiguous_one_runs()
     assert y[0] == 3.0
     with pytest.raises(NumbaTypeError, match="reshape\\(\\) supports contiguous array only"):
         cuda.jit(reshape_kernel)[1, 1](x[::2], y)
+
+
+def test_reshape_in_a_profiled_kernel_is_tracked():
+    """Under the profiler too: the reshaped view is the argument's memory, counted."""
+    from tessera_tile import sim
+
+    y = cuda.to_device(np.zeros(1, np.float32))
+    x = cuda.to_device(np.arange(8, dtype=np.float32))
+    with sim.profile() as prof:
+        cuda.jit(reshape_kernel)[1, 1](x[:4], y)
+    assert y.copy_to_host()[0] == 3.0 and prof.bytes_read == 4 and prof.bytes_written == 4
+    with sim.profile(), pytest.raises(NumbaTypeError, match="contiguous array only"):
+        cuda.jit(reshape_kernel)[1, 1](x[::2], y)
