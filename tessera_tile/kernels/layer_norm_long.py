@@ -231,10 +231,9 @@ def _affine(vector: int, ct, has_weight: bool, has_bias: bool):
 NAMED = NamedKernels(
     __name__,
     {
-        f"layer_norm_long_{np.dtype(t).name.replace('loat', '')}": (
-            lambda t=t: kernel(t, True, True)
-        )
-        for t in (np.float16, np.float32, np.float64)
+        "layer_norm_long_f16": lambda: kernel(np.float16, True, True),
+        "layer_norm_long_f32": lambda: kernel(np.float32, True, True),
+        "layer_norm_long_f64": lambda: kernel(np.float64, True, True),
     },
 )
 __getattr__ = NAMED.module_getattr
