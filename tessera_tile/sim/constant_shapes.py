@@ -17,7 +17,7 @@ import types
 
 from .compat import NumbaTypeError
 
-_CHECKED: set = set()  # call sites whose shape was found constant
+_CHECKED: set = set()  # (code, instruction) of the call sites whose shape was found constant
 
 
 def check(frame, what: str) -> None:
@@ -37,7 +37,6 @@ def check(frame, what: str) -> None:
         )
 
 
-@functools.cache
 def _shape_node(code: types.CodeType, lasti: int) -> ast.expr | None:
     """The shape argument of the call at instruction ``lasti`` of ``code``, from its source."""
     start, end, col, end_col = list(code.co_positions())[lasti // 2]
@@ -61,7 +60,8 @@ def _shape_node(code: types.CodeType, lasti: int) -> ast.expr | None:
 
 
 @functools.cache
-def _parse(filename: str, _lines: int) -> ast.Module:
+def _parse(filename: str, lines: int) -> ast.Module:
+    """``filename`` parsed once per length (a file written again is parsed again)."""
     return ast.parse("".join(linecache.getlines(filename)))
 
 

@@ -166,15 +166,14 @@ class SharedWindow:
         for lo, (start, data) in self.regions.items():  # the arrays already placed first
             if lo <= host < lo + data.size:
                 return start + host - lo
-        for lo, data in self._candidates():
+        for lo, data in self._candidates():  # an array not placed yet: placed now
             if lo <= host < lo + data.size:
-                if lo not in self.regions:
-                    start = -(-self.cursor // 1024) * 1024 + lo % 1024
-                    if start + data.size > self.LIMIT:
-                        raise sim.SimulationError("wgmma: shared arrays pass the 256 KiB window")
-                    self.regions[lo] = (start, data)
-                    self.cursor = start + data.size
-                return self.regions[lo][0] + host - lo
+                start = -(-self.cursor // 1024) * 1024 + lo % 1024
+                if start + data.size > self.LIMIT:
+                    raise sim.SimulationError("wgmma: shared arrays pass the 256 KiB window")
+                self.regions[lo] = (start, data)
+                self.cursor = start + data.size
+                return start + host - lo
         raise sim.SimulationError("wgmma: a matrix descriptor needs an address in shared memory")
 
     def read_u16(self, addresses: np.ndarray, what: str) -> np.ndarray:

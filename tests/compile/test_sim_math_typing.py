@@ -6,7 +6,9 @@ import itertools
 import math
 
 import pytest
-import shape_kernels
+import typing_kernels
+from numba import cuda
+from numba.core.errors import TypingError
 from numba.cuda import types
 from numba.cuda.descriptor import cuda_target
 from numba.cuda.utils import numba_target_override
@@ -64,40 +66,28 @@ def test_every_other_math_function_is_refused_by_numba_cuda(typing_context):
     assert not accepted, f"numba-cuda types these, the simulator refuses them: {accepted}"
 
 
-@pytest.mark.parametrize(("fn", "typed"), shape_kernels.CASES, ids=shape_kernels.IDS)
+@pytest.mark.parametrize(("fn", "typed"), typing_kernels.SHAPES, ids=typing_kernels.SHAPE_IDS)
 def test_array_shapes_as_numba_types_them(fn, typed):
     """The ground truth of the simulator's test_array_shapes_numba_cannot_type_are_refused:
     numba-cuda itself types these shapes or refuses them."""
-    from numba import cuda
-    from numba.core.errors import TypingError
-
     if typed:
-        cuda.compile_ptx(fn, shape_kernels.SIGNATURE, cc=(8, 0))
+        cuda.compile_ptx(fn, typing_kernels.SIGNATURE, cc=(8, 0))
     else:
         with pytest.raises(TypingError):
-            cuda.compile_ptx(fn, shape_kernels.SIGNATURE, cc=(8, 0))
+            cuda.compile_ptx(fn, typing_kernels.SIGNATURE, cc=(8, 0))
+
+
+TWO_ARRAYS = "void(float32[::1], float32[::1])"
 
 
 def test_star_args_kernels_are_refused():
     """The ground truth of the simulator's test_a_kernel_taking_star_args_is_refused."""
-    from numba import cuda
-
-    def star_args_kernel(*args):
-        args[1][0] = args[0][0]
-
     with pytest.raises(TypeError, match="Signature mismatch: 2 argument types given"):
-        cuda.compile_ptx(star_args_kernel, "void(float32[::1], float32[::1])", cc=(8, 0))
+        cuda.compile_ptx(typing_kernels.star_args_kernel, TWO_ARRAYS, cc=(8, 0))
 
 
 def test_reshape_in_a_kernel_needs_a_contiguous_array():
     """The ground truth of the simulator's reshape test: layout C compiles, layout A does not."""
-    from numba import cuda
-    from numba.core.errors import TypingError
-
-    def reshape_kernel(x, y):
-        z = x.reshape((2, 2))
-        y[0] = z[1, 1]
-
-    cuda.compile_ptx(reshape_kernel, "void(float32[::1], float32[::1])", cc=(8, 0))
+    cuda.compile_ptx(typing_kernels.reshape_kernel, TWO_ARRAYS, cc=(8, 0))
     with pytest.raises(TypingError, match="reshape\\(\\) supports contiguous array only"):
-        cuda.compile_ptx(reshape_kernel, "void(float32[:], float32[::1])", cc=(8, 0))
+        cuda.compile_ptx(typing_kernels.reshape_kernel, "void(float32[:], float32[::1])", cc=(8, 0))

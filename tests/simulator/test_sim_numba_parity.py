@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 import pytest
-import shape_kernels
+import typing_kernels
 from helpers import SIMULATED
 from numba import cuda
 from numba.cuda.core.errors import NumbaTypeError, RequireLiteralValue
@@ -172,7 +172,7 @@ def test_options_that_change_only_the_code_are_accepted():
     np.testing.assert_array_equal(out, np.arange(64))
 
 
-@pytest.mark.parametrize(("fn", "typed"), shape_kernels.CASES, ids=shape_kernels.IDS)
+@pytest.mark.parametrize(("fn", "typed"), typing_kernels.SHAPES, ids=typing_kernels.SHAPE_IDS)
 def test_array_shapes_numba_cannot_type_are_refused(fn, typed):
     """A shared or local array's shape must be a constant when Numba types the kernel: an
     expression of globals or a field of an object is refused as numba-cuda refuses it (the
@@ -187,22 +187,13 @@ def test_array_shapes_numba_cannot_type_are_refused(fn, typed):
             kernel[1, 1](x)
 
 
-def star_args_kernel(*args):
-    args[1][0] = args[0][0]
-
-
 def test_a_kernel_taking_star_args_is_refused():
     """numba-cuda binds ``*args`` to one argument and refuses a launch of more (the compile
     tier's test_star_args_kernels_are_refused checks numba-cuda's side)."""
     x, y = np.ones(1, np.float32), np.zeros(1, np.float32)
     with pytest.raises(TypeError, match="Signature mismatch: 2 argument types given"):
-        cuda.jit(star_args_kernel)[1, 1](x, y)
+        cuda.jit(typing_kernels.star_args_kernel)[1, 1](x, y)
     assert y[0] == 0.0
-
-
-def reshape_kernel(x, y):
-    z = x.reshape((2, 2))
-    y[0] = z[1, 1]
 
 
 def test_reshape_of_a_strided_argument_is_refused_and_of_a_contiguous_one_runs():
@@ -210,10 +201,10 @@ def test_reshape_of_a_strided_argument_is_refused_and_of_a_contiguous_one_runs()
     compile tier's test_reshape_in_a_kernel_needs_a_contiguous_array checks its side)."""
     y = np.zeros(1, np.float32)
     x = cuda.to_device(np.arange(8, dtype=np.float32))
-    cuda.jit(reshape_kernel)[1, 1](x[:4], y)
+    cuda.jit(typing_kernels.reshape_kernel)[1, 1](x[:4], y)
     assert y[0] == 3.0
     with pytest.raises(NumbaTypeError, match="reshape\\(\\) supports contiguous array only"):
-        cuda.jit(reshape_kernel)[1, 1](x[::2], y)
+        cuda.jit(typing_kernels.reshape_kernel)[1, 1](x[::2], y)
 
 
 def test_reshape_in_a_profiled_kernel_is_tracked():
@@ -223,7 +214,7 @@ def test_reshape_in_a_profiled_kernel_is_tracked():
     y = cuda.to_device(np.zeros(1, np.float32))
     x = cuda.to_device(np.arange(8, dtype=np.float32))
     with sim.profile() as prof:
-        cuda.jit(reshape_kernel)[1, 1](x[:4], y)
+        cuda.jit(typing_kernels.reshape_kernel)[1, 1](x[:4], y)
     assert y.copy_to_host()[0] == 3.0 and prof.bytes_read == 4 and prof.bytes_written == 4
     with sim.profile(), pytest.raises(NumbaTypeError, match="contiguous array only"):
-        cuda.jit(reshape_kernel)[1, 1](x[::2], y)
+        cuda.jit(typing_kernels.reshape_kernel)[1, 1](x[::2], y)

@@ -1,6 +1,6 @@
-"""Shared- and local-array shapes numba-cuda types or refuses, for the simulator tier (which must
-refuse the same) and the compile tier (which checks numba-cuda itself). Plain functions: each
-tier jits them its own way."""
+"""Kernels numba-cuda types or refuses, for the simulator tier (which must refuse the same) and
+the compile tier (which checks numba-cuda itself): shared- and local-array shapes, ``*args``, and
+``reshape``. Plain functions: each tier jits them its own way."""
 
 import collections
 
@@ -76,7 +76,16 @@ def _kernels():
     return [(f, True) for f in typed] + [(f, False) for f in refused]
 
 
-# (kernel function, whether numba-cuda types it)
-CASES = _kernels()
+# (kernel function, whether numba-cuda types its shape)
+SHAPES = _kernels()
+SHAPE_IDS = [fn.__name__ for fn, _ in SHAPES]
 SIGNATURE = "void(float32[::1])"
-IDS = [fn.__name__ for fn, _ in CASES]
+
+
+def star_args_kernel(*args):  # numba-cuda: "Signature mismatch" for two arrays
+    args[1][0] = args[0][0]
+
+
+def reshape_kernel(x, y):  # numba-cuda: layout C reshapes, layout A is refused
+    z = x.reshape((2, 2))
+    y[0] = z[1, 1]
