@@ -1,4 +1,4 @@
-"""``tessera_tile.profile()``: what each fused kernel launched inside a ``with`` block costs.
+"""``tessera_tile.profile()``: what each kernel launched inside a ``with`` block costs.
 
 ::
 
@@ -15,12 +15,17 @@ counted FLOPs, and the roofline bound (the shortest time the device's bandwidth 
 allow). ``prof.add(op, *args)`` adds a call's static figures from ``explain()`` without running
 it, so the report also works where nothing can run.
 
-Covered: kernels of fused functions and of the ops built on them (the launch path of
-:mod:`tessera_tile._fusion.runtime`). Hand-written kernels (cross-entropy's gather, transpose,
-long-row layer norm) are not timed by the hook; add them with ``prof.add``.
+Covered: every kernel the library launches, all of which go through one launch path
+(:mod:`tessera_tile._runtime.launch`): the kernels of fused functions, one record per kernel,
+and the hand-written kernels of the ops (matmul, linear, mlp, attention, cross-entropy,
+transpose, long-row layer norm) and of the composer's GEMM and attention stages, one record per
+call or stage with the bytes and FLOPs ``explain`` predicts for it. Kernels a user launches
+directly (``kernel[grid, block](...)``) are not seen.
 
 FLOPs are counted from the Tile IR: one per element for each arithmetic node (a transcendental
-counts as one; casts and leaves count nothing), one per element reduced for each reduction.
+counts as one; casts, views and leaves count nothing), one per element reduced for each
+reduction, two per product term of a matmul (a multiply and an add), and two per product term
+of both of attention's products.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import numpy as np
 
 from . import tile_ir as ir
 from ._runtime import config as _config
+from ._runtime import launch
 
 __all__ = ["DEVICES", "DeviceSpec", "KernelRecord", "Profile", "active", "profile"]
 
@@ -70,20 +76,30 @@ DEVICES = {
 
 
 def node_flops(node: ir.Node, elements: int, reduced: int) -> int:
-    """FLOPs of one node evaluated over ``elements`` values (``reduced``: a reduction's input
-    size)."""
-    if node.op in ir.LEAF or node.op in ir.GENERATED or node.op is ir.Op.CAST:
+    """FLOPs of one elementwise or reduction node evaluated over ``elements`` values
+    (``reduced``: a reduction's input size)."""
+    if node.op in ir.LEAF or node.op in ir.GENERATED or node.op in ir.VIEW:
+        return 0
+    if node.op is ir.Op.CAST:
         return 0
     return reduced if node.op in ir.REDUCE else elements
 
 
 def trace_flops(nodes, shapes: dict) -> int:
-    """Counted FLOPs of a traced program, with ``shapes`` by node key."""
+    """Counted FLOPs of a traced program, with ``shapes`` by node key: a matmul counts a
+    multiply and an add per product term, attention its two products over every (query,
+    key) pair."""
     total = 0
     for n in nodes:
         size = int(np.prod(shapes[n.key], dtype=np.int64))
-        src = int(np.prod(shapes[n.srcs[0].key], dtype=np.int64)) if n.srcs else 0
-        total += node_flops(n, size, src)
+        if n.op is ir.Op.MATMUL:
+            total += 2 * size * shapes[n.srcs[0].key][-1]
+        elif n.op is ir.Op.ATTENTION:
+            q, k, v = (shapes[s.key] for s in n.srcs)
+            total += 2 * (size // v[-1]) * k[-2] * (q[-1] + v[-1])
+        else:
+            src = int(np.prod(shapes[n.srcs[0].key], dtype=np.int64)) if n.srcs else 0
+            total += node_flops(n, size, src)
     return total
 
 
@@ -127,9 +143,10 @@ class Profile:
     measured: bool  # a GPU times launches
     records: list[KernelRecord] = field(default_factory=list)
 
-    def launch(self, name: str, nbytes: int, flops: int, run, stream=0, kernel=None) -> None:
-        """Run one kernel launch (``run()``) on ``stream``; on a GPU, time it between two CUDA
-        events on that stream. Called by the fused runtime. A launch that compiled ``kernel``
+    def launch(self, name: str, nbytes: int, flops: int, run, stream=0, kernels=()) -> None:
+        """Run a group of kernel launches (``run()``) on ``stream``; on a GPU, time it between
+        two CUDA events on that stream. Called by the one launch path
+        (:mod:`tessera_tile._runtime.launch`). A launch that compiled one of ``kernels``
         (numba-cuda compiles at a kernel's first launch for its argument types) is recorded
         without a time: the events would have timed the compiler."""
         if not self.measured:
@@ -138,14 +155,17 @@ class Profile:
             return
         from numba import cuda
 
-        compiled_before = len(getattr(kernel, "overloads", ()))
+        def compiled():
+            return [len(getattr(k, "overloads", ())) for k in kernels]
+
+        compiled_before = compiled()
         start, stop = cuda.event(), cuda.event()
         with _nvtx_range(name):
             start.record(stream)
             run()
             stop.record(stream)
         stop.synchronize()
-        if len(getattr(kernel, "overloads", ())) != compiled_before:
+        if compiled() != compiled_before:
             self.records.append(KernelRecord(name, nbytes, flops, note="compiled at this launch"))
             return
         self.records.append(KernelRecord(name, nbytes, flops, start.elapsed_time(stop)))
@@ -203,50 +223,44 @@ def explain_flops(op, *args, **kwargs) -> int:
     from the op's own count (matmul, attention); 0 for a data movement such as transpose.
     Duck-typed: this layer sits below the composer and the ops."""
     target = op._plan(*args, **kwargs) if hasattr(op, "_plan") else None
-    if hasattr(target, "flops"):  # a hand-written product (matmul, attention) counts its own
+    if hasattr(target, "flops"):  # a hand-written call counts its own
         return target.flops()
-    fused = getattr(target, "fused", target)  # long-row layer norm keeps its fused twin
-    if fused is not None and hasattr(fused, "fn"):
-        op, args = fused.fn, fused.args
+    if hasattr(target, "fn"):  # a call of a fused definition
+        op, args = target.fn, target.args
     return op.flops(*args) if hasattr(op, "flops") else 0
-
-
-_active: Profile | None = None
 
 
 @contextlib.contextmanager
 def suspended():
     """Launches inside are not recorded by the active profile (warm-up runs)."""
-    global _active
-    saved, _active = _active, None
+    saved, launch.recorder = launch.recorder, None
     try:
         yield
     finally:
-        _active = saved
+        launch.recorder = saved
 
 
 def active() -> Profile | None:
     """The profile of the ``with tessera_tile.profile()`` block in progress, if any."""
-    return _active
+    return launch.recorder
 
 
 @contextlib.contextmanager
 def profile(device: str = "h100"):
-    """Record the fused kernels launched inside the block (see the module docstring).
+    """Record the kernels launched inside the block (see the module docstring).
 
     ``device``: whose peaks the report compares with (``"a100"``, ``"h100"``, ``"h200"``); on a
     GPU, the peaks of the named device are used as given, not read from the device.
     """
-    global _active
     if device not in DEVICES:
         raise ValueError(f"device must be one of {sorted(DEVICES)}, got {device!r}")
-    if _active is not None:
+    if launch.recorder is not None:
         raise RuntimeError("a tessera_tile.profile() is already active")
-    _active = Profile(DEVICES[device], measured=_config.gpu_present())
+    launch.recorder = Profile(DEVICES[device], measured=_config.gpu_present())
     try:
-        yield _active
+        yield launch.recorder
     finally:
-        _active = None
+        launch.recorder = None
 
 
 def _nvtx_range(name: str):

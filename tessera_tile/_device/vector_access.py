@@ -13,9 +13,8 @@ from numba import types
 from numba.cuda.extending import intrinsic
 
 from .. import sim
+from .._runtime.target import VECTOR_BYTES
 from .intrinsics import check_index, element_pointer
-
-VECTOR_BYTES = 16
 
 # -------------------------------------------------------------------------------------------
 # 16-byte vector intrinsics (inline PTX) and their simulator twins

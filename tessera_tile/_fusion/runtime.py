@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import profiling
 from .. import tile_ir as ir
-from .._runtime import arrays, target
+from .._runtime import arrays, launch, target
 from .._runtime import config as _config
 from .._runtime.arrays import DEVICE, Arg
 from ..sim import compat
@@ -361,6 +361,10 @@ class StageLaunch:
     scratch: tuple  # a full stage's ("partial" or "ticket", dtype): partials per block, ticket
     flops: int
 
+    def label(self) -> launch.Label:
+        """What a profile records of the stage's launch."""
+        return launch.Label(self.bound.generated.name, self.bound.predicted_bytes(), self.flops)
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -394,19 +398,16 @@ class LaunchPlan:
                 handles[("out", k)] = arrays.device_handle(rec)
         for tid, shape, dtype in self.temps:
             handles[("temp", tid)] = place.new(shape, dtype, "numba")
-        for launch in self.launches:
-            _launch(launch, handles, place)
+        for stage in self.launches:
+            _launch(stage, handles, place)
         return results
 
 
 def layout_key(call: Call) -> tuple:
-    """What a launch plan depends on beyond the program: each array's side, shape, strides,
-    and address modulo the vector width (a kernel loads 16 bytes at a time where it may)."""
+    """What a launch plan depends on beyond the program: each array's ``Arg.layout()``."""
 
     def of(a: Arg | None):
-        if a is None or not a.is_array:
-            return None
-        return (a.kind, a.shape, a.strides, a.address % schedule.VECTOR_BYTES)
+        return a.layout() if a is not None and a.is_array else None
 
     return (tuple(of(a) for a in call.args), tuple(of(o) for o in call.out or ()))
 
@@ -494,12 +495,12 @@ def quick_key(args: tuple, constants: bool = False) -> tuple | None:
         if type(a) is Arg:  # a record an op read
             if a.family != "numba" or not a.address:
                 return None
-            key.append((Arg, a.shape, a.strides, a.dtype, a.address % schedule.VECTOR_BYTES))
+            key.append((Arg, a.shape, a.strides, a.dtype, a.address % target.VECTOR_BYTES))
         elif getattr(a, "__cuda_ndarray__", False):
             shape, strides, dtype, address = compat.layout(a)
             if not address:
                 return None
-            key.append((type(a), shape, strides, dtype, address % schedule.VECTOR_BYTES))
+            key.append((type(a), shape, strides, dtype, address % target.VECTOR_BYTES))
         elif type(a) in _SCALARS or isinstance(a, np.generic):
             typed = type(a) if type(a) in _SCALARS else a.dtype
             key.append((typed, a) if constants else typed)
@@ -559,34 +560,25 @@ def _host_result(value: np.generic, out: Arg | None):
     return out.value
 
 
-def _launch(launch: StageLaunch, handles: dict, place: arrays.Placement) -> None:
-    if not isinstance(launch, StageLaunch):  # a GEMM or attention stage's (its runner's)
-        launch.run(handles, place)
+def _launch(stage: StageLaunch, handles: dict, place: arrays.Placement) -> None:
+    if not isinstance(stage, StageLaunch):  # a GEMM or attention stage's (its runner's)
+        stage.run(handles, place)
         return
-    bound = launch.bound
+    bound = stage.bound
     params = [
         handles[key] if view is None else arrays.view(handles[key], *view)
-        for key, view in launch.arrays
+        for key, view in stage.arrays
     ]
     lay = bound.layout
     partials, tickets = schedule.scratch_lengths(bound.variant, lay.n_kept, lay.n_red, bound.blocks)
-    for role, dtype in launch.scratch:
+    for role, dtype in stage.scratch:
         params.append(
             arrays.zeros(tickets, dtype, place.stream)
             if role == "ticket"
             else place.new(partials, dtype, "numba")
         )
-    params += [handles[value] if is_arg else value for is_arg, value in launch.scalars]
+    params += [handles[value] if is_arg else value for is_arg, value in stage.scalars]
     if _config.DUMP:
         print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")
     kernel = bound.generated.kernel
-    prof = profiling.active()
-    if prof is None:
-        kernel[bound.blocks, bound.threads, place.stream](*params)
-        return
-
-    def run():
-        kernel[bound.blocks, bound.threads, place.stream](*params)
-
-    name, nbytes = bound.generated.name, bound.predicted_bytes()
-    prof.launch(name, nbytes, launch.flops, run, place.stream, kernel)
+    launch.one(kernel, bound.blocks, bound.threads, params, place.stream, stage.label)

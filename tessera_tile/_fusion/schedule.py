@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import tile_ir as ir
 from .._runtime import config as _config
+from .._runtime.target import VECTOR_BYTES
 from ..tile_ir import Node, Op
 from . import lower
 from .plan import Stage, StageKind
@@ -44,7 +45,6 @@ COLUMN_SPLIT_ITERATIONS = 1 if _config.SIMULATED else 2
 WARP_ROW_MAX = 1024  # rows up to this long get a warp each, longer rows a block
 ROW_REGISTERS = 32  # 4-byte registers per lane that may hold a row's leaves (as Triton's BLOCK)
 CACHE_BYTES = 32768  # shared memory that keeps a row on chip between passes
-VECTOR_BYTES = 16
 # Shared memory for the row-invariant leaves (a (C,) weight against (N, C) rows) that a
 # warp-mode block stages once for its rows: with CACHE_BYTES and the scratch, a block stays
 # under the 48 KiB of static shared memory. Rows of up to 1,024 elements (warp mode) have at

@@ -28,6 +28,7 @@ from numba import cuda
 
 from ..sim import compat
 from . import config as _config
+from .target import VECTOR_BYTES
 
 HOST, DEVICE, SCALAR = "host", "device", "scalar"
 DEVICE_ALIGN = 256  # device allocations (host inputs' copies, results) start this aligned
@@ -56,6 +57,12 @@ class Arg(NamedTuple):
     @property
     def size(self) -> int:
         return math.prod(self.shape)  # exact (a stand-in's shape may exceed int64)
+
+    def layout(self) -> tuple:
+        """What a launch plan depends on of this array: its side, shape, strides, dtype and
+        address modulo :data:`VECTOR_BYTES` (a kernel makes 16-byte accesses where the
+        address allows). Every plan cache keys its arrays by this."""
+        return self.kind, self.shape, self.strides, self.dtype, self.address % VECTOR_BYTES
 
     def extent(self) -> tuple[int, int]:
         """[first, last) byte addresses the array covers."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from . import config as _config
 
 STATIC_SHARED = 48 * 1024  # bytes of static shared memory per block, on every architecture
+VECTOR_BYTES = 16  # the widest access a thread makes (128 bits: ld.v4.b32, a cp.async chunk)
 
 
 @dataclass(frozen=True)

@@ -243,7 +243,7 @@ def explain(op, shape, dtype, as_json) -> None:
     fn, shape = _op(op), _shape_of(op, shape)
     args, kwargs = _roofline.stand_ins(op, shape, dtype)
     report = _checked(fn.explain, *args, **kwargs)
-    flops = profiling.explain_flops(fn, *args, **kwargs) or _roofline.hand_flops(op, shape)
+    flops = profiling.explain_flops(fn, *args, **kwargs)
     data = {
         "op": op,
         "shape": list(shape),
@@ -305,8 +305,6 @@ def bench(op_names, shape, dtype, device, repeat, as_json) -> None:
         with profiling.profile(device=device) as prof:
             for name, fn, at in zip(names, fns, shapes, strict=True):
                 _checked(prof.add, fn, *_roofline.stand_ins(name, at, dtype)[0])
-                if not prof.records[-1].flops:  # a hand-written kernel: counted from its source
-                    prof.records[-1].flops = _roofline.hand_flops(name, at)
         _emit(as_json, {"measured": False, "rows": prof.rows()}, str(prof))
         return
     try:
@@ -328,7 +326,7 @@ def bench(op_names, shape, dtype, device, repeat, as_json) -> None:
 
 
 def _bench_gpu(cupy, name, fn, shape, dtype, device, repeat) -> dict:
-    """Median time of one call of an op (its fused kernels, summed per call, timed by the
+    """Median time of one call of an op (its kernels, summed per call, timed by the
     profile) and of CuPy's unfused chain of the same call (hand-written ops: the call)."""
     from .bench_ref import REFERENCE, time_ms
 
@@ -345,7 +343,7 @@ def _bench_gpu(cupy, name, fn, shape, dtype, device, repeat) -> dict:
         ours = float(
             np.median([sum(timed[i : i + per_call]) for i in range(0, len(timed), per_call)])
         )
-    else:  # a hand-written kernel the profile does not see: the whole call
+    else:  # every launch compiled at its launch (none timed): the whole call
         ours = time_ms(lambda: fn(*dev, **kwargs), repeat=repeat)
     theirs = (
         time_ms(lambda: REFERENCE[name](cupy, *dev), repeat=repeat) if name in REFERENCE else None

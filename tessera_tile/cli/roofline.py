@@ -69,28 +69,6 @@ def stand_ins(name: str, shape: tuple, dtype: str, hidden: int | None = None) ->
     return (x,), {}
 
 
-def hand_flops(name: str, shape: tuple, hidden: int | None = None) -> int:
-    """FLOPs of the hand-written kernels, which have no Tile IR, counted from their source for
-    the stand-ins of :func:`stand_ins`.
-
-    cross_entropy: per logit, the online log-sum-exp's max, subtract, exp and add (4); per row,
-    the log and the two subtractions of ``(m - x[target]) + log(s)`` (3). The matmul family: 2
-    per multiply-add (2 M N K), 1 per output element for the bias and 1 for the activation.
-    transpose moves data and counts none.
-    """
-    rows, cols = shape[0], shape[-1]
-    h = 4 * cols if hidden is None else hidden
-    if name == "cross_entropy":
-        return 4 * rows * cols + 3 * rows
-    if name == "matmul":
-        return 2 * rows * cols * cols
-    if name == "linear":
-        return 2 * rows * cols * cols + rows * cols
-    if name == "mlp":  # gelu(x @ w1 + b1) @ w2 + b2
-        return 2 * rows * cols * h + 2 * rows * h + 2 * rows * h * cols + rows * cols
-    return 0
-
-
 def _measure_here(shape: tuple, dtype: str):
     """In the simulator: each op's measured bytes and counted FLOPs, one op at a time."""
     from .. import ops, sim
@@ -105,7 +83,7 @@ def _measure_here(shape: tuple, dtype: str):
         args, kwargs = stand_ins(name, at, dt, hidden)
         with sim.profile() as prof:
             op(*args, **kwargs)
-        flops = profiling.explain_flops(op, *args, **kwargs) or hand_flops(name, at, hidden)
+        flops = profiling.explain_flops(op, *args, **kwargs)
         yield {
             "op": name,
             "shape": list(at),

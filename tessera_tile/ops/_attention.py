@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import dynamic_shared
 from .._runtime import arrays
+from .._runtime.launch import KernelLaunch
 from ..autotune import autotune
 from ..kernels import attention as tensor_cores
 from ..kernels import attention_simt as simt
@@ -28,7 +29,6 @@ from ..kernels.attention import kv_rows
 from ..tile_ir import BFLOAT16
 from ._contract import (
     HandWritten,
-    KernelLaunch,
     PrebuiltOp,
     Report,
     array_arg,

@@ -9,13 +9,12 @@ import math
 import numbers
 import operator
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
-from .. import dynamic_shared, fusion
+from .. import fusion
 from .._fusion import runtime
-from .._runtime import arrays, target
+from .._runtime import arrays, launch, target
 from ..tile_ir import BFLOAT16, storage_dtype
 
 MAX_READY = 256  # calls an op keeps (by key; bounded)
@@ -189,85 +188,6 @@ class Fused:
 # hand-written kernels: one launch list serves the run, a kept call, explain and inspect
 
 
-class View(NamedTuple):
-    """A kernel parameter that views one of the call's arrays (inputs in order, then the
-    result): as it is (``shape`` None), or with this shape, these byte strides and offset;
-    of ``dtype`` where given (a bfloat16 array as its ``uint16`` bits)."""
-
-    array: int
-    shape: tuple | None = None
-    strides: tuple = ()
-    offset: int = 0
-    dtype: np.dtype | None = None
-
-    def of(self, handles: list):
-        handle = handles[self.array]
-        if self.shape is None:
-            if self.dtype is None:
-                return handle
-            return arrays.view(handle, handle.shape, handle.strides, 0, self.dtype)
-        return arrays.view(handle, self.shape, self.strides, self.offset, self.dtype)
-
-
-class Unused(NamedTuple):
-    """A kernel parameter the launch never reads or writes (an absent bias): a 1-element
-    device array of ``dtype``, kept per device (``_arrays.unused``), so calls allocate
-    nothing for it."""
-
-    dtype: np.dtype
-
-    def of(self, handles: list):
-        return arrays.unused(self.dtype)
-
-
-class Value(NamedTuple):
-    """A kernel parameter passed as the handle it names (a scalar argument of a fused call)."""
-
-    index: int
-
-    def of(self, handles: list):
-        return handles[self.index]
-
-
-class Extras(NamedTuple):
-    """A tuple parameter (a generated matmul epilogue's arrays and scalars), its items made as
-    the parameters are."""
-
-    items: tuple
-
-    def of(self, handles: list):
-        return tuple(i.of(handles) if type(i) in SPECS else i for i in self.items)
-
-
-SPECS = (View, Unused, Value, Extras)  # parameters given per launch; any other passed as it is
-
-
-@dataclass(frozen=True)
-class KernelLaunch:
-    """One launch: the kernel, its grid and block, its parameters (:data:`SPECS` or values),
-    its numba signature (for ``inspect``) and its bytes of dynamic shared memory."""
-
-    kernel: object
-    grid: object
-    threads: object
-    params: tuple
-    signature: object
-    shared: int = 0
-
-
-def launch_all(launches, handles: list, stream, kept: bool = False) -> None:
-    """Launch each :class:`KernelLaunch` on ``stream``, its views made of ``handles`` (the
-    call's device arrays: inputs in order, then the result); ``kept``: a kept call, whose
-    kernels have launched on arguments of these types (and opted in) before."""
-    for launch in launches:
-        params = [p.of(handles) if type(p) in SPECS else p for p in launch.params]
-        if launch.shared:
-            go = dynamic_shared.launch_kept if kept else dynamic_shared.launch
-            go(launch.kernel, launch.grid, launch.threads, launch.shared, params, stream)
-        else:
-            launch.kernel[launch.grid, launch.threads, stream](*params)
-
-
 @dataclass
 class Report:
     """What ``explain`` and ``inspect`` say of a hand-written call. ``then``: fused calls that
@@ -306,9 +226,21 @@ class HandWritten:
     def report(self) -> Report:
         raise NotImplementedError
 
+    def label(self) -> launch.Label:
+        """What a profile records of this call's kernels: their names and the figures
+        ``explain`` gives."""
+        r = self.report()
+        names = " + ".join(dict.fromkeys(k.kernel.py_func.__name__ for k in r.launches))
+        return launch.Label(names or r.name, r.bytes_fused, self.flops())
+
+    def flops(self) -> int:
+        """FLOPs the call's kernels compute (0 where they only move data); ops that count
+        theirs override this."""
+        return 0
+
     def execute(self, place: arrays.Placement, records: list, result: arrays.Arg) -> None:
         handles = [arrays.device_handle(r) for r in (*records, result)]
-        launch_all(self.launches(records, result), handles, place.stream)
+        launch.run(self.launches(records, result), handles, place.stream, self.label)
 
     def run(self, out, stream):
         inputs = self.inputs()
@@ -335,11 +267,13 @@ class HandWritten:
             return None
         launches = self.launches(records, arrays.placeholder(self.out_shape, self.dtype))
         shape, dtype = self.out_shape, self.dtype
+        label = self.label()  # made now: the kept call must not hold this call's arrays
 
         def run(args, stream):
             place = arrays.Placement.of_numba_arrays(stream)
             result = place.new(shape, dtype)
-            launch_all(launches, [*_values(args, positions), result], place.stream, kept=True)
+            handles = [*_values(args, positions), result]
+            launch.run(launches, handles, place.stream, lambda: label, kept=True)
             return result
 
         tuner = self.tuner
@@ -404,11 +338,11 @@ def device_like(rec: arrays.Arg) -> arrays.Arg:
 def distinct(launches) -> list:
     """The launches of distinct (kernel, signature), in order: what a report lists."""
     seen, out = set(), []
-    for launch in launches:
-        key = (launch.kernel, str(launch.signature))
+    for one in launches:
+        key = (one.kernel, str(one.signature))
         if key not in seen:
             seen.add(key)
-            out.append(launch)
+            out.append(one)
     return out
 
 

@@ -8,19 +8,16 @@ from dataclasses import dataclass
 import numpy as np
 from numba import from_dtype, types
 
-from .._runtime import arrays
+from .._runtime import arrays, launch
+from .._runtime.launch import KernelLaunch, Unused, View
 from ..kernels import cross_entropy as _cross_entropy
 from ..tile_ir import storage_dtype
 from ._contract import (
     COMPOSED_FLOATS,
     HandWritten,
-    KernelLaunch,
     PrebuiltOp,
     Report,
-    Unused,
-    View,
     array_arg,
-    launch_all,
     numba_type,
     view_dtype,
 )
@@ -101,11 +98,12 @@ class _CrossEntropy(HandWritten):
         handles = [arrays.device_handle(r) for r in records]
         if self.reduction == "none":
             out = arrays.device_handle(result)  # a view numba launches on, whatever out= is
-            launch_all(self.launches(records, result), [*handles, out], place.stream)
+            launch.run(self.launches(records, result), [*handles, out], place.stream, self.label)
             return
         n = self.logits.shape[0]
         loss, valid = place.temp((n,), self.compute), place.temp((n,), self.compute)
-        launch_all(self.launches(records, loss), [*handles, loss.value, valid.value], place.stream)
+        handles += [loss.value, valid.value]
+        launch.run(self.launches(records, loss), handles, place.stream, self.label)
         args = (loss.value, valid.value) if self.reduction == "mean" else (loss.value,)
         self._reducer()(*args, out=result.value, stream=place.stream)
 
@@ -116,6 +114,13 @@ class _CrossEntropy(HandWritten):
         per_row = self.targets.dtype.itemsize + self._loss_dtype().itemsize
         per_row += self.compute.itemsize if self.reduction == "mean" else 0
         return self.logits.size * self.logits.dtype.itemsize + n * per_row
+
+    def flops(self) -> int:
+        """Counted from the kernel's source: per logit, the online log-sum-exp's max, subtract,
+        exp and add (4); per row, the log and the two subtractions of
+        ``(m - x[target]) + log(s)`` (3). The reduction over rows counts its own."""
+        n, c = self.logits.shape
+        return 4 * n * c + 3 * n
 
     def unfused_bytes(self) -> int:
         """One kernel per op, as a chain of CuPy calls does it: m = max(x); e = exp(x - m);

@@ -12,17 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import profiling
 from .. import tile_ir as ir
 from .._fusion import gemm
 from .._fusion.lower import TYPE_NAMES
 from .._fusion.plan import StageKind
-from .._runtime import arrays
+from .._runtime import arrays, launch
+from .._runtime.launch import Value
 from ..kernels.epilogue import ElementEpilogue
 from ..kernels.prologue import ElementPrologue
 from ..tile_ir import Op
 from ._attention import attention as attention_op
-from ._contract import Value, launch_all
 from ._matmul import _product
 from ._matmul_choice import DUAL
 from ._matmul_plan import Product
@@ -89,7 +88,15 @@ class GemmBound:
         return p.predicted_bytes(config, bias_reads) - unstored + extras
 
     def flops(self) -> int:
-        return self.product.flops()
+        """The product's, one per output element for each op of the epilogue, and one per
+        operand element (in each batch) for each op of a prologue."""
+        p, parts = self.product, gemm.parts(self.stage)
+        total = p.product_flops() + parts.ops * math.prod(p.batch) * p.m * p.n
+        for side, operand in parts.prologues:
+            size = p.m * p.k if side == "a" else p.k * p.n
+            ops = sum(n.op in ir.ELEMENTWISE for n in ir.walk([operand]))
+            total += ops * math.prod(p.batch) * size
+        return total
 
     def describe(self) -> str:
         parts = gemm.parts(self.stage)
@@ -161,16 +168,13 @@ class StageLaunches:
     def run(self, handles: dict, place) -> None:
         b = self.bound
         params = [handles[k] for k in b.keys] + [handles[pos] for pos in b.scalars]
-        prof = profiling.active()
-        if prof is None:
-            launch_all(self.launches, params, place.stream)
-            return
 
-        def run():
-            launch_all(self.launches, params, place.stream)
+        def label():
+            kernels = dict.fromkeys(k.kernel.py_func.__name__ for k in self.launches)
+            name = f"{' + '.join(kernels)} ({b.generated.name})"
+            return launch.Label(name, b.predicted_bytes(), b.flops())
 
-        kernel = self.launches[0].kernel
-        prof.launch(b.generated.name, b.predicted_bytes(), b.flops(), run, place.stream, kernel)
+        launch.run(self.launches, params, place.stream, label)
 
     def signatures(self) -> list[tuple]:
         return [(k.kernel, k.signature, k.threads, k.shared) for k in self.launches]

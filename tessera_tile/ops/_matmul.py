@@ -335,6 +335,9 @@ class _Mlp(HandWritten):
         self.first.execute(place, records[:n_first], hidden)
         self.second.execute(place, [hidden, *records[n_first:]], result)
 
+    def flops(self) -> int:
+        return self.first.flops() + self.second.flops()
+
     def hidden_bytes(self) -> int:
         """The hidden activation's traffic: written once by the first kernel, read once per
         column of output tiles by the second."""

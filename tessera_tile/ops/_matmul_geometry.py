@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._runtime import arrays
+from .._runtime.launch import View
 from ..tile_ir import storage_dtype
-from ._contract import View
 
 __all__ = [
     "MAX_GRID_YZ", "Geometry", "Matrix", "array_type", "as_matrix", "copy_bytes",

@@ -17,6 +17,7 @@ import numpy as np
 from .._fusion.compile import CountingCache
 from .._fusion.runtime import MAX_LAUNCH_PLANS
 from .._runtime import arrays, target
+from .._runtime.launch import Extras, KernelLaunch, Unused, View
 from ..kernels import epilogue
 from ..kernels import matmul_tc as tc
 from ..tile_config import (
@@ -28,12 +29,8 @@ from ..tile_config import (
 )
 from ..tile_ir import BFLOAT16
 from ._contract import (
-    Extras,
     HandWritten,
-    KernelLaunch,
     Report,
-    Unused,
-    View,
     device_like,
     distinct,
     view_dtype,
@@ -75,11 +72,7 @@ def _broadcast_to(rec: arrays.Arg, shape: tuple) -> arrays.Arg:
 
 
 def _layout(rec: arrays.Arg | None):
-    """What a launch plan depends on of one operand: shape, strides, dtype, and the address
-    modulo 16 (the tensor-core kernels copy 16-byte chunks where rows are aligned)."""
-    if rec is None:
-        return None
-    return rec.shape, rec.strides, rec.dtype.str, rec.address % 16
+    return None if rec is None else rec.layout()
 
 
 @dataclass
@@ -340,8 +333,15 @@ class Product(HandWritten):
             nbytes += z * rows * n * self.bias.dtype.itemsize * reads
         return nbytes
 
-    def flops(self) -> int:
+    def product_flops(self) -> int:
+        """2 per multiply-add: 2 M N K per batch, twice with a second product."""
         return 2 * (1 + (self.b2 is not None)) * math.prod(self.batch) * self.m * self.n * self.k
+
+    def flops(self) -> int:
+        """The product's, then 1 per output element for the bias and 1 for the activation (a
+        transcendental counts as one)."""
+        epilogue = (self.bias is not None) + (self.activation is not None)
+        return self.product_flops() + epilogue * math.prod(self.batch) * self.m * self.n
 
     def unfused_bytes(self, fused: int) -> int:
         """The same product (``fused`` bytes), then the bias add and the activation as

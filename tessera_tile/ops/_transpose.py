@@ -8,15 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._runtime import arrays
+from .._runtime.launch import KernelLaunch, View
 from ..kernels import transpose as _transpose
 from ..tile_ir import BFLOAT16
 from ._contract import (
     COMPOSED_FLOATS,
     HandWritten,
-    KernelLaunch,
     PrebuiltOp,
     Report,
-    View,
     array_arg,
     numba_type,
 )

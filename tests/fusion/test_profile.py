@@ -62,3 +62,51 @@ def test_on_a_gpu_each_launch_is_timed_on_its_stream(monkeypatch):
     (record,) = prof.records
     assert record.time_ms is not None and record.note == ""
     assert "time µs" in str(prof)
+
+
+def _hand_written_calls():
+    """One call of each op that launches hand-written kernels, on device arrays, and a fused
+    function whose matmul runs as a composer GEMM stage."""
+    from numba import cuda
+
+    rng = np.random.default_rng(2)
+
+    def dev(*shape, dtype=np.float32):
+        return cuda.to_device(rng.standard_normal(shape).astype(dtype))
+
+    @tt.fuse
+    def gelu_linear(x, w):
+        return tt.gelu(x @ w)
+
+    a, b = dev(16, 16), dev(16, 16)
+    q = dev(1, 1, 16, 16, dtype=np.float16)
+    logits, targets = dev(4, 16), cuda.to_device(np.array([0, 3, 15, 7], np.int64))
+    long_row = dev(1, 4097, dtype=np.float64)
+    return [
+        ("matmul_", ops.matmul, (a, b), {}),
+        ("flash_attention", ops.attention, (q, q, q), {}),
+        ("cross_entropy", ops.cross_entropy, (logits, targets), {"reduction": "none"}),
+        ("transpose", ops.transpose, (a,), {}),
+        ("layer_norm_long", ops.layer_norm, (long_row,), {}),
+        ("matmul", gelu_linear, (a, b), {}),  # its generated epilogue in parentheses
+    ]
+
+
+@pytest.mark.sim_only(reason="the static report: no GPU times the launches")
+def test_the_profile_records_the_hand_written_kernels_of_every_op():
+    """Every launch goes through one path, so the profile sees the ops' hand-written kernels
+    (and a fused matmul's GEMM stage), a kept call's launches too, each with explain's bytes
+    and FLOPs."""
+    for name, op, args, kwargs in _hand_written_calls():
+        explain = op.explain(*args, **kwargs)
+        with tt.profile() as prof:
+            op(*args, **kwargs)
+            op(*args, **kwargs)  # a kept call (device arrays, same layouts)
+        assert len(prof.records) == 2, (name, prof.records)
+        first, kept = prof.records
+        assert name in first.name, (name, first.name)
+        assert first == kept
+        assert first.bytes == explain.bytes_fused, name
+        assert first.flops == profiling.explain_flops(op, *args, **kwargs), name
+        if op in (ops.matmul, ops.attention):
+            assert first.flops > 0, name
