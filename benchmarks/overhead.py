@@ -47,7 +47,7 @@ def _first_call_ms(fn, sync) -> float:
 def _cases(cuda, rng):
     import tessera_tile as tt
     from tessera_tile import ops
-    from tessera_tile.kernels import softmax as fused
+    from tessera_tile.ops import _definitions as fused
 
     softmax = fused.softmax(-1)  # the @tt.fuse definition ops.softmax dispatches to
 

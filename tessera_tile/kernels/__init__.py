@@ -1,6 +1,7 @@
-"""Prebuilt kernels, one module per family (reductions, norms, transpose, matmul, attention).
+"""Hand-written kernels, one module per family (cross-entropy, transpose, long-row layer norm,
+matmul, attention), built from the tile primitives alone.
 
-Each module holds the kernels of its family and the fused definitions the composer builds them
-from, where the composer already makes the best kernel; :mod:`tessera_tile.ops` validates
-arguments, allocates results and dispatches here.
+Where the composer already makes the best kernel, an op is a fused definition instead
+(:mod:`tessera_tile.ops._definitions`); :mod:`tessera_tile.ops` validates arguments, allocates
+results and dispatches to one or the other.
 """

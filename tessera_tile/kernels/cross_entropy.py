@@ -30,13 +30,11 @@ from any lane; a +inf makes it NaN through ``exp(inf - inf)``; a row of only -in
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 from numba import cuda, float32, float64
 
-from .. import fusion as tt
 from .._device.numerics import exp_approx, max_nan
 from ..bfloat16 import bf16_to_f32, f32_to_bf16
 from ..memory import aligned16, load16
@@ -164,18 +162,3 @@ def rows_kernel(dtype, bf16_none: bool = False):
     if dtype is None:
         return NAMED["cross_entropy_rows_bf16" if bf16_none else "cross_entropy_rows_bf16_f32"]
     return NAMED[f"cross_entropy_rows_f{np.dtype(dtype).itemsize * 8}"]
-
-
-@functools.cache
-def reduce_losses(reduction: str, dtype: str) -> tt.FusedFunction:
-    """Fused ``sum(loss)`` (arguments: loss) or ``sum(loss) / sum(valid)`` (arguments: loss,
-    valid) of the per-row losses, as ``dtype``; deterministic (the composer's two-stage full
-    reduction, combined in block order)."""
-
-    def mean_loss(loss, valid):
-        return tt.astype(tt.sum(loss) / tt.sum(valid), dtype)
-
-    def sum_loss(loss):
-        return tt.astype(tt.sum(loss), dtype)
-
-    return tt.fuse(mean_loss if reduction == "mean" else sum_loss)

@@ -11,9 +11,10 @@
 
 Every op validates its arguments (each read once into an ``_arrays.Arg`` record) and raises
 ``TypeError`` or ``ValueError`` naming the argument before anything is launched, then dispatches
-to :mod:`tessera_tile.kernels`: a fused definition where the composer already makes the best
-kernel (softmax, log-softmax, the norms, reductions), a hand-written kernel where one does
-better (cross-entropy's gather, the padded transpose). Results follow the inputs (see
+to a fused definition (``ops._definitions``) where the composer already makes the best kernel
+(softmax, log-softmax, the norms, reductions), or to a hand-written kernel of
+:mod:`tessera_tile.kernels` where one does better (cross-entropy's gather, the padded
+transpose, the GEMMs, attention). Results follow the inputs (see
 ``docs/ops.md``); ``out=`` writes into a given array, ``stream=`` picks the stream; inputs are
 never modified. float16 is computed in float32.
 """

@@ -149,7 +149,7 @@ def _values(args, positions) -> list:
 
 @dataclass
 class Fused:
-    """A call dispatched to a fused definition of :mod:`tessera_tile.kernels`."""
+    """A call dispatched to a fused definition (:mod:`tessera_tile.ops._definitions`)."""
 
     fn: object  # a FusedFunction
     args: tuple

@@ -12,6 +12,7 @@ from .._runtime import arrays, launch
 from .._runtime.launch import KernelLaunch, Unused, View
 from ..kernels import cross_entropy as _cross_entropy
 from ..tile_ir import storage_dtype
+from . import _definitions
 from ._contract import (
     COMPOSED_FLOATS,
     HandWritten,
@@ -62,7 +63,7 @@ class _CrossEntropy(HandWritten):
     def _reducer(self):
         if self.reduction == "none":
             return None
-        return _cross_entropy.reduce_losses(self.reduction, self.logits.dtype.name)
+        return _definitions.reduce_losses(self.reduction, self.logits.dtype.name)
 
     def _loss_dtype(self) -> np.dtype:
         return self.logits.dtype if self.reduction == "none" else self.compute

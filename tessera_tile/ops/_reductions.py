@@ -1,11 +1,11 @@
 """Reductions with NumPy's semantics (``sum``, ``mean``, ``max``, ``min``, ``var``, ``std``,
-``argmax``, ``argmin``): fused definitions of :mod:`tessera_tile.kernels.reduction`."""
+``argmax``, ``argmin``): fused definitions of :mod:`tessera_tile.ops._definitions`."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import reduction as _reduction
+from . import _definitions
 from ._contract import (
     COMPOSED_FLOATS,
     Fused,
@@ -55,7 +55,7 @@ def _reduction_plan(name: str):
         if one_axis and isinstance(axis, tuple):
             raise TypeError(f"{name} takes one axis or None, not a tuple")
         axes = _axes(axis, len(a.shape))
-        return Fused(_reduction.reduction(name, axes, bool(keepdims), _ddof(ddof)), (a,))
+        return Fused(_definitions.reduction(name, axes, bool(keepdims), _ddof(ddof)), (a,))
 
     def moments(x, axis=None, keepdims=False, ddof=0):
         return plan(x, axis, keepdims, ddof)

@@ -1,5 +1,6 @@
-"""Softmax, log-softmax, layer norm and RMS norm: fused definitions of :mod:`tessera_tile.kernels`,
-and the hand-written kernel for layer-norm rows too long to keep on chip."""
+"""Softmax, log-softmax, layer norm and RMS norm: the fused definitions of
+:mod:`tessera_tile.ops._definitions`, and the hand-written kernel for layer-norm rows too long
+to keep on chip."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from .._fusion.schedule import CACHE_BYTES
 from .._runtime import arrays
 from .._runtime.launch import KernelLaunch, Unused, View
 from ..kernels import layer_norm_long as _layer_norm_long
-from ..kernels import norms as _norms
-from ..kernels import softmax as _softmax
+from . import _definitions
 from ._contract import (
     COMPOSED_FLOATS,
     FLOATS,
@@ -43,7 +43,7 @@ def _softmax_plan(kind: str):
         a = array_arg(x, "x", COMPOSED_FLOATS, kind)
         if not a.shape:
             raise ValueError(f"x is 0-dimensional; {kind} needs at least one axis")
-        return Fused(getattr(_softmax, kind)(axis_index(axis, len(a.shape))), (a,))
+        return Fused(getattr(_definitions, kind)(axis_index(axis, len(a.shape))), (a,))
 
     return plan
 
@@ -88,7 +88,9 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
         for v, name in ((weight, "weight"), (bias, "bias"))
     )
     eps = eps_value(eps)
-    fused = Fused(_norms.layer_norm(w is not None, b is not None), (a, *filter(None, (w, b)), eps))
+    fused = Fused(
+        _definitions.layer_norm(w is not None, b is not None), (a, *filter(None, (w, b)), eps)
+    )
     rows = _layer_norm_long.rows_view(a)
     long_rows = a.dtype in FLOATS and not _on_chip(a.shape[-1], a.dtype)
     # (bfloat16 rows of any length: the composer's kernel)
@@ -114,7 +116,7 @@ def rms_norm(x, weight=None, eps=1e-6):
     if not a.shape:
         raise ValueError("x is 0-dimensional; rms_norm normalises over the last axis")
     params = [] if weight is None else [_row_param(weight, "weight", a, "rms_norm")]
-    return Fused(_norms.rms_norm(weight is not None), (a, *params, eps_value(eps)))
+    return Fused(_definitions.rms_norm(weight is not None), (a, *params, eps_value(eps)))
 
 
 @dataclass

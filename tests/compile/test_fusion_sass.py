@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tessera_tile as tt
-from tessera_tile.kernels import norms
+from tessera_tile.ops import _definitions as norms
 
 ARCHS = ("sm_80", "sm_90")
 FLOAT64_OPCODES = (

@@ -23,9 +23,10 @@ LAYERS = {
     "tile_ir": 3, "tile_config": 3,
     "memory": 4, "pipeline": 4, "mbarrier": 4, "warp": 4, "mma": 4, "profiling": 4,
     "_device": 4, "bfloat16": 4,
-    "_fusion": 5, "fusion": 5,
-    "kernels": 6, "ops": 6,
-    "cli": 7, "__main__": 7, "tuned": 7, "dask": 7,
+    "kernels": 5,
+    "_fusion": 6, "fusion": 6,
+    "ops": 7,
+    "cli": 8, "__main__": 8, "tuned": 8, "dask": 8,
 }  # fmt: skip
 
 

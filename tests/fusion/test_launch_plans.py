@@ -16,7 +16,7 @@ from tessera_tile._fusion import plan as planner
 from tessera_tile._fusion import runtime, schedule
 from tessera_tile._fusion.compile import CountingCache
 from tessera_tile._runtime import config as _config
-from tessera_tile.kernels import softmax as fused
+from tessera_tile.ops import _definitions as fused
 
 softmax = fused.softmax(-1)  # the @tt.fuse definition ops.softmax dispatches to
 

@@ -1,0 +1,170 @@
+"""The fused definitions of the prebuilt row ops and reductions, and of cross-entropy's
+reduction over rows: ``@tt.fuse`` functions the ops dispatch to, memoised per variant.
+
+The composer already makes the best kernel for these, so no hand-written kernel is shipped:
+
+- **softmax, log-softmax**: ``max -> exp(x - max) -> sum -> divide`` in one kernel, a warp or
+  a block per row, the row kept on chip between passes when it fits (else the normaliser is
+  computed online in the maximum's pass), one reciprocal per row.
+- **layer norm, RMS norm** over the last axis: one kernel per call, the row kept on chip
+  between the statistics pass and the write pass when it fits (8,192 float32 per row for a
+  block), one ``rsqrt`` per row, the weight and bias read as broadcast rows: the minimum
+  traffic (x read once, y written once).
+- **reductions** (sum, mean, max, min, var, std, argmax, argmin): a warp or a block per row
+  for trailing axes; for leading axes, rows split across blocks (16-byte loads of adjacent
+  columns, several rows in flight per thread, per-block partials folded in order by the last
+  block of each column tile); ``var`` and ``std`` there in one pass (Welford folds, partials
+  merged by Chan's formula); a deterministic two-stage reduction in one launch for all axes.
+  Results follow NumPy's dtypes.
+
+**float16 is computed in float32** and rounded once, at the end. The composer rounds a
+float16-typed value to float16 where a reduction reads it (as NumPy stores float16 arrays), so
+a definition that squares or exponentiates float16 values would round, or overflow
+(``x * x`` past ``|x| = 256``), between steps; these definitions widen x first and cast the
+result back. (NumPy squares float16 deviations in float16, so its ``var`` and ``std`` overflow
+from deviations of 256 on; ``std`` here is inf only where the result is.)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .. import fusion as tt
+
+
+def widened(x):
+    """``x`` in its compute dtype: float32 for float16, else ``x`` itself."""
+    return tt.astype(x, np.float32) if x.dtype == np.float16 else x
+
+
+# --------------------------------------------------------------------------------------------
+# softmax and log-softmax, over a fixed (normalised) axis
+
+
+@functools.cache
+def softmax(axis: int) -> tt.FusedFunction:
+    """Fused ``exp(x - max) / sum(exp(x - max))`` over ``axis`` (a fixed, normalised axis)."""
+
+    def softmax(x):
+        xc = widened(x)
+        m = tt.max(xc, axis=axis, keepdims=True)
+        e = tt.exp(xc - m)
+        return tt.astype(e / tt.sum(e, axis=axis, keepdims=True), x.dtype)
+
+    return tt.fuse(softmax)
+
+
+@functools.cache
+def log_softmax(axis: int) -> tt.FusedFunction:
+    """Fused ``(x - max) - log(sum(exp(x - max)))`` over ``axis``."""
+
+    def log_softmax(x):
+        xc = widened(x)
+        d = xc - tt.max(xc, axis=axis, keepdims=True)
+        return tt.astype(d - tt.log(tt.sum(tt.exp(d), axis=axis, keepdims=True)), x.dtype)
+
+    return tt.fuse(log_softmax)
+
+
+# --------------------------------------------------------------------------------------------
+# layer norm and RMS norm over the last axis
+
+
+@functools.cache
+def layer_norm(has_weight: bool, has_bias: bool) -> tt.FusedFunction:
+    """Fused ``(x - mean) * rsqrt(var + eps) [* weight] [+ bias]``, biased variance.
+
+    Arguments of the fused function: ``x, [weight], [bias], eps``. The statistics follow the
+    corrected two-pass algorithm (Chan, Golub and LeVeque, 1983): the mean of the centred row
+    is the rounding error of the first mean, so ``centred - error`` is accurate even where
+    the mean itself is not representable (a constant row of 1000.1 gives 0, not
+    ``ulp(1000.1) / sqrt(eps)``). It costs one more sum in the variance's pass.
+    """
+
+    def layer_norm(x, *rest):
+        *params, eps = rest
+        xc = widened(x)
+        centred = xc - tt.mean(xc, axis=-1, keepdims=True)
+        error = tt.mean(centred, axis=-1, keepdims=True)
+        var = tt.mean(centred * centred, axis=-1, keepdims=True) - error * error
+        scale = tt.rsqrt(var + eps)
+        y = centred * scale - error * scale  # one FFMA per element
+        if has_weight:
+            y = y * params.pop(0)
+        if has_bias:
+            y = y + params.pop(0)
+        return tt.astype(y, x.dtype)
+
+    return tt.fuse(layer_norm)
+
+
+@functools.cache
+def rms_norm(has_weight: bool) -> tt.FusedFunction:
+    """Fused ``x * rsqrt(mean(x * x) + eps) [* weight]``; arguments ``x, [weight], eps``."""
+
+    def rms_norm(x, *rest):
+        *params, eps = rest
+        xc = widened(x)
+        y = xc * tt.rsqrt(tt.mean(xc * xc, axis=-1, keepdims=True) + eps)
+        if has_weight:
+            y = y * params[0]
+        return tt.astype(y, x.dtype)
+
+    return tt.fuse(rms_norm)
+
+
+# --------------------------------------------------------------------------------------------
+# reductions
+
+_FUNCTIONS = {
+    "sum": tt.sum,
+    "mean": tt.mean,
+    "max": tt.max,
+    "min": tt.min,
+    "var": tt.var,
+    "std": tt.std,
+    "argmax": tt.argmax,
+    "argmin": tt.argmin,
+}
+
+NAMES = tuple(_FUNCTIONS)
+ARITHMETIC = frozenset({"sum", "mean", "var", "std"})  # the rest select an element
+
+
+@functools.cache
+def reduction(name: str, axis, keepdims: bool, ddof=0) -> tt.FusedFunction:
+    """Fused ``name(x, axis, keepdims)``; ``axis`` is None, an int or a sorted tuple;
+    ``ddof`` for ``var`` and ``std``."""
+    reduce = _FUNCTIONS[name]
+    options = {"axis": axis, "keepdims": keepdims}
+    if name in ("var", "std"):
+        options["ddof"] = ddof
+
+    def fn(x):
+        if name not in ARITHMETIC or x.dtype != np.float16:
+            return reduce(x, **options)
+        return tt.astype(reduce(widened(x), **options), x.dtype)
+
+    fn.__name__ = fn.__qualname__ = name
+    return tt.fuse(fn)
+
+
+# --------------------------------------------------------------------------------------------
+# cross-entropy's reduction of its per-row losses
+
+
+@functools.cache
+def reduce_losses(reduction: str, dtype: str) -> tt.FusedFunction:
+    """Fused ``sum(loss)`` (arguments: loss) or ``sum(loss) / sum(valid)`` (arguments: loss,
+    valid) of the per-row losses, as ``dtype``; deterministic (the composer's two-stage full
+    reduction, combined in block order)."""
+
+    def mean_loss(loss, valid):
+        return tt.astype(tt.sum(loss) / tt.sum(valid), dtype)
+
+    def sum_loss(loss):
+        return tt.astype(tt.sum(loss), dtype)
+
+    return tt.fuse(mean_loss if reduction == "mean" else sum_loss)
