@@ -10,7 +10,10 @@ Prints tables; asserts nothing.
 skipped (``tessera_tile.sim.launches_skipped``): what is left is tessera_tile's own Python. The
 first call (cold caches: it traces, plans and writes the kernels' source; in the simulator
 nothing is compiled), then warm calls, against the targets of 10 µs for a one-kernel fused
-function or row op and 15 µs for ``linear`` and ``attention``.
+function or row op and 15 µs for ``linear`` and ``attention``. Warm calls launch directly
+(``_runtime/launch.py``): the figure includes packing each kernel's parameters, which on a GPU
+replaces numba-cuda's dispatch (typing every argument, a device-array object per view), and
+stops where the driver's launch call would be made.
 ``gpu`` times small calls on device arrays, where the host, not the GPU, bounds a loop of
 calls: the warm figure is the wall time of many calls (one synchronisation at the end) over
 their number. Beside it, numba-cuda's own launch of an empty kernel, through its dispatcher

@@ -360,6 +360,7 @@ class StageLaunch:
     scalars: tuple  # per scalar parameter, then each size: (True, position) or (False, value)
     scratch: tuple  # a full stage's ("partial" or "ticket", dtype): partials per block, ticket
     flops: int
+    kept: launch.Kept  # the launch itself: its parameters from the views above, kept
 
     def label(self) -> launch.Label:
         """What a profile records of the stage's launch."""
@@ -469,7 +470,13 @@ def _stage_launch(bound: Bound, records: dict, counts: dict) -> StageLaunch:
             at = p.index if p.role == "kept" else layout.kept_rank + p.index
             scalars.append((False, layout.sizes()[at]))
     flops = profiling.stage_flops(stage, layout.n_kept, layout.n_red)
-    return StageLaunch(bound, tuple(views), tuple(scalars), tuple(scratch), flops)
+    params = [launch.View(key) if view is None else launch.View(key, *view) for key, view in views]
+    params += [launch.Value(("scratch", k)) for k in range(len(scratch))]
+    params += [launch.Value(value) if is_arg else value for is_arg, value in scalars]
+    kernel = bound.generated.kernel
+    one = launch.KernelLaunch(kernel, bound.blocks, bound.threads, tuple(params), None)
+    kept = launch.Kept([one])
+    return StageLaunch(bound, tuple(views), tuple(scalars), tuple(scratch), flops, kept)
 
 
 def ready(program: Program, call: Call) -> bool:
@@ -565,20 +572,14 @@ def _launch(stage: StageLaunch, handles: dict, place: arrays.Placement) -> None:
         stage.run(handles, place)
         return
     bound = stage.bound
-    params = [
-        handles[key] if view is None else arrays.view(handles[key], *view)
-        for key, view in stage.arrays
-    ]
     lay = bound.layout
     partials, tickets = schedule.scratch_lengths(bound.variant, lay.n_kept, lay.n_red, bound.blocks)
-    for role, dtype in stage.scratch:
-        params.append(
+    for k, (role, dtype) in enumerate(stage.scratch):
+        handles["scratch", k] = (
             arrays.zeros(tickets, dtype, place.stream)
             if role == "ticket"
             else place.new(partials, dtype, "numba")
         )
-    params += [handles[value] if is_arg else value for is_arg, value in stage.scalars]
     if _config.DUMP:
         print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")
-    kernel = bound.generated.kernel
-    launch.one(kernel, bound.blocks, bound.threads, params, place.stream, stage.label)
+    stage.kept.run(handles, place.stream, stage.label)

@@ -443,6 +443,11 @@ def unused(dtype):
     return _UNUSED[key]
 
 
+def unused_all() -> list:
+    """Every array :func:`unused` keeps."""
+    return list(_UNUSED.values())
+
+
 def zeros(n: int, dtype, stream):
     """A zeroed 1-D device array, by a device memset (no host transfer)."""
     a = cuda.device_array(n, dtype, stream=stream)

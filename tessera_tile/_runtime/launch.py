@@ -1,11 +1,20 @@
 """The one launch path: every kernel the library launches, generated (a fused function's
-stages) or hand-written (the ops' kernels, the composer's GEMM and attention stages), goes
-through :func:`run` or :func:`one`. So one place records launches for ``tessera_tile.profile``
-and one place decides how a kernel is launched.
+stages) or hand-written (the ops' kernels, the composer's GEMM and attention stages), is
+described by :class:`KernelLaunch` records and goes through :func:`run` or :class:`Kept`. So
+one place records launches for ``tessera_tile.profile`` and one place decides how a kernel is
+launched.
 
-A hand-written call describes its launches as :class:`KernelLaunch` records whose parameters
-are made per call from the call's arrays (:class:`View`, :class:`Unused`, :class:`Value`,
-:class:`Extras`); the same records serve the run, a kept call, ``explain`` and ``inspect``."""
+A launch's parameters are made per call from the call's arrays (:class:`View`,
+:class:`Unused`, :class:`Value`, :class:`Extras`); the same records serve the run, a kept call,
+``explain`` and ``inspect``.
+
+**Direct launches.** Launches that run again on arrays of the same layouts (a kept op call, a
+fused function's launch plan) are :class:`Kept`: the first run goes through numba-cuda's
+dispatcher, which compiles each kernel for its arguments' types (and opts it in past 48 KiB of
+dynamic shared memory); every later run launches each compiled kernel directly, with its
+parameters packed here from the arrays' pointers, shapes and strides (:mod:`packing`): no
+argument typing, no device-array object per view. In the simulator the packed parameters are
+decoded back into arrays (``sim.packed``), so a packing mistake gives wrong results there."""
 
 from __future__ import annotations
 
@@ -15,7 +24,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import dynamic_shared
-from . import arrays
+from ..sim import compat
+from . import arrays, packing
+from . import config as _config
 
 
 class View(NamedTuple):
@@ -29,13 +40,20 @@ class View(NamedTuple):
     offset: int = 0
     dtype: np.dtype | None = None
 
-    def of(self, handles: list):
+    def of(self, handles):
         handle = handles[self.array]
         if self.shape is None:
             if self.dtype is None:
                 return handle
             return arrays.view(handle, handle.shape, handle.strides, 0, self.dtype)
         return arrays.view(handle, self.shape, self.strides, self.offset, self.dtype)
+
+    def raw(self, handles):
+        """What :mod:`packing` packs for it (the view's pointer, without making the view)."""
+        handle = handles[self.array]
+        if self.shape is None:
+            return packing.pointer_of(handle)
+        return packing.view_pointer(handle, self.shape, self.strides, self.offset)
 
 
 class Unused(NamedTuple):
@@ -45,8 +63,11 @@ class Unused(NamedTuple):
 
     dtype: np.dtype
 
-    def of(self, handles: list):
+    def of(self, handles):
         return arrays.unused(self.dtype)
+
+    def raw(self, handles):
+        return packing.pointer_of(arrays.unused(self.dtype))
 
 
 class Value(NamedTuple):
@@ -54,8 +75,10 @@ class Value(NamedTuple):
 
     index: int
 
-    def of(self, handles: list):
+    def of(self, handles):
         return handles[self.index]
+
+    raw = of
 
 
 class Extras(NamedTuple):
@@ -64,8 +87,11 @@ class Extras(NamedTuple):
 
     items: tuple
 
-    def of(self, handles: list):
+    def of(self, handles):
         return tuple(i.of(handles) if type(i) in SPECS else i for i in self.items)
+
+    def raw(self, handles):
+        return tuple(i.raw(handles) if type(i) in SPECS else i for i in self.items)
 
 
 SPECS = (View, Unused, Value, Extras)  # parameters given per launch; any other passed as it is
@@ -96,16 +122,16 @@ class Label(NamedTuple):
 recorder = None  # the active tessera_tile.profile() (set by tessera_tile.profiling), or None
 
 
-def run(launches, handles: list, stream, label, kept: bool = False) -> None:
-    """Launch each :class:`KernelLaunch` on ``stream``, its parameters made of ``handles``
-    (the call's device arrays: inputs in order, then the result). ``label``: a function
-    giving the :class:`Label` a profile records (called only while one is active);
-    ``kept``: a kept call, whose kernels have launched on arguments of these types before."""
+def run(launches, handles: list, stream, label) -> None:
+    """Launch each :class:`KernelLaunch` on ``stream`` through numba-cuda, its parameters
+    made of ``handles`` (the call's device arrays: inputs in order, then the result).
+    ``label``: a function giving the :class:`Label` a profile records (called only while one
+    is active)."""
 
     def go():
         for launch in launches:
             params = [p.of(handles) if type(p) in SPECS else p for p in launch.params]
-            _launch(launch.kernel, launch.grid, launch.threads, params, stream, launch.shared, kept)
+            _launch(launch.kernel, launch.grid, launch.threads, params, stream, launch.shared)
 
     if recorder is None:
         go()
@@ -113,19 +139,81 @@ def run(launches, handles: list, stream, label, kept: bool = False) -> None:
         recorder.launch(*label(), go, stream, [k.kernel for k in launches])
 
 
-def one(kernel, grid, threads, params: list, stream, label) -> None:
-    """Launch ``kernel`` once on these parameters (a generated stage's), as :func:`run`."""
-    if recorder is None:
-        kernel[grid, threads, stream](*params)
+class Direct(NamedTuple):
+    """A kernel compiled for these argument types, launched without its dispatcher."""
+
+    handle: object  # compat.direct_handle's
+    argtypes: tuple
+    pack: object  # packing.packer(argtypes)
+    grid: tuple
+    block: tuple
+    shared: int
+
+
+class Kept:
+    """Launches that run again on arrays of the same layouts (see the module docstring): the
+    first :meth:`run` through numba-cuda, later ones direct where every kernel allows it.
+    ``launched``: the kernels have launched on arguments of these types before (and opted in
+    where they need to), as an op's kept call's have."""
+
+    def __init__(self, launches, launched: bool = False):
+        self.launches = tuple(launches)
+        self.launched = launched
+        self.direct = None  # None: not run yet; (): through numba-cuda always; else per launch
+
+    def run(self, handles, stream, label) -> None:
+        """As :func:`run` (``handles``: a list or a dict, as the parameters' indices are)."""
+        if recorder is None:
+            self._go(handles, stream)
+        else:
+            kernels = [k.kernel for k in self.launches]
+            recorder.launch(*label(), lambda: self._go(handles, stream), stream, kernels)
+
+    def _go(self, handles, stream) -> None:
+        if self.direct:
+            for launch, direct in zip(self.launches, self.direct, strict=True):
+                values = [p.raw(handles) if type(p) in SPECS else p for p in launch.params]
+                params = direct.pack(values)
+                if _config.SIMULATED:
+                    _packed_launch(direct, stream, params, handles)
+                else:
+                    compat.launch_direct(
+                        direct.handle, direct.grid, direct.block, direct.shared, stream, params
+                    )
+            return
+        found = []
+        for launch in self.launches:
+            params = [p.of(handles) if type(p) in SPECS else p for p in launch.params]
+            kept = self.launched or self.direct is not None
+            _launch(launch.kernel, launch.grid, launch.threads, params, stream, launch.shared, kept)
+            if self.direct is None:
+                found.append(_direct(launch, params))
+        if self.direct is None:
+            self.direct = tuple(found) if all(found) else ()
+
+
+def _direct(launch: KernelLaunch, params: list) -> Direct | None:
+    argtypes = compat.argument_types(params)
+    handle = compat.direct_handle(launch.kernel, argtypes)
+    if handle is None:
+        return None
+    grid, block = compat.normalize_kernel_dimensions(launch.grid, launch.threads)
+    return Direct(handle, argtypes, packing.packer(argtypes), grid, block, launch.shared)
+
+
+def _packed_launch(direct: Direct, stream, params: list, handles) -> None:
+    """The simulator's launch from packed parameters, their arrays found among the call's
+    (``handles``) and the placeholders of absent ones (``arrays.unused``)."""
+    from ..sim import packed
+
+    if packed.skipped:  # sim.launches_skipped: the launch is not the caller's work
         return
-
-    def go():
-        kernel[grid, threads, stream](*params)
-
-    recorder.launch(*label(), go, stream, [kernel])
+    owners = [*(handles.values() if isinstance(handles, dict) else handles), *arrays.unused_all()]
+    d = direct
+    packed.launch(d.handle, d.grid, d.block, d.shared, stream, d.argtypes, params, owners)
 
 
-def _launch(kernel, grid, threads, params: list, stream, shared: int, kept: bool) -> None:
+def _launch(kernel, grid, threads, params: list, stream, shared: int, kept=False) -> None:
     if shared:
         go = dynamic_shared.launch_kept if kept else dynamic_shared.launch
         go(kernel, grid, threads, shared, params, stream)

@@ -209,7 +209,7 @@ class HandWritten:
     its launches (:meth:`launches`, on the device records of its inputs and result) and its
     report (:meth:`report`); running, keeping the call (:meth:`ready`), ``explain`` and
     ``inspect`` are written here once. A call that does more than launch kernels (temporaries,
-    a fused step) overrides :meth:`execute`, and is not kept.
+    a fused step) overrides :meth:`execute`, and is not kept (:attr:`keepable`).
     """
 
     out_shape: tuple
@@ -257,23 +257,28 @@ class HandWritten:
         self.execute(place, [place.device(r) for r in inputs.values()], result)
         return place.finish(result.value, o)
 
+    @property
+    def keepable(self) -> bool:
+        """Whether the call only launches its kernels (so later calls may run them kept)."""
+        return type(self).execute is HandWritten.execute
+
     def ready(self, op_args: tuple) -> Ready | None:
         """This call's launches, kept for later calls on arrays of the same layouts."""
-        if type(self).execute is not HandWritten.execute:
+        if not self.keepable:
             return None
         records = list(self.inputs().values())
         positions = _positions(records, op_args)
         if positions is None:
             return None
-        launches = self.launches(records, arrays.placeholder(self.out_shape, self.dtype))
+        result = arrays.placeholder(self.out_shape, self.dtype)
+        kept = launch.Kept(self.launches(records, result), launched=True)
         shape, dtype = self.out_shape, self.dtype
         label = self.label()  # made now: the kept call must not hold this call's arrays
 
         def run(args, stream):
             place = arrays.Placement.of_numba_arrays(stream)
             result = place.new(shape, dtype)
-            handles = [*_values(args, positions), result]
-            launch.run(launches, handles, place.stream, lambda: label, kept=True)
+            kept.run([*_values(args, positions), result], place.stream, lambda: label)
             return result
 
         tuner = self.tuner

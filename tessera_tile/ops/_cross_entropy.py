@@ -94,13 +94,16 @@ class _CrossEntropy(HandWritten):
             types.boolean,
         )
 
+    @property
+    def keepable(self) -> bool:
+        return self.reduction == "none"  # the row kernel alone
+
     def execute(self, place, records, result) -> None:
         """The row kernel, then the mean or sum of its losses (a fused full reduction)."""
-        handles = [arrays.device_handle(r) for r in records]
         if self.reduction == "none":
-            out = arrays.device_handle(result)  # a view numba launches on, whatever out= is
-            launch.run(self.launches(records, result), [*handles, out], place.stream, self.label)
+            super().execute(place, records, result)
             return
+        handles = [arrays.device_handle(r) for r in records]
         n = self.logits.shape[0]
         loss, valid = place.temp((n,), self.compute), place.temp((n,), self.compute)
         handles += [loss.value, valid.value]

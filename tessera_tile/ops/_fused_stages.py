@@ -119,7 +119,7 @@ class GemmBound:
 
     def launch(self, records: dict) -> StageLaunches:
         *inputs, result = self.records_of(records)
-        return StageLaunches(self, tuple(self.product.launches(inputs, result)))
+        return StageLaunches(self, launch.Kept(self.product.launches(inputs, result)))
 
     def records_of(self, records: dict) -> list:
         parts = gemm.parts(self.stage)
@@ -155,29 +155,31 @@ class FlashBound:
 
     def launch(self, records: dict) -> StageLaunches:
         *inputs, result = (records[k] for k in self.keys)
-        return StageLaunches(self, tuple(self.call.launches(inputs, result)))
+        return StageLaunches(self, launch.Kept(self.call.launches(inputs, result)))
 
 
 @dataclass(frozen=True)
 class StageLaunches:
-    """A hand-written stage in a launch plan: its kernel launches, made once per layout."""
+    """A hand-written stage in a launch plan: its kernel launches, made once per layout and
+    kept (direct after their first run)."""
 
     bound: object
-    launches: tuple
+    kept: launch.Kept
 
     def run(self, handles: dict, place) -> None:
         b = self.bound
         params = [handles[k] for k in b.keys] + [handles[pos] for pos in b.scalars]
+        self.kept.run(params, place.stream, self.label)
 
-        def label():
-            kernels = dict.fromkeys(k.kernel.py_func.__name__ for k in self.launches)
-            name = f"{' + '.join(kernels)} ({b.generated.name})"
-            return launch.Label(name, b.predicted_bytes(), b.flops())
-
-        launch.run(self.launches, params, place.stream, label)
+    def label(self) -> launch.Label:
+        b = self.bound
+        kernels = dict.fromkeys(k.kernel.py_func.__name__ for k in self.kept.launches)
+        return launch.Label(
+            f"{' + '.join(kernels)} ({b.generated.name})", b.predicted_bytes(), b.flops()
+        )
 
     def signatures(self) -> list[tuple]:
-        return [(k.kernel, k.signature, k.threads, k.shared) for k in self.launches]
+        return [(k.kernel, k.signature, k.threads, k.shared) for k in self.kept.launches]
 
 
 class Runner:

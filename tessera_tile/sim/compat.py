@@ -306,3 +306,41 @@ def set_max_dynamic_shared(kernel, argtypes: tuple, nbytes: int) -> None:
         raise RuntimeError(
             f"cannot opt {cufunc.name} into {nbytes} B of dynamic shared memory: {err.name}"
         )
+
+
+# -- direct launches (tessera_tile._runtime.launch): a compiled kernel launched as numba-cuda does
+
+
+def argument_types(params) -> tuple:
+    """The numba types of launch arguments, as numba-cuda's dispatcher types them."""
+    from numba.cuda.typing.typeof import Purpose, typeof
+
+    return tuple(typeof(p, Purpose.argument) for p in params)
+
+
+def direct_handle(kernel, argtypes: tuple):
+    """What launches ``kernel``, compiled for ``argtypes`` (launched on them before), without
+    its dispatcher: on a GPU ``(the compiled function, whether it is cooperative)``; in the
+    simulator the kernel itself. None where numba-cuda's launch does more than launch: a debug
+    kernel (an error code is checked after it), a kernel specialised per launch configuration,
+    or one not compiled for these types."""
+    if isinstance(kernel, FakeCUDAKernel):
+        return kernel
+    compiled = kernel.overloads.get(argtypes)
+    if compiled is None or compiled.debug or getattr(compiled, "launch_config_sensitive", False):
+        return None
+    return compiled._codelibrary.get_cufunc().kernel, compiled.cooperative
+
+
+def launch_direct(handle, grid: tuple, block: tuple, shared: int, stream, params: list) -> None:
+    """On a GPU: launch ``handle`` (:func:`direct_handle`) with the packed ``params`` through
+    ``cuda.core``, as numba-cuda's ``_Kernel.launch`` does (0.30: ``LaunchConfig`` and
+    ``launch``, the stream converted by its ``_to_core_stream``)."""
+    from cuda.core import LaunchConfig, launch
+    from numba.cuda.cudadrv.driver import _to_core_stream
+    from numba.cuda.dispatcher import CUDA_CORE_GE_1_0
+
+    function, cooperative = handle
+    flag = "is_cooperative" if CUDA_CORE_GE_1_0 else "cooperative_launch"
+    config = LaunchConfig(grid=grid, block=block, shmem_size=shared, **{flag: cooperative})
+    launch(_to_core_stream(stream), config, function, *params)

@@ -37,7 +37,7 @@ _stock_shape = compat.FakeCUDAArray.shape
 _stock_view = compat.FakeCUDAArray.view
 
 
-def _root(ary: np.ndarray) -> np.ndarray:
+def root_memory(ary: np.ndarray) -> np.ndarray:
     """The array that owns ``ary``'s memory: the simulator's allocation (through the views
     ``as_strided`` makes, whose base is a holder of the array)."""
     while True:
@@ -53,7 +53,7 @@ def _at(fake, offset: int, shape, strides) -> np.ndarray:
     """A view of ``fake``'s allocation at byte ``offset`` from its first element, made on the
     allocation itself so that the profiler still sees where the allocation ends."""
     ary = compat.host_memory(fake)
-    root = _root(ary)
+    root = root_memory(ary)
     start = ary.__array_interface__["data"][0] + offset - root.__array_interface__["data"][0]
     if 0 in shape:  # nothing to address: NumPy refuses an offset at or past the end
         start = 0
@@ -65,7 +65,7 @@ def _null(fake) -> bool:
     flag = getattr(fake, "_tt_null", None)
     if flag is not None:
         return flag
-    return _root(compat.host_memory(fake)).nbytes == 0
+    return root_memory(compat.host_memory(fake)).nbytes == 0
 
 
 def _view(fake, item, getting: bool):

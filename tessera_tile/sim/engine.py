@@ -17,7 +17,7 @@ from contextlib import ExitStack
 import numpy as np
 from greenlet import getcurrent
 
-from . import compat, cuda_math, device_arrays, host_copies, ints, shared_limits
+from . import compat, cuda_math, device_arrays, host_copies, ints, packed, shared_limits
 from .allocations import own_allocation
 from .cuda_module import WarpAwareModule
 from .profiler import Profile, active
@@ -250,6 +250,7 @@ def skip_launches(skip: bool) -> None:
     without running (``sim.launches_skipped``), or run again."""
     compat.FakeCUDAKernel.__call__ = _skip if skip else _call
     compat.FakeCUDAKernel.__getitem__ = _skip_configure if skip else _configure
+    packed.skipped = skip
 
 
 def patched() -> bool:
