@@ -380,7 +380,8 @@ class LaunchPlan:
     launches: tuple[StageLaunch, ...]
 
     def run(self, inputs: list, place: arrays.Placement, outs) -> list:
-        """Launch every stage. ``inputs``: per argument, its numba device array or scalar
+        """Launch every stage. ``inputs``: per argument, its numba device array or record
+        (``arrays.Arg``: made into a numba array only if numba-cuda launches it), or its scalar
         value; ``outs``: per result, its device ``out=`` record or None. Returns the device
         array of each result computed here (``on_device`` order), of the call's family."""
         handles = dict(enumerate(inputs))
@@ -389,14 +390,14 @@ class LaunchPlan:
             out = outs[k]
             if out is not None and out.kind == DEVICE:
                 results.append(out.value)
-                handles[("out", k)] = arrays.device_handle(out)
+                handles[("out", k)] = out
             elif place.family == "numba":
                 results.append(place.new(shape, dtype))
                 handles[("out", k)] = results[-1]
             else:
                 rec = place.result(shape, dtype)
                 results.append(rec.value)
-                handles[("out", k)] = arrays.device_handle(rec)
+                handles[("out", k)] = rec
         for tid, shape, dtype in self.temps:
             handles[("temp", tid)] = place.new(shape, dtype, "numba")
         for stage in self.launches:
@@ -545,9 +546,7 @@ def execute(program: Program, plan: LaunchPlan, call: Call, stream):
             results[k] = _host_result(ir.evaluate(nodes[k], scalars), outs[k])
     if plan.on_device:
         place = arrays.Placement(call.args, outs, stream)
-        inputs = [
-            arrays.device_handle(place.device(a)) if a.is_array else a.value for a in call.args
-        ]
+        inputs = [place.device(a) if a.is_array else a.value for a in call.args]
         on_device = plan.run(inputs, place, outs)
         for k, result in zip(plan.on_device, on_device, strict=True):
             results[k] = place.finish(result, outs[k])

@@ -13,8 +13,10 @@ fused function's launch plan) are :class:`Kept`: the first run goes through numb
 dispatcher, which compiles each kernel for its arguments' types (and opts it in past 48 KiB of
 dynamic shared memory); every later run launches each compiled kernel directly, with its
 parameters packed here from the arrays' pointers, shapes and strides (:mod:`packing`): no
-argument typing, no device-array object per view. In the simulator the packed parameters are
-decoded back into arrays (``sim.packed``), so a packing mistake gives wrong results there."""
+argument typing, no device-array object per view, and none for a CuPy array either (a
+parameter may be given as its ``arrays.Arg`` record, made into a numba array only when
+numba-cuda launches it). In the simulator the packed parameters are decoded back into arrays
+(``sim.packed``), so a packing mistake gives wrong results there."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ class View(NamedTuple):
     dtype: np.dtype | None = None
 
     def of(self, handles):
-        handle = handles[self.array]
+        handle = _handle(handles[self.array])
         if self.shape is None:
             if self.dtype is None:
                 return handle
@@ -76,9 +78,10 @@ class Value(NamedTuple):
     index: int
 
     def of(self, handles):
-        return handles[self.index]
+        return _handle(handles[self.index])
 
-    raw = of
+    def raw(self, handles):
+        return handles[self.index]
 
 
 class Extras(NamedTuple):
@@ -95,6 +98,12 @@ class Extras(NamedTuple):
 
 
 SPECS = (View, Unused, Value, Extras)  # parameters given per launch; any other passed as it is
+
+
+def _handle(value):
+    """A parameter as numba-cuda takes it: an array's record (``arrays.Arg``) as its numba
+    device array, made here (so a direct launch, which packs the record, never makes it)."""
+    return arrays.device_handle(value) if type(value) is arrays.Arg else value
 
 
 @dataclass(frozen=True)
@@ -208,7 +217,8 @@ def _packed_launch(direct: Direct, stream, params: list, handles) -> None:
 
     if packed.skipped:  # sim.launches_skipped: the launch is not the caller's work
         return
-    owners = [*(handles.values() if isinstance(handles, dict) else handles), *arrays.unused_all()]
+    given = handles.values() if isinstance(handles, dict) else handles
+    owners = [*map(_handle, given), *arrays.unused_all()]
     d = direct
     packed.launch(d.handle, d.grid, d.block, d.shared, stream, d.argtypes, params, owners)
 

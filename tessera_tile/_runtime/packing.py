@@ -26,6 +26,7 @@ import numpy as np
 from numba import types
 
 from ..sim import compat
+from .arrays import Arg
 
 
 class Pointer(NamedTuple):
@@ -38,7 +39,10 @@ class Pointer(NamedTuple):
 
 
 def pointer_of(array) -> Pointer:
-    """The :class:`Pointer` of a numba device array, read from its attributes."""
+    """The :class:`Pointer` of a device array's record (``arrays.Arg``), or of a numba device
+    array, read from its attributes."""
+    if type(array) is Arg:
+        return Pointer(array.address, array.shape, array.strides, array.dtype.itemsize)
     shape, strides, dtype, address = compat.layout(array)
     return Pointer(address, tuple(shape), tuple(strides), dtype.itemsize)
 
@@ -47,8 +51,9 @@ def view_pointer(array, shape, strides, offset: int) -> Pointer:
     """The :class:`Pointer` of the view ``arrays.view`` makes: ``offset`` bytes past the
     array's first element (none for a view without elements), with this shape and these
     strides."""
-    shape_, strides_, dtype, address = compat.layout(array)
-    return Pointer(address + (offset if math.prod(shape) else 0), shape, strides, dtype.itemsize)
+    base = pointer_of(array)
+    address = base.address + (offset if math.prod(shape) else 0)
+    return Pointer(address, shape, strides, base.itemsize)
 
 
 def _array(value, out: list) -> None:
