@@ -27,14 +27,14 @@ the tensor cores, ``precision="tf32"``) ``tile_m`` a multiple of 16, ``tile_k`` 
 ``tile_n`` of 32 (mma.sync m16n8k8; 8 chunks per B row for its conflict-free swizzle); the
 exact warp arrangement being the tensor-core kernels' to check.
 
-**Shared memory.** The SIMT kernel's tiles are static shared arrays, limited to 48 KiB per
-block on every architecture (:data:`STATIC_SHARED_LIMIT`). The tensor-core kernels (float16,
-bfloat16, TF32) stage their tiles in dynamic shared memory, which a block may use up to its
-architecture's limit once the kernel opts in (:mod:`tessera_tile.dynamic_shared`: sm_80 163 KiB,
-sm_86 and sm_89 99 KiB, sm_90 227 KiB, from the CUDA C++ Programming Guide). A ``TileConfig``
-is checked on construction against the largest of these (no GPU runs more); an op refuses a
-config over its device's limit when it plans the call, and the default model only picks configs
-that fit the target.
+**Shared memory.** The SIMT kernel's tiles are static shared arrays up to 48 KiB per block
+(:data:`STATIC_SHARED_LIMIT`), and views of dynamic shared memory past it; the tensor-core
+kernels (float16, bfloat16, TF32) stage their tiles in dynamic shared memory. A block may use
+dynamic shared memory up to its architecture's limit once the kernel opts in
+(:mod:`tessera_tile.dynamic_shared`: sm_80 163 KiB, sm_86 and sm_89 99 KiB, sm_90 227 KiB, from
+the CUDA C++ Programming Guide). A ``TileConfig`` is checked on construction against the largest
+of these (no GPU runs more); an op refuses a config over its device's limit when it plans the
+call, and the default model only picks configs that fit the target.
 
 **The default** for a problem (:func:`default_config`) is chosen by an analytic model (see
 ``docs/matmul.md``): for each candidate that fits the target architecture, blocks resident per
@@ -156,24 +156,17 @@ class TileConfig:
                         f"TileConfig {name} must be a multiple of {step} for {self.dtype} "
                         f"tensor-core tiles (mma {shape}), got {getattr(self, name)}"
                     )
-        if self.shared_bytes > (STATIC_SHARED_LIMIT if self.dtype == "float32" else MAX_SHARED):
+        if self.shared_bytes > MAX_SHARED:
             raise ValueError(
                 f"TileConfig {self.tile_m}x{self.tile_n}x{self.tile_k} with {self.num_stages} "
-                f"stages needs {self.shared_bytes} B of shared memory; "
-                + (
-                    f"the SIMT kernel's tiles are static shared memory, limited to "
-                    f"{STATIC_SHARED_LIMIT} B per block"
-                    if self.dtype == "float32"
-                    else f"no architecture gives a block more than {MAX_SHARED} B"
-                )
+                f"stages needs {self.shared_bytes} B of shared memory; no architecture gives a "
+                f"block more than {MAX_SHARED} B"
             )
 
     def fits(self, arch: str | None = None) -> bool:
-        """Whether ``arch`` (None: the device kernels run on) can run this config's kernel: 48
-        KiB of static arrays for the SIMT kernel, the architecture's limit of dynamic shared
-        memory for the tensor-core kernels."""
-        if self.dtype == "float32":
-            return self.shared_bytes <= STATIC_SHARED_LIMIT
+        """Whether ``arch`` (None: the device kernels run on) can run this config's kernel:
+        its shared memory within the architecture's limit of dynamic shared memory (the SIMT
+        kernel's static arrays up to 48 KiB fit every architecture)."""
         return self.shared_bytes <= dynamic_shared.limit(arch)
 
     def _check_simt_layout(self) -> None:

@@ -41,11 +41,13 @@ per block) and added in registers before the activation, then each C element is 
 from __future__ import annotations
 
 import functools
+import math
 
 from numba import cuda, float32, int32, uint32
 
 from .._runtime import config as _config
-from ..memory import aligned16, load16_shared, store16, store16_shared
+from ..dynamic_shared import STATIC_LIMIT
+from ..memory import aligned16, carve, load16_shared, store16, store16_shared
 from ..pipeline import SHARED_ALIGN, ring_buffer
 from ..tile_config import CANDIDATES, TileConfig
 from ._named import NamedKernels
@@ -168,6 +170,66 @@ def _unrolled_epilogue(
     return cuda.jit(device=True, **INLINE)(namespace["finish"])
 
 
+def _shared_arrays(config: TileConfig, has_bias: bool, dual: bool) -> list[tuple]:
+    """The kernel's shared arrays, in order: the A ring, the B ring, B2's (one element without
+    a second product), the bias row (one element without a bias); float32 elements each."""
+    stages, tile_m, tile_n, tile_k = (
+        config.num_stages, config.tile_m, config.tile_n, config.tile_k
+    )  # fmt: skip
+    b_shape = (stages, tile_k, tile_n)
+    return [
+        (stages, tile_m, tile_k),
+        b_shape,
+        b_shape if dual else (1, 1, 1),
+        (tile_n if has_bias else 1,),
+    ]
+
+
+def _aligned_sizes(config: TileConfig, has_bias: bool, dual: bool) -> list[int]:
+    """Elements of each shared array, rounded up to 16-byte multiples (each starts aligned)."""
+    per = SHARED_ALIGN // 4
+    return [-(-math.prod(s) // per) * per for s in _shared_arrays(config, has_bias, dual)]
+
+
+def dynamic_bytes(config: TileConfig, has_bias: bool = False, dual: bool = False) -> int:
+    """Bytes of dynamic shared memory the kernel launches with: 0 where its arrays fit the 48
+    KiB of static shared memory (static arrays, as always), else all of them, carved from
+    dynamic shared memory, which the launch opts in to past 48 KiB (as the tensor-core
+    kernels')."""
+    total = 4 * sum(_aligned_sizes(config, has_bias, dual))
+    return total if total > STATIC_LIMIT else 0
+
+
+def _shared_allocator(config: TileConfig, has_bias: bool, dual: bool):
+    """The device function giving the kernel's shared arrays (:func:`_shared_arrays`): static
+    arrays, or views carved from dynamic shared memory (:func:`dynamic_bytes`)."""
+    a_shape, b_shape, b2_shape, bias_shape = _shared_arrays(config, has_bias, dual)
+    if not dynamic_bytes(config, has_bias, dual):
+
+        @cuda.jit(device=True, **INLINE)
+        def static_arrays():
+            sa = cuda.shared.array(a_shape, float32, alignment=SHARED_ALIGN)
+            sb = cuda.shared.array(b_shape, float32, alignment=SHARED_ALIGN)
+            sb2 = cuda.shared.array(b2_shape, float32, alignment=SHARED_ALIGN)
+            sbias = cuda.shared.array(bias_shape, float32, alignment=SHARED_ALIGN)
+            return sa, sb, sb2, sbias
+
+        return static_arrays
+    sizes = _aligned_sizes(config, has_bias, dual)
+    at_b, at_b2, at_bias = sizes[0], sizes[0] + sizes[1], sizes[0] + sizes[1] + sizes[2]
+
+    @cuda.jit(device=True, **INLINE)
+    def carved_arrays():
+        smem = cuda.shared.array(0, float32, alignment=SHARED_ALIGN)
+        sa = carve(smem, 0, a_shape)
+        sb = carve(smem, at_b, b_shape)
+        sb2 = carve(smem, at_b2, b2_shape)
+        sbias = carve(smem, at_bias, bias_shape)
+        return sa, sb, sb2, sbias
+
+    return carved_arrays
+
+
 @functools.cache
 def simt_matmul(
     config: TileConfig,
@@ -215,8 +277,8 @@ def simt_matmul(
         stages, (tile_k, tile_n), float32, k_axis=0,
         async_copy=async_copy, copy_bytes=copy_b if async_copy else 4, on_load=sync_b,
     )  # fmt: skip
-    a_shape, b_shape = ring_a.shape, ring_b.shape
-    bias_len = tile_n if has_bias else 1
+    a_shape, b_shape, b2_shape, (bias_len,) = _shared_arrays(config, has_bias, dual)
+    allocate = _shared_allocator(config, has_bias, dual)
     ahead = stages - 1
     extras = isinstance(activation, ElementEpilogue)  # kernel(a, b, bias, c, extras)
     if dual and not extras:
@@ -224,7 +286,6 @@ def simt_matmul(
     pass_a = _prologue_pass(fn_a if async_copy else None, tile_m, tile_k, threads, 1)
     pass_b = _prologue_pass(fn_b if async_copy else None, tile_k, tile_n, threads, 0)
     passes = async_copy and (fn_a is not None or fn_b is not None)
-    b2_shape = b_shape if dual else (1, 1, 1)
     acc2_shape = (tm, tn) if dual else (1, 1)
     # rows of C this thread stores: none where the epilogue writes every result itself
     stored_rows = tm if not extras or activation.stores else 0
@@ -265,10 +326,7 @@ def simt_matmul(
 
     @cuda.jit(device=True, **INLINE)
     def body(a, b, bias, c, extra_args, b2):
-        sa = cuda.shared.array(a_shape, float32, alignment=SHARED_ALIGN)
-        sb = cuda.shared.array(b_shape, float32, alignment=SHARED_ALIGN)
-        sb2 = cuda.shared.array(b2_shape, float32, alignment=SHARED_ALIGN)
-        sbias = cuda.shared.array(bias_len, float32, alignment=SHARED_ALIGN)
+        sa, sb, sb2, sbias = allocate()
         # Local arrays indexed only by constants (loops over constants, which LLVM unrolls)
         # become registers: the compile tier checks there is no local memory.
         acc = cuda.local.array((tm, tn), float32)
@@ -391,6 +449,10 @@ NAMED = NamedKernels(
         ),
         "matmul_f16_sync_128x128": (
             lambda: simt_matmul(CANDIDATES[0], async_copy=False, vector_store=False)
+        ),
+        # 72 KiB of rings: carved from dynamic shared memory, the launch opted in past 48 KiB
+        "linear_f32_gelu_bias_dynamic_128x64x32": (
+            lambda: simt_matmul(TileConfig(128, 64, 32, 4, 3), ACTIVATIONS["gelu"], True)
         ),
     },
 )

@@ -231,4 +231,5 @@ def choose_kernel(
             vector_store=vector_store, dual=dual, prologue=prologue,
         )  # fmt: skip
     signature = f"void({', '.join(types)})"
-    return KernelChoice(kernel, config, config.threads, signature, tuple(reasons))
+    shared = simt.dynamic_bytes(config, has_bias, dual)  # past 48 KiB: carved, opted in
+    return KernelChoice(kernel, config, config.threads, signature, tuple(reasons), shared)

@@ -420,6 +420,20 @@ def test_each_default_config_once(config):
     check(got, *reference(x, w, bias, "gelu"), np.float32)
 
 
+@pytest.mark.parametrize("side", SIDES)
+def test_simt_tiles_past_48_kib_run_in_dynamic_shared_memory(side):
+    """TileConfig(128, 64, 32, 4, 3) needs 72 KiB: its tiles are carved from dynamic shared
+    memory and the launch opts in (issue 40 found it refused on sm_90). K of 70 runs three
+    tiles of 32, the last partial; rows past the tile, columns short of it."""
+    big = TileConfig(128, 64, 32, 4, 3)
+    rng = np.random.default_rng(12)
+    x, w, bias = rand(rng, (131, 70)), rand(rng, (70, 60)), rand(rng, 60)
+    got = back(ops.linear(*on(side, x, w, bias), "gelu", config=big), side)
+    check(got, *reference(x, w, bias, "gelu"), np.float32)
+    (launch,) = ops.linear._plan(x, w, bias, "gelu", config=big).report().launches
+    assert launch.shared == big.shared_bytes + 16  # the rings, the bias row, B2's placeholder
+
+
 def test_float16_default_config_once():
     rng = np.random.default_rng(9)
     a, b = rand(rng, (70, 12), np.float16), rand(rng, (12, 36), np.float16)

@@ -68,7 +68,11 @@ def test_derived_figures():
             ValueError,
             "quarter-warp",
         ),
-        (dict(tile_m=128, tile_n=128, tile_k=32, num_warps=8, num_stages=4), ValueError, "static"),
+        (
+            dict(tile_m=128, tile_n=128, tile_k=64, num_warps=8, num_stages=4),
+            ValueError,
+            "no architecture gives a block more",
+        ),
         (
             dict(tile_m=64, tile_n=64, tile_k=8, num_warps=2, num_stages=3, dtype="f8"),
             ValueError,
@@ -87,11 +91,21 @@ def test_bad_configs_raise_naming_the_field(kwargs, error, words):
 
 
 def test_shared_memory_limits():
-    # The SIMT kernel's tiles are static arrays: 128 x 128 x 16 in 3 float32 stages is 48 KiB
-    # of rings alone, beyond the static limit with the bias row.
-    with pytest.raises(ValueError, match=f"static shared memory, limited to {STATIC_SHARED_LIMIT}"):
-        TileConfig(128, 128, 16, 8, 3)
+    # The SIMT kernel's tiles are static arrays up to 48 KiB, dynamic shared memory past it:
+    # 128 x 128 x 16 in 3 float32 stages is 48 KiB of rings alone, beyond the static limit with
+    # the bias row; 128 x 64 x 32 in 3 stages 72 KiB (issue 40 found it refused on sm_90).
+    from tessera_tile.kernels import matmul as simt
+
     assert TileConfig(128, 128, 16, 8, 2).shared_bytes <= STATIC_SHARED_LIMIT
+    assert simt.dynamic_bytes(TileConfig(128, 128, 16, 8, 2), has_bias=True) == 0
+    big = TileConfig(128, 128, 16, 8, 3)
+    assert big.shared_bytes > STATIC_SHARED_LIMIT and big.fits("sm_80") and big.fits("sm_86")
+    assert simt.dynamic_bytes(big, has_bias=True) == big.shared_bytes + 16  # B2's placeholder
+    wide = TileConfig(128, 64, 32, 4, 3)
+    assert wide.shared_bytes == 73984 and wide.fits("sm_90") and wide.fits("sm_86")
+    assert simt.dynamic_bytes(wide) == 72 * 1024 + 32  # rings, B2's and the bias' placeholders
+    with pytest.raises(ValueError, match="no architecture gives a block more than"):
+        TileConfig(128, 128, 64, 8, 4)  # 256 KiB of rings
     # The tensor-core kernels' dynamic shared memory: up to the largest architecture's limit
     # (sm_90, 227 KiB); which architectures can run a config is fits()'s to say.
     tf32 = TileConfig(128, 64, 32, 4, 3, dtype="tf32")  # 72 KiB
