@@ -173,3 +173,30 @@ def test_the_signatures_cover_every_kind_of_parameter():
             kinds.add("tuple" if isinstance(ty, types.BaseTuple) else None)
     want = {("array", "C"), ("array", "A"), "float32", "float64", "int64", "bool", "tuple"}
     assert want <= kinds, sorted(map(str, kinds))
+
+
+def test_a_direct_launch_calls_cuda_core_as_numba_cuda_does(monkeypatch):
+    """``cuda.core.launch(stream, LaunchConfig(grid, block, shmem_size, is_cooperative),
+    kernel, *params)``, as numba-cuda 0.30's ``_Kernel.launch``: checked up to the driver
+    call, with the launch and the stream conversion (which need a driver) recorded."""
+    from cuda.core import LaunchConfig
+
+    from tessera_tile.sim import compat
+
+    calls = []
+    monkeypatch.setattr(
+        compat, "_core_launch", lambda: (lambda *a: calls.append(a), lambda s: ("stream", s))
+    )
+    compat._default_stream.cache_clear()
+    try:
+        kernel, params = object(), [0, 0, 12, 4, 0x7F00_0000_0010, 3, 4, 16, 4]
+        compat.launch_direct((kernel, False), (2, 1, 1), (64, 1, 1), 256, "s1", params)
+        compat.launch_direct((kernel, False), (1, 1, 1), (32, 1, 1), 0, 0, params)
+    finally:
+        compat._default_stream.cache_clear()
+    (stream, config, got_kernel, *got), (default, config2, _, *_) = calls
+    assert (stream, default, got_kernel, got) == (("stream", "s1"), ("stream", 0), kernel, params)
+    assert isinstance(config, LaunchConfig)
+    assert (config.grid, config.block, config.shmem_size) == ((2, 1, 1), (64, 1, 1), 256)
+    assert config.is_cooperative is False  # (a cooperative config asks the device: GPU tier)
+    assert (config2.grid, config2.block, config2.shmem_size) == ((1, 1, 1), (32, 1, 1), 0)
