@@ -41,7 +41,7 @@ per block) and added in registers before the activation, then each C element is 
 from __future__ import annotations
 
 import functools
-import math
+import operator
 
 from numba import cuda, float32, int32, uint32
 
@@ -186,9 +186,12 @@ def _shared_arrays(config: TileConfig, has_bias: bool, dual: bool) -> list[tuple
 
 
 def _aligned_sizes(config: TileConfig, has_bias: bool, dual: bool) -> list[int]:
-    """Elements of each shared array, rounded up to 16-byte multiples (each starts aligned)."""
+    """Elements of each shared array, rounded up to 16-byte multiples (each starts aligned).
+    Not ``math.prod``: while this module's kernel runs in the simulator, its ``math`` is CUDA's,
+    which refuses ``prod``, and a call on another host thread would see it."""
     per = SHARED_ALIGN // 4
-    return [-(-math.prod(s) // per) * per for s in _shared_arrays(config, has_bias, dual)]
+    sizes = [functools.reduce(operator.mul, s, 1) for s in _shared_arrays(config, has_bias, dual)]
+    return [-(-n // per) * per for n in sizes]
 
 
 def dynamic_bytes(config: TileConfig, has_bias: bool = False, dual: bool = False) -> int:
