@@ -10,7 +10,7 @@ C ``bool``, a ctypes value as itself):
   ``c_double``; float16 as its ``uint16`` bits; a boolean as it is;
 - a tuple: its items, in order.
 
-:func:`fields` makes the same list from what a call already knows of each array (a
+:func:`packer` makes the same list from what a call already knows of each array (a
 :class:`Pointer`: address, shape, strides, item size), so a kept call launches without typing
 its arguments again and without making a device-array object per view. A test compares the
 two lists byte for byte for every kernel signature the library launches.
