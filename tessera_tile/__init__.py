@@ -14,12 +14,6 @@ _auto_install()
 
 import importlib as _importlib  # noqa: E402
 
-from ._fusion import gemm as _gemm  # noqa: E402
-
-# GEMM and attention stages of fused functions run on the ops' kernels, a layer above the
-# composer: their runner is loaded when a fused function first launches or explains one.
-_gemm.set_runner(loader=lambda: _importlib.import_module("tessera_tile.ops._fused_stages"))
-
 from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in
 from ._runtime.arrays import host_to_device as to_device  # noqa: E402 - bfloat16 too, unlike numba's
 from ._runtime.cache import CacheWarning  # noqa: E402 - what the persistent caches warn of

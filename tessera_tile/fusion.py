@@ -42,7 +42,6 @@ from __future__ import annotations
 import builtins
 import functools
 import inspect
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,7 +49,7 @@ from . import profiling
 from . import tile_ir as ir
 from ._fusion import lower, persist, runtime, schedule
 from ._fusion import plan as planner
-from ._fusion.compile import CountingCache, KernelCache
+from ._fusion.compile import KernelCache
 from ._fusion.eager import outside_traces
 from ._fusion.plan import StageKind
 from ._fusion.schedule import MATH_MODES
@@ -70,9 +69,11 @@ from ._fusion.trace import (
 from ._fusion.trace import matmul as _matmul
 from ._fusion.trace import swapaxes as _swapaxes
 from ._fusion.trace import tri as _tri
+from ._runtime import arrays, target
 from ._runtime import cache as _cache
 from ._runtime import config as _config
-from ._runtime import target
+from ._runtime.explain import Explain
+from ._runtime.memo import MAX_LAUNCH_PLANS, CountingCache
 from .tile_ir import Op
 
 __all__ = [
@@ -86,35 +87,6 @@ __all__ = [
 
 kernel_cache = KernelCache()
 _programs_disk = _cache.DiskCache("programs")
-
-
-@dataclass
-class Explain:
-    """What a fused call does, from ``fn.explain(*args)``."""
-
-    kernels: int
-    ir: str
-    source: str
-    bytes_fused: int
-    bytes_unfused: int
-    reasons: list[str]  # why the plan is what it is: a split into kernels, a fallback
-    stages: list[str]
-
-    def __str__(self) -> str:
-        ratio = self.bytes_unfused / self.bytes_fused if self.bytes_fused else float("nan")
-        # a lone reduction split across blocks moves its partials too: more than the estimate
-        # of one kernel per op, which counts none
-        versus = f"{ratio:.2f}x less" if not ratio < 1 else f"{1 / ratio:.2f}x more"
-        lines = [
-            f"{self.kernels} kernel(s); predicted global traffic {self.bytes_fused} B fused vs "
-            f"{self.bytes_unfused} B with one kernel per op ({versus})",
-            *(f"  kernel {i}: {s}" for i, s in enumerate(self.stages)),
-        ]
-        if self.reasons:
-            lines.append("why:")
-            lines += [f"  - {r}" for r in self.reasons]
-        lines += ["Tile IR:", *("  " + line for line in self.ir.splitlines())]
-        return "\n".join(lines)
 
 
 # Calls on Dask arrays go to tessera_tile.dask, a layer above this one: the package registers
@@ -160,7 +132,7 @@ class FusedFunction:
         self.precision = precision
         functools.update_wrapper(self, fn)
         self._programs = CountingCache()
-        # (program, launch plan) by runtime.quick_key, for calls that need nothing but a launch
+        # (program, launch plan) by arrays.quick_key, for calls that need nothing but a launch
         self._ready: dict = {}
         self.traced = 0  # signatures this process traced and planned
         self.loaded = 0  # programs read from the disk cache instead
@@ -329,7 +301,7 @@ class FusedFunction:
         array (a tuple of arrays for several results) to write into, each result cast to its
         dtype under NumPy's ``same_kind`` rule; ``stream``: a numba stream, a CuPy stream or
         a raw handle (see the module docstring for the default)."""
-        quick = runtime.quick_key(args) if out is None and not kwargs else None
+        quick = arrays.quick_key(args) if out is None and not kwargs else None
         if quick is not None:
             ready = self._ready.get(quick)
             if ready is not None:  # a signature and layout seen before: no checks to repeat
@@ -349,7 +321,7 @@ class FusedFunction:
             )
         plan = runtime.launch_plan(program, call, kernel_cache, self.math, self.precision)
         if quick is not None and runtime.ready(program, call):
-            if len(self._ready) >= runtime.MAX_LAUNCH_PLANS:
+            if len(self._ready) >= MAX_LAUNCH_PLANS:
                 self._ready.clear()
             self._ready[quick] = (program, plan)
         return runtime.execute(program, plan, call, stream)
@@ -357,7 +329,7 @@ class FusedFunction:
     def ready(self, args: tuple) -> tuple | None:
         """``(program, launch plan)`` that a call on ``args`` (called before) runs straight from
         its arguments, or None (see ``runtime.ready``)."""
-        quick = runtime.quick_key(args)
+        quick = arrays.quick_key(args)
         return None if quick is None else self._ready.get(quick)
 
 

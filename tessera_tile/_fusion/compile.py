@@ -20,9 +20,7 @@ import linecache
 import os
 import pickle
 import tempfile
-import threading
 import warnings
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +31,7 @@ from .. import tile_ir as ir
 from .._device import numerics as device
 from .._runtime import cache as _cache
 from .._runtime import config as _config
+from .._runtime.memo import CountingCache
 from ..sim import compat
 from . import persist
 from .plan import Stage, StageKind
@@ -47,41 +46,6 @@ class Generated:
     source: str
     kernel: object
     schedule: Schedule
-
-
-class CountingCache:
-    """A thread-safe memo that counts its hits and misses (tests assert the counts). With
-    ``bound``, it starts over when that many entries are held (per-layout plans: a caller of
-    ever new shapes must not grow it without end)."""
-
-    def __init__(self, bound: int | None = None):
-        self.bound = bound
-        self._entries: dict = {}
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: Hashable, make: Callable[[], object]):
-        with self._lock:
-            got = self._entries.get(key)
-            if got is not None:
-                self.hits += 1
-                return got
-            self.misses += 1
-            got = make()
-            if self.bound is not None and len(self._entries) >= self.bound:
-                self._entries.clear()
-            self._entries[key] = got
-            return got
-
-    def values(self) -> list:
-        with self._lock:
-            return list(self._entries.values())
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self.hits = self.misses = 0
 
 
 class KernelCache(CountingCache):

@@ -37,9 +37,7 @@ tile of ``a`` once for both, and its epilogue takes both accumulators::
 
 with ``b2`` the first of ``extras`` (the epilogue's own start one further). It has no bias path.
 
-The kernels and the matmul and attention plans sit above the composer (``tessera_tile.kernels``,
-``ops``): the package registers their runner of GEMM and attention stages here
-(:func:`set_runner`), and the runtime asks :func:`runner` for it.
+A stage binds to the matmul plan (or, for attention, the attention plan) in :mod:`.stages`.
 """
 
 from __future__ import annotations
@@ -240,23 +238,3 @@ def epilogue_function(source: str, name: str):
     namespace = _namespace()
     exec(compile(source, f"<tessera_tile generated {name}>", "exec"), namespace)  # noqa: S102
     return cuda.jit(device=True)(namespace[name])
-
-
-# The runner of GEMM and attention stages (ops' plans), registered by the package: see the
-# module doc.
-_runner = None
-_loader = None
-
-
-def set_runner(runner=None, loader=None) -> None:
-    """Register the runner, or a loader that registers it when first needed."""
-    global _runner, _loader
-    _runner, _loader = runner or _runner, loader or _loader
-
-
-def runner():
-    if _runner is None and _loader is not None:
-        _loader()
-    if _runner is None:
-        raise RuntimeError("no runner of GEMM stages is registered (import tessera_tile)")
-    return _runner

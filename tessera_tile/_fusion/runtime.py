@@ -21,15 +21,13 @@ from .. import tile_ir as ir
 from .._runtime import arrays, launch, target
 from .._runtime import config as _config
 from .._runtime.arrays import DEVICE, Arg
-from ..sim import compat
-from . import gemm, schedule
+from .._runtime.memo import MAX_LAUNCH_PLANS, CountingCache
 from . import plan as planner
-from .compile import CountingCache, Generated, KernelCache
+from . import schedule
+from .compile import Generated, KernelCache
 from .plan import Plan, Stage, StageKind
 from .schedule import Variant
 from .trace import Trace
-
-MAX_LAUNCH_PLANS = 256  # per program, and for the matmul family's launches
 
 
 @dataclass
@@ -316,9 +314,12 @@ def bind(
 ) -> Bound:  # fmt: skip
     """``records`` maps a leaf's ``arg`` (position, ``("temp", k)``, ``("out", k)``) to its
     record on the device; ``math`` is ``"fast"`` or ``"ieee"``, ``precision`` a GEMM stage's
-    (see ``tt.fuse``). A GEMM or attention stage binds through its runner (:mod:`.gemm`)."""
+    (see ``tt.fuse``). A GEMM or attention stage binds to its kernel family's plan
+    (:mod:`.stages`, imported when first needed: it loads the matmul and attention plans)."""
     if stage.kind.hand_written:
-        return gemm.runner().bind(stage, records, math, precision)
+        from . import stages
+
+        return stages.bind(stage, records, math, precision)
     leaves = [records[n.arg] for n in stage.leaves]
     outs = [records[dest] for _, dest in stage.outputs]
     layout = Layout(stage, stage_index_shape(stage, shapes), leaves, outs)
@@ -481,7 +482,7 @@ def _stage_launch(bound: Bound, records: dict, counts: dict) -> StageLaunch:
 
 
 def ready(program: Program, call: Call) -> bool:
-    """Whether later calls with this call's key (:func:`quick_key`) may run the launch plan
+    """Whether later calls with this call's key (``arrays.quick_key``) may run the launch plan
     straight from their arguments: every array a numba device array, no ``out=``, nothing
     computed or checked on the host."""
     return (
@@ -491,35 +492,6 @@ def ready(program: Program, call: Call) -> bool:
         and not program.host_exponents
         and all(a.family == "numba" or not a.is_array for a in call.args)
     )
-
-
-def quick_key(args: tuple, constants: bool = False) -> tuple | None:
-    """A key that determines a call's program and launch plan, read straight from arguments
-    that are numba device arrays (or their records) and scalars; None for any other argument.
-    It holds what :class:`Call` and :func:`layout_key` read of them, and nothing else; with
-    ``constants`` (a prebuilt op's key), scalars, strings and None by value."""
-    key = []
-    for a in args:
-        if type(a) is Arg:  # a record an op read
-            if a.family != "numba" or not a.address:
-                return None
-            key.append((Arg, a.shape, a.strides, a.dtype, a.address % target.VECTOR_BYTES))
-        elif getattr(a, "__cuda_ndarray__", False):
-            shape, strides, dtype, address = compat.layout(a)
-            if not address:
-                return None
-            key.append((type(a), shape, strides, dtype, address % target.VECTOR_BYTES))
-        elif type(a) in _SCALARS or isinstance(a, np.generic):
-            typed = type(a) if type(a) in _SCALARS else a.dtype
-            key.append((typed, a) if constants else typed)
-        elif constants and (a is None or type(a) is str):
-            key.append(a)
-        else:
-            return None
-    return tuple(key)
-
-
-_SCALARS = (float, int, bool)
 
 
 def run_ready(program: Program, plan: LaunchPlan, args: tuple, stream):

@@ -499,3 +499,32 @@ def to_host(handle, out: np.ndarray | None, stream) -> np.ndarray:
         out[...] = host
         return out
     return host
+
+
+def quick_key(args: tuple, constants: bool = False) -> tuple | None:
+    """A key that determines a call's program and launch plan, read straight from arguments
+    that are numba device arrays (or their records) and scalars; None for any other argument.
+    It holds what the composer's ``Call`` and ``layout_key`` read of them, and nothing else; with
+    ``constants`` (a prebuilt op's key), scalars, strings and None by value."""
+    key = []
+    for a in args:
+        if type(a) is Arg:  # a record an op read
+            if a.family != "numba" or not a.address:
+                return None
+            key.append((Arg, a.shape, a.strides, a.dtype, a.address % VECTOR_BYTES))
+        elif getattr(a, "__cuda_ndarray__", False):
+            shape, strides, dtype, address = compat.layout(a)
+            if not address:
+                return None
+            key.append((type(a), shape, strides, dtype, address % VECTOR_BYTES))
+        elif type(a) in _SCALARS or isinstance(a, np.generic):
+            typed = type(a) if type(a) in _SCALARS else a.dtype
+            key.append((typed, a) if constants else typed)
+        elif constants and (a is None or type(a) is str):
+            key.append(a)
+        else:
+            return None
+    return tuple(key)
+
+
+_SCALARS = (float, int, bool)

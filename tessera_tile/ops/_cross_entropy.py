@@ -11,17 +11,17 @@ from numba import from_dtype, types
 from .._runtime import arrays, launch
 from .._runtime.launch import KernelLaunch, Unused, View
 from ..kernels import cross_entropy as _cross_entropy
-from ..tile_ir import storage_dtype
-from . import _definitions
-from ._contract import (
+from ..kernels._calls import (
     COMPOSED_FLOATS,
     HandWritten,
-    PrebuiltOp,
     Report,
     array_arg,
     numba_type,
     view_dtype,
 )
+from ..tile_ir import storage_dtype
+from . import _definitions
+from ._contract import PrebuiltOp
 
 REDUCTIONS = ("none", "mean", "sum")
 INTEGER_TARGETS = tuple(np.dtype(d) for d in ("int32", "int64"))

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _definitions
-from ._contract import (
+from ..kernels._calls import (
     COMPOSED_FLOATS,
-    Fused,
-    PrebuiltOp,
     array_arg,
     axis_index,
 )
+from . import _definitions
+from ._contract import Fused, PrebuiltOp
 
 REDUCIBLE = tuple(np.dtype(d) for d in ("bool", "int32", "int64")) + COMPOSED_FLOATS
 

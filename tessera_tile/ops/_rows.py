@@ -13,18 +13,17 @@ from .._fusion.schedule import CACHE_BYTES
 from .._runtime import arrays
 from .._runtime.launch import KernelLaunch, Unused, View
 from ..kernels import layer_norm_long as _layer_norm_long
-from . import _definitions
-from ._contract import (
+from ..kernels._calls import (
     COMPOSED_FLOATS,
     FLOATS,
-    Fused,
     HandWritten,
-    PrebuiltOp,
     Report,
     array_arg,
     axis_index,
     eps_value,
 )
+from . import _definitions
+from ._contract import Fused, PrebuiltOp
 
 
 def _row_param(value, name: str, x: arrays.Arg, what: str) -> arrays.Arg:

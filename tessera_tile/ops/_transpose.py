@@ -10,15 +10,15 @@ import numpy as np
 from .._runtime import arrays
 from .._runtime.launch import KernelLaunch, View
 from ..kernels import transpose as _transpose
-from ..tile_ir import BFLOAT16
-from ._contract import (
+from ..kernels._calls import (
     COMPOSED_FLOATS,
     HandWritten,
-    PrebuiltOp,
     Report,
     array_arg,
     numba_type,
 )
+from ..tile_ir import BFLOAT16
+from ._contract import PrebuiltOp
 
 MAX_BLOCKS = 132 * 16  # an H100 full 16 times over; blocks grid-stride over further tiles
 

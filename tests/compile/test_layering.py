@@ -1,6 +1,7 @@
 """The package's imports follow its layers (README, "Layering"; docs/architecture.md), and no two
-modules import each other, not even inside functions. Read from the source, so it runs in any
-tier."""
+modules import each other, not even inside functions; only the package's top (``__init__``, above
+every layer) imports its own modules by name through ``importlib``. Read from the source, so it
+runs in any tier."""
 
 import ast
 import re
@@ -90,6 +91,32 @@ def test_every_module_has_a_layer():
 def test_imports_point_down(name):
     upward = {t for t in GRAPH[name] if layer(t) > layer(name)}
     assert not upward, f"{name} (layer {layer(name)}) imports a higher layer: {upward}"
+
+
+def importlib_calls(path: Path) -> list[str]:
+    """The ``import_module`` calls of ``path`` that name a module of this package (a string or
+    f-string starting with ``tessera_tile`` or ``.``): imports the layering above cannot see."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module":
+            first = node.args[0] if node.args else None
+            if isinstance(first, ast.JoinedStr) and first.values:
+                first = first.values[0]
+            text = first.value if isinstance(first, ast.Constant) else ""
+            if isinstance(text, str) and text.startswith(("tessera_tile", ".")):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_the_package_top_imports_its_modules_through_importlib():
+    found = {
+        module_name(p): calls
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if p != PACKAGE / "__init__.py" and (calls := importlib_calls(p))
+    }
+    assert not found, f"import them (downward) instead: {found}"
+    top = importlib_calls(PACKAGE / "__init__.py")
+    assert top, "the check reads nothing: the package's lazy submodules use import_module"
 
 
 def test_no_two_modules_import_each_other():

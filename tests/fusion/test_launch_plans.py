@@ -14,8 +14,8 @@ from tessera_tile import dynamic_shared, ops
 from tessera_tile import tile_ir as ir
 from tessera_tile._fusion import plan as planner
 from tessera_tile._fusion import runtime, schedule
-from tessera_tile._fusion.compile import CountingCache
 from tessera_tile._runtime import config as _config
+from tessera_tile._runtime.memo import CountingCache
 from tessera_tile.ops import _definitions as fused
 
 softmax = fused.softmax(-1)  # the @tt.fuse definition ops.softmax dispatches to
@@ -107,7 +107,7 @@ def test_a_device_out_is_part_of_the_layout():
 
 
 def test_a_matmul_plans_its_launches_once_per_layout(monkeypatch):
-    from tessera_tile.ops import _matmul_plan
+    from tessera_tile.kernels import matmul_plan as _matmul_plan
 
     made = collections.Counter()
     original = _matmul_plan.Product._plan_launches
@@ -279,7 +279,8 @@ def _consulted(monkeypatch, tuner) -> collections.Counter:
 def test_a_kept_call_consults_no_tuner_until_it_is_cleared(monkeypatch, op):
     """The matmul ops and the warpgroup-MMA attention alike: a kept call holds its tuner's
     choice, and clearing the tuner drops it."""
-    from tessera_tile.ops import _attention, _matmul
+    from tessera_tile.kernels import attention_plan as _attention
+    from tessera_tile.kernels import matmul_calls as _matmul
 
     if op == "linear":
         x, w = np.ones((4, 8), np.float32), np.full((8, 3), 0.5, np.float32)

@@ -320,7 +320,7 @@ def test_the_tuner_offers_a_producer_warpgroup_that_only_a_measurement_picks(mon
     """Without a config the wgmma kernel's is its tuner's: the default and the same with a
     producer warpgroup, scored alike for the default's warps (inf for the others), so the model
     keeps the default; a choice of the producer (as a GPU timing would make) is launched."""
-    from tessera_tile.ops import _attention
+    from tessera_tile.kernels import attention_plan as _attention
 
     q, k, v = operands(np.random.default_rng(13), (2, 130, 64), (2, 210, 64))
     for rows, warps in ((130, 8), (40, 4)):

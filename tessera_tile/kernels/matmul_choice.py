@@ -1,6 +1,6 @@
 """The one place a matmul-family call's kernel is chosen (:func:`choose_kernel`): the SIMT,
 TF32, tensor-core (mma.sync) or warpgroup-MMA kernel, its tile and why, for a
-:class:`~._matmul_plan.Product`."""
+:class:`~.matmul_plan.Product`."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import dynamic_shared
-from ..kernels import matmul as simt
-from ..kernels import matmul_tc as tc
-from ..kernels import matmul_tf32 as tf32
-from ..kernels import matmul_wgmma as wg
 from ..tile_config import (
     CANDIDATES,
     WARP_SPECIALISED,
     TileConfig,
 )
 from ..tile_ir import BFLOAT16
+from . import matmul as simt
+from . import matmul_tc as tc
+from . import matmul_tf32 as tf32
+from . import matmul_wgmma as wg
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """The plan of one matmul-family call: a tiled product with its epilogue (:class:`Product`,
 behind ``matmul``, ``linear`` and each stage of ``mlp``), its kernel (chosen in one place,
-:func:`._matmul_choice.choose_kernel`), and its launches, planned once per layout of the
+:func:`.matmul_choice.choose_kernel`), and its launches, planned once per layout of the
 operands.
 
-:mod:`tessera_tile.ops._matmul` validates a call and makes its ``Product``; batches, strides and
-views are :mod:`tessera_tile.ops._matmul_geometry`'s.
+:mod:`.matmul_calls` validates a call and makes its ``Product``; batches, strides and views are
+:mod:`.matmul_geometry`'s.
 """
 
 from __future__ import annotations
@@ -14,12 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._fusion.compile import CountingCache
-from .._fusion.runtime import MAX_LAUNCH_PLANS
 from .._runtime import arrays, target
 from .._runtime.launch import Extras, KernelLaunch, Unused, View
-from ..kernels import epilogue
-from ..kernels import matmul_tc as tc
+from .._runtime.memo import MAX_LAUNCH_PLANS, CountingCache
 from ..tile_config import (
     WARP_SPECIALISED,
     TileConfig,
@@ -28,15 +25,17 @@ from ..tile_config import (
     waves_text,
 )
 from ..tile_ir import BFLOAT16
-from ._contract import (
+from . import epilogue
+from . import matmul_tc as tc
+from ._calls import (
     HandWritten,
     Report,
     device_like,
     distinct,
     view_dtype,
 )
-from ._matmul_choice import choose_kernel
-from ._matmul_geometry import (
+from .matmul_choice import choose_kernel
+from .matmul_geometry import (
     Matrix,
     array_type,
     as_matrix,

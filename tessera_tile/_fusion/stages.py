@@ -1,7 +1,7 @@
-"""The runner of the composer's hand-written stages (:mod:`tessera_tile._fusion.gemm`): a
-matmul inside ``@tt.fuse`` runs as the matmul ops' :class:`~._matmul_plan.Product`, with the
-stage's generated epilogue in place of an activation; an attention pattern the planner found
-runs as ``ops.attention``'s flash kernel. Importing this module registers the runner.
+"""The composer's hand-written stages (:mod:`.gemm`) bound to a call: a matmul inside
+``@tt.fuse`` runs as the matmul ops' :class:`~tessera_tile.kernels.matmul_plan.Product`, with
+the stage's generated epilogue in place of an activation; an attention pattern the planner
+found runs as ``ops.attention``'s plan (:mod:`tessera_tile.kernels.attention_plan`).
 """
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import tile_ir as ir
-from .._fusion import gemm
-from .._fusion.lower import TYPE_NAMES
-from .._fusion.plan import StageKind
 from .._runtime import arrays, launch
 from .._runtime.launch import Value
+from ..kernels import attention_plan, matmul_calls
 from ..kernels.epilogue import ElementEpilogue
+from ..kernels.matmul_choice import DUAL
+from ..kernels.matmul_plan import Product
 from ..kernels.prologue import ElementPrologue
 from ..tile_ir import Op
-from ._attention import attention as attention_op
-from ._matmul import _product
-from ._matmul_choice import DUAL
-from ._matmul_plan import Product
+from . import gemm
+from .lower import TYPE_NAMES
+from .plan import StageKind
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,7 @@ class FlashBound:
     """An attention stage bound to a call's layouts: ``ops.attention``'s validated call."""
 
     stage: object
-    call: object  # ops._attention.Attention
+    call: object  # kernels.attention_plan.Attention
     keys: tuple  # record keys of q, k, v, then the result
     generated: Generated
     scalars: tuple = ()
@@ -182,76 +181,71 @@ class StageLaunches:
         return [(k.kernel, k.signature, k.threads, k.shared) for k in self.kept.launches]
 
 
-class Runner:
-    """Binds hand-written stages (registered with :func:`tessera_tile._fusion.gemm.set_runner`)."""
+def bind(stage, records: dict, math_mode: str, precision: str | None):
+    """A GEMM or attention stage bound to a call's records."""
+    if stage.kind is StageKind.ATTENTION:
+        return bind_attention(stage, records)
+    return bind_gemm(stage, records, math_mode, precision)
 
-    def bind(self, stage, records: dict, math_mode: str, precision: str | None):
-        if stage.kind is StageKind.ATTENTION:
-            return self.bind_attention(stage, records)
-        return self.bind_gemm(stage, records, math_mode, precision)
 
-    @staticmethod
-    def bind_attention(stage, records: dict) -> FlashBound:
-        ((node, dest),) = stage.outputs
-        q, k, v = (records[n.arg] for n in node.srcs)
-        scale, mask_shape = node.arg
-        call = attention_op._plan(q, k, v, scale=scale, causal=mask_shape is not None)
-        keys = (*(n.arg for n in node.srcs), dest)
-        return FlashBound(stage, call, keys, Generated("flash_attention", "# ops.attention\n"))
+def bind_attention(stage, records: dict) -> FlashBound:
+    ((node, dest),) = stage.outputs
+    q, k, v = (records[n.arg] for n in node.srcs)
+    scale, mask_shape = node.arg
+    call = attention_plan.attention(q, k, v, scale=scale, causal=mask_shape is not None)
+    keys = (*(n.arg for n in node.srcs), dest)
+    return FlashBound(stage, call, keys, Generated("flash_attention", "# ops.attention\n"))
 
-    @staticmethod
-    def bind_gemm(stage, records: dict, math_mode: str, precision: str | None) -> GemmBound:
-        parts = gemm.parts(stage)
-        dests = [d for _, d in stage.outputs]
-        sides = tuple(dests[i] for i in parts.sides_at)
-        # C: the stored result, else (the epilogue writes them all) the first, for its shape
-        dest = dests[parts.stored_at if parts.stored_at is not None else 0]
-        arrays_read = _record(parts.a, records), _record(parts.b, records)
-        # the operands as the kernel stages them: a prologue's array may be a narrower dtype
-        dtype = np.dtype(parts.product.srcs[0].dtype)
-        a, b = (r._replace(dtype=dtype) for r in arrays_read)
-        bias = records[parts.bias.arg] if parts.bias is not None else None
-        product = _product(
-            a, b, (_name(parts.a), _name(parts.b)), "matmul", None, bias, None,
-            _name(parts.bias) if bias is not None else "bias", precision,
-        )  # fmt: skip
-        if parts.b2 is not None:  # its own tile (twice the accumulators), not tuned
-            kind = product.tuner.expected(a, b).dtype
-            b2 = _record(parts.b2, records)
-            product = dataclasses.replace(product, b2=b2, config=DUAL[kind])
-        elif any(r.value is None for r in (a, b)):  # host inputs' copies: nothing to time yet
-            product = dataclasses.replace(product, config=product.tuner.expected(a, b))
-        name, source = f"{product.name}_product", "# no epilogue: C = a @ b (+ bias)\n"
-        if parts.generated:
-            name, source = gemm.epilogue_source(stage, math_mode)
-            fn = gemm.epilogue_function(source, name)
-            # a, b, the bias, b2, the extras, the sides, the result, then the scalars
-            first = len(parts.extras) + len(sides) + 3 + (bias is not None)
-            first += parts.b2 is not None
-            product = dataclasses.replace(
-                product,
-                epilogue=ElementEpilogue(fn, name, stores=parts.stored is not None),
-                extras=tuple(records[k] for k in (*(n.arg for n in parts.extras), *sides)),
-                scalars=tuple(Value(first + j) for j in range(len(parts.scalars))),
-                scalar_types=tuple(TYPE_NAMES[np.dtype(n.dtype)] for n in parts.scalars),
-            )
-        prologues = {}  # each computed operand's, applied to its tiles as they land
-        for side, operand in parts.prologues:
-            pro_name, pro_source = gemm.prologue_source(operand, math_mode)
-            fn = gemm.epilogue_function(pro_source, pro_name)
-            prologues[side] = ElementPrologue(fn, pro_name)
-            source = pro_source + source
-        if prologues:
-            product = dataclasses.replace(
-                product, prologue=(prologues.get("a"), prologues.get("b")), a=arrays_read[0],
-                b=arrays_read[1], operand_dtype=dtype,
-            )  # fmt: skip
-        operands = (parts.a, parts.b) + ((parts.bias,) if bias is not None else ())
-        operands += (parts.b2,) if parts.b2 is not None else ()
-        keys = (*(_key(n) for n in operands), *(n.arg for n in parts.extras), *sides, dest)
-        return GemmBound(
-            stage, product, keys, tuple(n.arg for n in parts.scalars), Generated(name, source)
+
+def bind_gemm(stage, records: dict, math_mode: str, precision: str | None) -> GemmBound:
+    parts = gemm.parts(stage)
+    dests = [d for _, d in stage.outputs]
+    sides = tuple(dests[i] for i in parts.sides_at)
+    # C: the stored result, else (the epilogue writes them all) the first, for its shape
+    dest = dests[parts.stored_at if parts.stored_at is not None else 0]
+    arrays_read = _record(parts.a, records), _record(parts.b, records)
+    # the operands as the kernel stages them: a prologue's array may be a narrower dtype
+    dtype = np.dtype(parts.product.srcs[0].dtype)
+    a, b = (r._replace(dtype=dtype) for r in arrays_read)
+    bias = records[parts.bias.arg] if parts.bias is not None else None
+    product = matmul_calls.product(
+        a, b, (_name(parts.a), _name(parts.b)), "matmul", None, bias, None,
+        _name(parts.bias) if bias is not None else "bias", precision,
+    )  # fmt: skip
+    if parts.b2 is not None:  # its own tile (twice the accumulators), not tuned
+        kind = product.tuner.expected(a, b).dtype
+        b2 = _record(parts.b2, records)
+        product = dataclasses.replace(product, b2=b2, config=DUAL[kind])
+    elif any(r.value is None for r in (a, b)):  # host inputs' copies: nothing to time yet
+        product = dataclasses.replace(product, config=product.tuner.expected(a, b))
+    name, source = f"{product.name}_product", "# no epilogue: C = a @ b (+ bias)\n"
+    if parts.generated:
+        name, source = gemm.epilogue_source(stage, math_mode)
+        fn = gemm.epilogue_function(source, name)
+        # a, b, the bias, b2, the extras, the sides, the result, then the scalars
+        first = len(parts.extras) + len(sides) + 3 + (bias is not None)
+        first += parts.b2 is not None
+        product = dataclasses.replace(
+            product,
+            epilogue=ElementEpilogue(fn, name, stores=parts.stored is not None),
+            extras=tuple(records[k] for k in (*(n.arg for n in parts.extras), *sides)),
+            scalars=tuple(Value(first + j) for j in range(len(parts.scalars))),
+            scalar_types=tuple(TYPE_NAMES[np.dtype(n.dtype)] for n in parts.scalars),
         )
-
-
-gemm.set_runner(Runner())
+    prologues = {}  # each computed operand's, applied to its tiles as they land
+    for side, operand in parts.prologues:
+        pro_name, pro_source = gemm.prologue_source(operand, math_mode)
+        fn = gemm.epilogue_function(pro_source, pro_name)
+        prologues[side] = ElementPrologue(fn, pro_name)
+        source = pro_source + source
+    if prologues:
+        product = dataclasses.replace(
+            product, prologue=(prologues.get("a"), prologues.get("b")), a=arrays_read[0],
+            b=arrays_read[1], operand_dtype=dtype,
+        )  # fmt: skip
+    operands = (parts.a, parts.b) + ((parts.bias,) if bias is not None else ())
+    operands += (parts.b2,) if parts.b2 is not None else ()
+    keys = (*(_key(n) for n in operands), *(n.arg for n in parts.extras), *sides, dest)
+    return GemmBound(
+        stage, product, keys, tuple(n.arg for n in parts.scalars), Generated(name, source)
+    )
