@@ -129,7 +129,7 @@ def read(value, name: str, *, scalars: bool = True) -> Arg:
             f"{name} is a {type(value).__name__}, not an array (NumPy, CuPy, a numba device "
             "array or any __cuda_array_interface__ object)" + (" or a scalar" if scalars else "")
         ) from None
-    return _check_device(_from_interface(value, cai, name), name)
+    return _check_simulated_memory(_check_device(_from_interface(value, cai, name), name), name)
 
 
 def _from_interface(value, cai, name: str) -> Arg:
@@ -158,6 +158,23 @@ def _from_interface(value, cai, name: str) -> Arg:
     pointer, readonly = _interface_data(cai["data"], what)
     family = "cupy" if type(value).__module__.partition(".")[0] == "cupy" else "cai"
     return Arg(DEVICE, value, shape, strides, dtype, pointer, family, bool(readonly))
+
+
+def _check_simulated_memory(rec: Arg, name: str) -> Arg:
+    """In the simulator, an interface's elements must lie in one live allocation of its device
+    memory: a GPU's kernels fault on a host pointer (or a freed one), which the simulator, whose
+    device memory is host memory, would otherwise read."""
+    if _config.SIMULATED and rec.size:
+        from ..sim import device_arrays
+
+        first, last = rec.extent()
+        if not device_arrays.in_device_memory(first, last):
+            raise ValueError(
+                f"{name}: __cuda_array_interface__ data pointer {rec.address:#x} is not in device "
+                f"memory (bytes {first:#x} to {last:#x} lie in no live allocation of the "
+                "simulator's device): a GPU's kernels fault on a host pointer"
+            )
+    return rec
 
 
 # bfloat16 has no typestr of its own: ml_dtypes' dtype.str, which CuPy and PyTorch (since

@@ -17,6 +17,11 @@ accepts what a GPU refuses and computes other views:
   whether it is depends on the strides, and numba-cuda gives an empty ``device_array`` its own
   (``(8,)`` for 0 float64), where NumPy 2 gives every stride of an empty array as 0.
 
+Device memory is the simulator's allocations alone (``device_array``, what calls it, and
+``to_device``, which ``host_copies`` records): :func:`in_device_memory` tells a
+``__cuda_array_interface__`` pointer into one from a host pointer, which a GPU's kernels fault
+on (an illegal address), so the runtime refuses it.
+
 Here a fake device array is indexed through the same ``dummyarray`` code, so it raises the same
 errors and gives the same shapes, strides and first element as on a GPU. It also gets numba-cuda's
 ``__cuda_array_interface__`` (the stock fake has none), quirk included: an array with a stride-0
@@ -24,6 +29,8 @@ axis is called contiguous and its strides are left out (``is_contiguous`` skips 
 """
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 
@@ -111,9 +118,8 @@ def _transpose(self, axes=None):
         raise NotImplementedError("transposing a non-2D DeviceNDArray isn't supported")
     if axes is not None and set(axes) != {0, 1}:
         raise ValueError(f"invalid axes list {axes!r}")
-    return compat.FakeCUDAArray(
-        np.ascontiguousarray(compat.host_memory(self).T), stream=self.stream
-    )
+    copy = np.ascontiguousarray(compat.host_memory(self).T)
+    return allocated(compat.FakeCUDAArray(copy, stream=self.stream))
 
 
 def _dtype_view(self, dtype):
@@ -145,6 +151,35 @@ def _interface(self) -> dict:
     }
 
 
+# The live allocations, by id of the array that owns their memory: (first, last) byte address
+# and a weak reference whose callback drops the entry when the allocation is freed.
+_allocations: dict[int, tuple[int, int, weakref.ref]] = {}
+_tracking = False
+
+
+def allocated(fake):
+    """Record ``fake``'s memory as an allocation of device memory (returns ``fake``)."""
+    root = root_memory(compat.host_memory(fake))
+    key, start = id(root), root.__array_interface__["data"][0]
+    _allocations[key] = (start, start + root.nbytes, weakref.ref(root, lambda _: _drop(key)))
+    return fake
+
+
+def _drop(key: int) -> None:
+    _allocations.pop(key, None)
+
+
+def in_device_memory(first: int, last: int) -> bool:
+    """Whether bytes [first, last) lie in one live allocation of the simulator's device memory
+    (True where allocations are not tracked: the stock simulator)."""
+    if not _tracking:
+        return True
+    return any(
+        start <= first and last <= end and ref() is not None
+        for start, end, ref in list(_allocations.values())
+    )
+
+
 def _contiguous_strides(shape, itemsize: int, order: str) -> tuple:
     """The strides numba-cuda gives a new device array (``_fill_stride_by_order``)."""
     strides, step = [], itemsize
@@ -160,10 +195,12 @@ def _device_array(shape, dtype=np.float64, strides=None, order="C", stream=0):
     if strides is None and host.size == 0:
         want = _contiguous_strides(host.shape, host.itemsize, order)
         compat.set_host_memory(fake, np.lib.stride_tricks.as_strided(host, strides=want))
-    return fake
+    return allocated(fake)
 
 
 def _set(getitem, setitem, device_array, transpose, shape) -> None:
+    global _tracking
+    _tracking = device_array is _device_array
     compat.FakeCUDAArray.__getitem__ = getitem
     compat.FakeCUDAArray.__setitem__ = setitem
     compat.FakeCUDAArray.transpose = transpose  # .T calls it

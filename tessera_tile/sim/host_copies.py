@@ -14,7 +14,7 @@ import functools
 
 import numpy as np
 
-from . import compat
+from . import compat, device_arrays
 
 _stock_to_device = compat.device_array_module().to_device
 _stock_copy_to_device = compat.FakeCUDAArray.copy_to_device
@@ -30,7 +30,8 @@ def _exported(host) -> None:
 @functools.wraps(_stock_to_device)
 def _to_device(ary, stream=0, copy=True, to=None):
     _exported(ary)
-    return _stock_to_device(ary, stream=stream, copy=copy, to=to)
+    fake = _stock_to_device(ary, stream=stream, copy=copy, to=to)
+    return device_arrays.allocated(fake) if to is None else fake  # a new allocation
 
 
 def _copy_to_device(self, ary, stream=0):

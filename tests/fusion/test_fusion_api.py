@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 from helpers import back, counting_launches, on
+from numba import cuda
 
 import tessera_tile as tt
 from tessera_tile.fusion import TraceError, kernel_cache
@@ -248,11 +249,14 @@ def test_explain_reports_the_plan():
 
 
 class FakeDeviceArray:
-    """Stands for a CuPy / Numba device array: only the interface is looked at."""
+    """Stands for a CuPy / Numba device array: only the interface is looked at (over device
+    memory it holds)."""
 
     def __init__(self, shape):
+        self.memory = cuda.device_array(shape, np.float32)
         self.__cuda_array_interface__ = {
-            "shape": shape, "typestr": "<f4", "data": (256, False), "strides": None, "version": 3,
+            "shape": shape, "typestr": "<f4", "strides": None, "version": 3,
+            "data": (self.memory.__cuda_array_interface__["data"][0], False),
         }  # fmt: skip
 
 

@@ -207,6 +207,24 @@ def test_each_argument_is_named(op, index, fault):
         spec.call(*args)
 
 
+@pytest.mark.sim_only(reason="on a GPU the kernel faults on the host pointer (nothing checks it)")
+@pytest.mark.usefixtures("nothing_placed")
+@pytest.mark.parametrize("op", SPECS)
+def test_a_host_or_freed_pointer_in_an_interface_is_refused(op):
+    """An interface over host memory, or over a device allocation already freed: a GPU's kernel
+    faults on either (an illegal address); the simulator, whose device memory is host memory,
+    refuses both before any launch instead of reading them."""
+    spec = SPECS[op]
+    names, hosts = list(spec.arrays), list(spec.arrays.values())
+    others = on("device", *hosts[:-1])
+    with refused(ValueError, names[-1], "not in device memory"):
+        spec.call(*others, Interface(hosts[-1].copy()))
+    freed = Interface(tt.to_device(hosts[-1]))
+    freed.buffer = None  # the only reference: the allocation is freed (and nothing reuses it)
+    with refused(ValueError, names[-1], "not in device memory"):
+        spec.call(*others, freed)
+
+
 @pytest.mark.parametrize("op", ["matmul", "attention", "transpose", "fused"])
 def test_a_valid_interface_is_read_in_place(op):
     """The same interfaces, unbroken, give NumPy's answer (the faults above are the cause)."""
@@ -285,11 +303,11 @@ K_LIMIT = (INT32_MAX - TC.num_stages) * TC.tile_k  # k-tiles and the stages ahea
 
 def huge(side: str, shape, dtype):
     """An array of ``shape`` over one element (stride 0): a view on the host, an interface
-    over the same byte on the device."""
+    over one element of device memory on the device."""
     one = np.zeros(1, dtype)
     if side == "host":
         return np.lib.stride_tricks.as_strided(one, shape, (0,) * len(shape))
-    return Interface(one, shape=tuple(shape), strides=(0,) * len(shape))
+    return Interface(tt.to_device(one), shape=tuple(shape), strides=(0,) * len(shape))
 
 
 def _matmul_k(side, k, dtype=np.float16, **kw):
