@@ -128,7 +128,12 @@ class _Const:
 
 
 class _Atomic(compat.FakeCUDAAtomic):
-    """Atomics are never races; under the profiler each counts one read and one write."""
+    """Atomics are never races; under the profiler each counts one read and one write, and one
+    on global memory may release or acquire other accesses (:mod:`.global_races`)."""
+
+    def __init__(self, launch):
+        super().__init__()
+        self._launch = launch
 
     def __getattribute__(self, name):
         attr = super().__getattribute__(name)
@@ -145,6 +150,9 @@ class _Atomic(compat.FakeCUDAAtomic):
                     index = (0,) * array.ndim if name == "compare_and_swap" else args[0]
                     if not array.atomic_access(index):
                         return array.dtype.type(0)  # out of bounds: reported, not done
+                    races = self._launch.profile.global_accesses
+                    if races is not None and not array._space.shared:
+                        races.atomic()
                     array = array._a
                 return attr(array, *args)
             finally:
@@ -181,7 +189,7 @@ class WarpAwareModule(compat.FakeCUDAModule):
         self._shared = _Shared()
         self._local = _Local()
         self._const = _Const()
-        self._atomic = _Atomic()
+        self._atomic = _Atomic(launch)
         self._cg = _CooperativeGroups(launch)
 
     def __getattr__(self, name):
@@ -225,6 +233,14 @@ class WarpAwareModule(compat.FakeCUDAModule):
     # Barriers.
     def syncthreads(self):
         block_on("syncthreads")
+
+    # Fences order a thread's global accesses before its later atomics (the profiler reads them).
+    def threadfence(self):
+        races = self._launch.profile.global_accesses if self._launch.profile else None
+        if races is not None:
+            races.fence()
+
+    threadfence_system = threadfence
 
     def syncthreads_count(self, value):
         return block_on("syncthreads", 0, ("count", value))

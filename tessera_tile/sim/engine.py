@@ -102,14 +102,18 @@ class Launch:
             self.swaps.enter_context(cuda_math.swapped_math(fn))
 
     def run(self) -> None:
-        with compat._push_kernel_context(self.module), self.swaps, self._error_model():
-            self.swap_module_of(self.kernel.fn)
-            for block_idx in np.ndindex(*self.grid_dim):
-                BlockRun(self, block_idx).run()
+        if self.profile:
+            self.profile.launch_started()
+        try:
+            with compat._push_kernel_context(self.module), self.swaps, self._error_model():
+                self.swap_module_of(self.kernel.fn)
+                for block_idx in np.ndindex(*self.grid_dim):
+                    BlockRun(self, block_idx).run()
+        finally:
+            if self.profile:
+                self.profile.launch_finished()
         for write_back in self.retr:
             write_back()
-        if self.profile:
-            self.profile.launches += 1
 
     def _error_model(self):
         """``debug=True`` kernels stop at a division by zero with ``FloatingPointError``, as

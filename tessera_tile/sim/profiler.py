@@ -11,7 +11,8 @@ beyond the ideal (one per 128-byte phase).
 
 A shared-memory race is two threads touching the same byte address, at least one writing, with
 no ``syncthreads`` between them (and, within one warp, no warp operation between them).
-Atomics are never races.
+A global-memory race is the same across a launch's blocks too, where only a fence and an atomic
+order two blocks' accesses (:mod:`.global_races`). Atomics are never races.
 
 The profile and its per-block recorder of shared accesses are here; the wrapper that counts
 accesses is in :mod:`.tracked_arrays`.
@@ -29,6 +30,7 @@ from greenlet import getcurrent
 
 from .._device.banks import wavefronts
 from ._base import format_site
+from .global_races import GlobalRaces
 from .tracked_arrays import OutOfBounds, TrackedArray, _Space
 
 _active: Profile | None = None
@@ -46,11 +48,20 @@ class Race:
     first_line: str
     second_thread: tuple
     second_line: str
+    space: str = "shared"  # or "global": then the blocks of the two threads
+    first_block: tuple = ()
+    second_block: tuple = ()
 
     def __str__(self) -> str:
+        if self.space == "shared":
+            return (
+                f"{self.kind} race on shared array {self.array}: thread {self.first_thread} at "
+                f"{self.first_line} and thread {self.second_thread} at {self.second_line}"
+            )
         return (
-            f"{self.kind} race on shared array {self.array}: thread {self.first_thread} at "
-            f"{self.first_line} and thread {self.second_thread} at {self.second_line}"
+            f"{self.kind} race on global array {self.array}: thread {self.first_thread} of "
+            f"block {self.first_block} at {self.first_line} and thread {self.second_thread} of "
+            f"block {self.second_block} at {self.second_line}"
         )
 
 
@@ -72,6 +83,7 @@ class Profile:
         # exited or does not exist (legal PTX, undefined value: the simulator returns poison)
         self.undefined_shuffle_reads: Counter = Counter()
         self._race_keys: set = set()
+        self.global_accesses: GlobalRaces | None = None  # the running launch's
 
     # totals -----------------------------------------------------------------------------
     @property
@@ -117,8 +129,21 @@ class Profile:
     def note_undefined_shuffle(self, kind: str, site, lanes: int) -> None:
         self.undefined_shuffle_reads[f"{kind} at {format_site(site)}"] += lanes
 
+    def launch_started(self) -> GlobalRaces:
+        self.global_accesses = GlobalRaces(self)
+        return self.global_accesses
+
+    def launch_finished(self) -> None:
+        self.global_accesses = None
+        self.launches += 1
+
+    def add_race(self, array, kind, first, second, space="shared") -> None:
+        """Report a race between ``first`` and ``second``: (thread, line, block) each."""
+        self._add_race(Race(array, kind, first[0], first[1], second[0], second[1], space,
+                            first[2], second[2]))  # fmt: skip
+
     def _add_race(self, race: Race) -> None:
-        key = (race.array, race.kind, race.first_line, race.second_line)
+        key = (race.space, race.array, race.kind, race.first_line, race.second_line)
         if key not in self._race_keys and len(self.races) < self.MAX_REPORTS:
             self._race_keys.add(key)
             self.races.append(race)
@@ -147,7 +172,11 @@ class Profile:
         )
         for line, extra in self.conflict_lines.most_common(5):
             console.print(f"  {line}: {extra} extra wavefronts")
-        console.print(f"shared-memory races: {len(self.races)} (global memory is not checked)")
+        shared = sum(r.space == "shared" for r in self.races)
+        console.print(
+            f"races: {shared} in shared memory (within a block), {len(self.races) - shared} in "
+            "global memory (across the launch's threads and blocks)"
+        )
         for race in self.races[:10]:
             console.print(f"  {race}")
         console.print(f"out-of-bounds accesses: {len(self.out_of_bounds)}")

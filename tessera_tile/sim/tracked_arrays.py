@@ -83,6 +83,8 @@ class _Space:
             self.counters[1 if write else 0] += nbytes
         if self.recorder is not None:
             self.recorder.record(self, offsets, itemsize, write, site, vector)
+        elif self.profile.global_accesses is not None:
+            self.profile.global_accesses.record(self, offsets, itemsize, write, site)
 
 
 class TrackedArray:
