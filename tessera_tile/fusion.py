@@ -249,7 +249,7 @@ class FusedFunction:
                 source="\n\n".join(b.generated.source for b in stages),
                 bytes_fused=int(np.sum([b.predicted_bytes() for b in stages], dtype=np.int64)),
                 bytes_unfused=schedule.unfused_bytes(program.trace, shapes),
-                reasons=list(program.plan.reasons),
+                reasons=list(program.plan.reasons) + _row_reasons(stages),
                 stages=[f"{b.generated.name}: {_describe(b)}" for b in stages],
             )
 
@@ -375,6 +375,17 @@ def _parameters_of(fn) -> inspect.Signature:
 def _stand_in(shape, strides, dtype):
     """An array of this geometry for typing only (its memory is never touched)."""
     return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, strides)
+
+
+def _row_reasons(stages) -> list[str]:
+    """How each row stage of several passes keeps its rows (:func:`.schedule.row_keeping`)."""
+    reasons = []
+    for i, b in enumerate(stages):
+        if not b.stage.kind.hand_written:
+            why = schedule.row_keeping(b.stage, b.variant, b.layout.n_red)
+            if why:
+                reasons.append(f"kernel {i}: {why}")
+    return reasons
 
 
 def _describe(b: runtime.Bound) -> str:

@@ -21,7 +21,8 @@ from .lower import (
     store_cast,
     welford_element,
 )
-from .schedule import COLUMN_UNROLL, Moments, column_block, pass_leaves
+from .passes import Moments, pass_leaves
+from .schedule import COLUMN_UNROLL, column_block
 
 
 class SplitColumns:
@@ -50,7 +51,7 @@ class SplitColumns:
         interleaved over it). Each thread issues COLUMN_UNROLL independent 16-byte loads
         before folding any. With several splits the blocks write partials; the last block of
         each tile (a ticket) folds them in split order, so the result is deterministic. A
-        variance (:class:`~.schedule.Moments`) keeps (shift, mean - shift, M2) per column,
+        variance (:class:`~.passes.Moments`) keeps (shift, mean - shift, M2) per column,
         its counts known from the geometry (rows per thread, per split)."""
         s = self.src
         width, unroll = self.v.vector, COLUMN_UNROLL

@@ -33,8 +33,8 @@ TYPE_NAMES = {
     ir.BFLOAT16: "uint16",  # its storage in kernels: the bits
 }
 HALVES = (np.dtype(np.float16), ir.BFLOAT16)  # computed in float32, rounded when stored
-ONLINE = "online"  # the op of the online (max, sum of exp) pseudo-reduction, see schedule.Online
-MOMENTS = "moments"  # var's (shift, mean, M2) in one pass, see schedule.Moments
+ONLINE = "online"  # the op of the online (max, sum of exp) pseudo-reduction, see passes.Online
+MOMENTS = "moments"  # var's (shift, mean, M2) in one pass, see passes.Moments
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:

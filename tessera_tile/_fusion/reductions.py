@@ -31,7 +31,8 @@ from .lower import (
     store_cast,
     vector_element,
 )
-from .schedule import BLOCK, COLUMN_BLOCK, WARP, Online, pass_leaves
+from .passes import Online, pass_leaves
+from .schedule import BLOCK, COLUMN_BLOCK, WARP
 from .templates import KernelWriter
 
 

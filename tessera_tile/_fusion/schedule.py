@@ -5,10 +5,11 @@ For a stage (from :mod:`.plan`) and the geometry of one call's arrays (a ``Layou
 
 * the **variant**: a warp or a block per row, the row kept on chip or read once per pass,
   16-byte vector accesses or not (part of the compiled kernel's cache key);
-* the **passes** over each row, one per dependency level of the stage's reductions;
+* the **passes** over each row (:mod:`.passes`), and what a row kept on chip holds between
+  them: the values later passes reuse (a residual sum) or the leaves they read;
 * the **rewrites**: a softmax-style normaliser folded into the pass of its maximum
-  (:class:`Online`) when rows are not kept on chip, and one reciprocal per row for every
-  division by a per-row value;
+  (:class:`~.passes.Online`) when rows are not kept on chip, and one reciprocal per row for
+  every division by a per-row value;
 * the shared **scratch** and row caches the kernel declares, and the row-invariant leaves
   (weights) a row kernel's block copies into shared memory once, before its rows;
 * the **launch configuration** and the **traffic** the kernel will move.
@@ -28,6 +29,16 @@ from .._runtime import config as _config
 from .._runtime.target import VECTOR_BYTES
 from ..tile_ir import Node, Op
 from . import lower
+from .passes import (
+    Moments,
+    Online,
+    Pass,
+    cached_leaves,
+    kept_values,
+    pass_leaves,
+    plan_passes,
+    words,
+)
 from .plan import Stage, StageKind
 
 WARP = 32
@@ -48,7 +59,8 @@ CACHE_BYTES = 32768  # shared memory that keeps a row on chip between passes
 # Shared memory for the row-invariant leaves (a (C,) weight against (N, C) rows) that a
 # warp-mode block stages once for its rows: with CACHE_BYTES and the scratch, a block stays
 # under the 48 KiB of static shared memory. Rows of up to 1,024 elements (warp mode) have at
-# most 8 KiB of float32 weight and bias.
+# most 8 KiB of float32 weight and bias; a register row, which has no cache, may stage more
+# (a bias, a weight and a bias: 12 KiB).
 BROADCAST_BYTES = 8192
 # Grid caps. On a GPU: enough blocks to fill the largest parts several times over. In the
 # simulator every block runs in turn, so a few blocks (grid-stride loops do the rest).
@@ -80,55 +92,6 @@ class Variant:
 
 # --------------------------------------------------------------------------------------------
 # rewrites
-
-
-class Online:
-    """``sum(exp(f - max(f)))`` folded into the pass that finds ``max(f)``.
-
-    Each thread keeps a running maximum and a sum of ``exp(f - running max)``, rescaled by
-    ``exp(old max - new max)`` whenever the maximum grows; partial pairs merge the same way.
-    At the end the sum is rescaled to the true maximum (which propagates NaN), so the result
-    agrees with the two-pass form. Used when the row does not stay on chip: it saves a pass.
-    """
-
-    op = lower.ONLINE
-
-    def __init__(self, node: Node, peak: Node):
-        self.node, self.peak = node, peak
-        self.key, self.dtype, self.srcs = node.key, node.dtype, node.srcs
-
-
-class Moments:
-    """``var``'s sum of squared deviations and the ``sum(f)`` of its mean (see
-    :func:`.lower.moment_sums`) in one pass over split rows: each thread keeps Welford's
-    (mean, M2) of ``f - shift``, and partials merge by Chan's formula
-    (:func:`.lower.chan_merge`); ``M2`` and ``mean * count`` end the pass."""
-
-    op = lower.MOMENTS
-
-    def __init__(self, node: Node, total: Node):
-        self.node, self.total = node, total
-        self.key, self.dtype, self.srcs = node.key, node.dtype, total.srcs
-
-
-def online_sums(nodes) -> dict[str, Node]:
-    """SUM(EXP(SUB(f, MAX(f)))) nodes, over the same axes with keepdims: key -> the MAX."""
-    out = {}
-    for n in nodes:
-        if n.op is not Op.SUM or not lower.is_float(n.dtype):
-            continue
-        e = n.srcs[0]
-        if e.op is not Op.EXP or e.srcs[0].op is not Op.SUB:
-            continue
-        f, peak = e.srcs[0].srcs
-        if (
-            peak.op is Op.MAX
-            and peak.srcs[0].key == f.key
-            and peak.arg[1]
-            and (peak.arg[0] == n.arg[0] and lower.is_float(f.dtype))
-        ):
-            out[n.key] = peak
-    return out
 
 
 def reciprocals(stage: Stage) -> dict[str, Node]:
@@ -174,69 +137,7 @@ def approximated(stage: Stage) -> frozenset:
 
 
 # --------------------------------------------------------------------------------------------
-# passes
-
-
-@dataclass(frozen=True)
-class Pass:
-    targets: list  # values the pass needs
-    reductions: list  # reductions it completes (nodes, or Online)
-    outputs: list  # (output position, node) of the F outputs it writes
-
-
-def pass_leaves(targets) -> set:
-    return {n.key for n in ir.walk(targets) if n.op is Op.INPUT}
-
-
-def plan_passes(stage: Stage, online: bool = False, moments: bool = False) -> list[Pass]:
-    """The passes over each row. With ``online``, a softmax-style normaliser (see
-    :class:`Online`) completes in the pass of its maximum instead of the next one; with
-    ``moments`` (split columns), a variance in the pass of its mean (:class:`Moments`)."""
-    f_out = [(i, n) for i, (n, _) in enumerate(stage.outputs) if stage.space[id(n)] == "F"]
-    merged = online_sums(stage.nodes) if online else {}
-    pairs = lower.moment_sums(stage.nodes) if moments else {}
-    level_of: dict[str, int] = {}
-    for n in stage.nodes:
-        base = max((level_of[s.key] for s in n.srcs), default=0)
-        if n.key in merged:
-            level_of[n.key] = level_of[merged[n.key].key]
-        elif n.key in pairs:
-            level_of[n.key] = level_of[pairs[n.key].key]
-        else:
-            level_of[n.key] = base + 1 if n.op in ir.REDUCE else base
-    totals = {t.key for t in pairs.values()}  # computed by their Moments
-    reductions = [n for n in stage.nodes if n.op in ir.REDUCE and n.key not in totals]
-    depth = max((level_of[r.key] for r in reductions), default=0)
-    passes = []
-    for k in range(depth):
-        reds = [
-            Online(r, merged[r.key]) if r.key in merged else r
-            for r in reductions
-            if level_of[r.key] == k + 1
-        ]
-        reds = [Moments(r, pairs[r.key]) if r.key in pairs else r for r in reds]
-        sources = [r.peak.srcs[0] if isinstance(r, Online) else r.srcs[0] for r in reds]
-        outs = [(i, n) for i, n in f_out if level_of[n.key] == k]
-        passes.append(Pass(sources + [n for _, n in outs], reds, outs))
-    late = [(i, n) for i, n in f_out if level_of[n.key] >= depth]
-    if late:
-        passes.append(Pass([n for _, n in late], [], late))
-    return passes
-
-
-def multi_pass_leaves(stage: Stage) -> list[Node]:
-    """Leaves read by more than one pass: kept on chip when the row fits."""
-    uses: dict[str, int] = {}
-    for p in plan_passes(stage):  # the cached variant makes every pass
-        for key in pass_leaves(p.targets):
-            uses[key] = uses.get(key, 0) + 1
-    return [n for n in stage.leaves if uses.get(n.key, 0) > 1]
-
-
-def cached_leaves(stage: Stage, broadcast: frozenset = frozenset()) -> list[Node]:
-    """The multi-pass leaves a row cache keeps: all but those the block stages once
-    (``broadcast``), which every pass reads from the block's shared copy."""
-    return [n for n in multi_pass_leaves(stage) if n.key not in broadcast]
+# the row cache
 
 
 def cache_length(stage: Stage, groups: int, broadcast: frozenset = frozenset()) -> int:
@@ -398,7 +299,9 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     # A warp-mode block holds several rows and stages their shared weights once; a block-mode
     # block holds one row (see launch_config), so it reads them once without staging.
     invariant = row_invariant_leaves(stage, layout)
-    staged = broadcast_leaves(stage, invariant, length) if mode == "warp" else ()
+    # a register row keeps no row cache: its staged leaves may have that shared memory too
+    budget = BROADCAST_BYTES + (CACHE_BYTES if chunks else 0)
+    staged = broadcast_leaves(stage, invariant, length, budget) if mode == "warp" else ()
     shared = dict(
         broadcast=staged, broadcast_length=length if staged else 0, invariant=invariant, math=math
     )
@@ -427,11 +330,11 @@ def row_invariant_leaves(stage: Stage, layout) -> tuple:
     )
 
 
-def broadcast_leaves(stage: Stage, invariant: tuple, length: int) -> tuple:
+def broadcast_leaves(stage: Stage, invariant: tuple, length: int, budget: int) -> tuple:
     """The row-invariant leaves a warp-mode block stages in shared memory once, when all of
-    them fit ``BROADCAST_BYTES`` at ``length`` elements each."""
+    them fit ``budget`` bytes at ``length`` elements each."""
     size = sum(stage.leaves[i].dtype.itemsize for i in invariant) * length
-    return invariant if invariant and size <= BROADCAST_BYTES else ()
+    return invariant if invariant and size <= budget else ()
 
 
 def register_chunks(stage: Stage, n_red: int, vector: int, lanes: int) -> int:
@@ -440,13 +343,38 @@ def register_chunks(stage: Stage, n_red: int, vector: int, lanes: int) -> int:
     thread, bounds-guarded below it), else 0. Only rows read by several passes gain from it; a
     one-pass row streams. What stays resident is the leaves several passes read; a leaf one
     pass reads (a norm's weight) is loaded where it is used."""
-    leaves = multi_pass_leaves(stage)
-    if not leaves or n_red == 0:
+    kept = kept_values(stage)
+    if not kept or n_red == 0:
         return 0
     need = -(-n_red // (lanes * vector))
     chunks = 1 << (need - 1).bit_length()
-    words = sum(max(4, n.dtype.itemsize) // 4 for n in leaves)
-    return chunks if chunks * vector * words <= ROW_REGISTERS else 0
+    return chunks if chunks * vector * words(kept) <= ROW_REGISTERS else 0
+
+
+def row_keeping(stage: Stage, variant: Variant, n_red: int) -> str | None:
+    """Why a row stage of several passes keeps its rows on chip as it does, or reads them once
+    per pass (what ``explain`` gives as a reason); None for a stage of one pass."""
+    if stage.kind is not StageKind.ROW or len(plan_passes(stage)) < 2:
+        return None
+    broadcast = frozenset(stage.leaves[i].key for i in variant.broadcast)
+    kept, leaves = kept_values(stage), cached_leaves(stage, broadcast)
+    values = f"({', '.join(n.op.name.lower() for n in kept)}: {4 * words(kept)} B per element)"
+    size = sum(n.dtype.itemsize for n in leaves)
+    inputs = f"{len(leaves)} input row(s) ({size} B per element)"
+    if variant.cache:
+        return f"rows of {n_red} stay in shared memory as their {inputs}"
+    if variant.chunks and {n.key for n in kept} == {n.key for n in leaves}:
+        return f"rows of {n_red} stay in registers as their {inputs}"
+    if variant.chunks:
+        return (
+            f"rows of {n_red} stay in registers as the values later passes reuse {values}, "
+            f"rather than the {inputs} they are computed from"
+        )
+    return (
+        f"rows of {n_red} are read once per pass: the values later passes reuse {values} do "
+        f"not fit {ROW_REGISTERS} registers per thread, nor do the {inputs} fit "
+        f"{CACHE_BYTES // 1024} KiB of shared memory per block"
+    )
 
 
 def launch_config(variant: Variant, n_kept: int, n_red: int):

@@ -64,6 +64,17 @@ def nan_constants(x):
     return tt.where(x > 0, np.nan, x) + tt.where(x < -1, -np.inf, np.float16(0.5))
 
 
+def residual_layer_norm(x, r, w, b):
+    """The sum x + r stays in registers between the passes (issue 40, item 2)."""
+    h = x + r
+    d = h - tt.mean(h, axis=-1, keepdims=True)
+    return d * tt.rsqrt(tt.mean(d * d, axis=-1, keepdims=True) + 1e-5) * w + b
+
+
+def bias_gelu_residual_layer_norm(x, bias, r, w, b):
+    return residual_layer_norm(tt.gelu(x + bias), r, w, b)
+
+
 f32 = np.zeros((64, 1024), np.float32)
 v32 = np.zeros(4096, np.float32)
 CASES = {
@@ -82,6 +93,20 @@ CASES = {
     "softmax_8200_online_bfloat16": (softmax, (np.zeros((4, 8200), ml_dtypes.bfloat16),)),
     "layer_norm_bfloat16": (layer_norm, (f32.astype(ml_dtypes.bfloat16),)),
     "nan_constants": (nan_constants, (v32,)),
+    "residual_layer_norm_768": (
+        residual_layer_norm,
+        (f32[:, :768], f32[:, :768], v32[:768], v32[:768]),
+    ),
+    "bias_gelu_residual_layer_norm_8192_bfloat16": (
+        bias_gelu_residual_layer_norm,
+        (
+            np.zeros((4, 8192), ml_dtypes.bfloat16),
+            np.zeros(8192, ml_dtypes.bfloat16),
+            np.zeros((4, 8192), ml_dtypes.bfloat16),
+            np.zeros(8192, ml_dtypes.bfloat16),
+            np.zeros(8192, ml_dtypes.bfloat16),
+        ),
+    ),
 }
 # the norms with their weights staged in shared memory once per block (see STAGED)
 w512 = np.zeros(512, np.float32)

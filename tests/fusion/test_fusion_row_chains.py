@@ -27,9 +27,12 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"float16": np.dtype(np.float16), "bfloat16": BF16, "float32": np.dtype(np.float32)}
 RTOL = {"float16": 1e-2, "bfloat16": 4e-2, "float32": 1e-4}
 ROWS = 3
-# registers (8, 40), shared memory (512 by a warp, 2056 by a block), and per pass (1000 with
-# three row inputs; 8192 and 12000 by a block)
-WIDTHS = (8, 40, 512, 1000, 2056, 8192, 12000)
+# The ways a row kernel keeps a row, for the patterns that reuse one value of the first pass
+# (var, layer norm...) and the one that reuses two (centred_product): in registers (8 to 1000
+# by a warp, 2056 and 8192 by a block; centred_product to 512), in shared memory between passes
+# (centred_product: 600 by a warp, 4104 by a block with one row input), and read again by each pass
+# (centred_product at 1000 with three row inputs, 12000 by a block)
+WIDTHS = (8, 40, 512, 600, 1000, 2056, 4104, 8192, 12000)
 EPS = 1e-5
 
 
@@ -63,6 +66,10 @@ PATTERNS = {
     ),
     # the chain itself and its row statistics, as two outputs
     "value_and_mean": lambda h, c, w, b, T: (h, T.mean(h, axis=-1)),
+    # two centred values: a later pass reuses two of the first pass's values, not one
+    "centred_product": lambda h, c, w, b, T: (
+        (h - T.mean(h, axis=-1, keepdims=True)) * (h * c - T.mean(h * c, axis=-1, keepdims=True))
+    ),
 }
 COMBINE = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b}
 
@@ -184,17 +191,19 @@ def test_row_chains_match_numpy(case):
 
 
 @pytest.mark.parametrize(
-    "width, inputs, variant",
+    "width, inputs, pattern, variant",
     [
-        (8, 1, "registers"),
-        (512, 2, "kept on chip between passes"),
-        (2056, 2, "kept on chip between passes"),
-        (1000, 3, None),
-        (12000, 2, None),
+        (8, 1, "var", "registers"),
+        (1000, 3, "var", "registers"),
+        (8192, 2, "var", "registers"),
+        (600, 2, "centred_product", "kept on chip between passes"),
+        (4104, 1, "centred_product", "kept on chip between passes"),
+        (1000, 3, "centred_product", None),
+        (12000, 2, "var", None),
     ],
 )
-def test_the_widths_cover_every_row_variant(width, inputs, variant):
-    case = dict(BUG, pattern="var", dtype="float16", width=width, inputs=inputs, side="host")
+def test_the_widths_cover_every_row_variant(width, inputs, pattern, variant):
+    case = dict(BUG, pattern=pattern, dtype="float16", width=width, inputs=inputs, side="host")
     fn, _, args = build(case)
     (stage,) = tt.fuse(fn).explain(*args).stages
     mode = "warp" if width <= 1024 else "block"
@@ -203,3 +212,56 @@ def test_the_widths_cover_every_row_variant(width, inputs, variant):
         assert "kept on chip" not in stage, stage
     else:
         assert variant in stage, stage
+
+
+def residual_layer_norm(x, r, w, b):
+    h = x + r
+    d = h - tt.mean(h, axis=-1, keepdims=True)
+    return d * tt.rsqrt(tt.mean(d * d, axis=-1, keepdims=True) + EPS) * w + b
+
+
+def bias_gelu_residual_layer_norm(x, bias, r, w, b):
+    return residual_layer_norm(tt.gelu(x + bias), r, w, b)
+
+
+def _split(fn):
+    """The same chain split at its reductions: the elementwise part, then the layer norm."""
+    if fn is residual_layer_norm:
+        return [(tt.fuse(lambda x, r: x + r), 2)]
+    return [(tt.fuse(lambda x, bias, r: tt.gelu(x + bias) + r), 3)]
+
+
+@pytest.mark.sim_only(reason="the profiler measures traffic in the simulator only")
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("rows, width", [(16, 768), (2, 8192)])
+@pytest.mark.parametrize("fn", [residual_layer_norm, bias_gelu_residual_layer_norm])
+def test_residual_layer_norm_reads_each_row_once(fn, rows, width, dtype):
+    """Issue 40, item 2: a layer norm of a residual sum keeps the sum, not its inputs, in
+    registers, so each row input is read once and the result written once; the only bytes past
+    that minimum are the weights (and bias) each block reads once. Never more than the same
+    chain split at its reductions."""
+    dt = DTYPES[dtype]
+    rng = np.random.default_rng(width)
+    x, r = (rng.standard_normal((rows, width)).astype(dt) for _ in range(2))
+    bias, w, b = (rng.standard_normal(width).astype(dt) for _ in range(3))
+    args = (x, r, w, b) if fn is residual_layer_norm else (x, bias, r, w, b)
+    fused = tt.fuse(fn)
+    report = fused.explain(*args)
+    with tt.sim.profile() as prof:
+        fused(*args)
+    moved = prof.bytes_read + prof.bytes_written
+    weights = (len(args) - 2) * width * dt.itemsize  # the (width,) rows
+    minimum = 3 * rows * width * dt.itemsize + weights
+    (stage,) = report.stages
+    blocks = int(stage.rsplit("; ", 1)[1].split()[0])
+    assert "in registers" in stage and "stay in registers" in report.reasons[0], report
+    assert moved == report.bytes_fused == minimum + (blocks - 1) * weights
+    elementwise, n = _split(fn)[0]
+    h = np.zeros((rows, width), dt)
+    split = (
+        elementwise.explain(*args[:n]).bytes_fused
+        + tt.fuse(lambda h, w, b: residual_layer_norm(h, 0 * h, w, b)).explain(h, w, b).bytes_fused
+    )
+    print(f"{fn.__name__} {dtype} {rows}x{width}: {moved} B, {moved / minimum:.3f}x the "
+          f"minimum {minimum} B; split at the reductions {split} B")  # fmt: skip
+    assert moved <= split
