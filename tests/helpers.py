@@ -198,3 +198,26 @@ def wgmma_skip(module: str):
     if reason:
         print(f"\n{module} skipped: {reason}")
     return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def launch_kinds():
+    """Fused functions with one launch of each kind a direct launch packs: a row chain with a
+    scalar argument, a column reduction (its partials and ticket) and a GEMM with an epilogue
+    (a tuple of extras). ``(scaled_softmax, column_var, epilogue)``; the NumPy twin of
+    ``epilogue(x, w, s, r)`` is ``np.maximum(x @ w, 0) * s + r``."""
+    import tessera_tile as tt
+
+    @tt.fuse
+    def scaled_softmax(x, s):
+        e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))
+        return e / tt.sum(e, axis=-1, keepdims=True) * s
+
+    @tt.fuse
+    def column_var(x):
+        return tt.var(x, axis=0)
+
+    @tt.fuse
+    def epilogue(x, w, s, r):
+        return tt.maximum(x @ w, 0) * s + r
+
+    return scaled_softmax, column_var, epilogue

@@ -543,14 +543,17 @@ def _launch(stage: StageLaunch, handles: dict, place: arrays.Placement) -> None:
         stage.run(handles, place)
         return
     bound = stage.bound
-    lay = bound.layout
-    partials, tickets = schedule.scratch_lengths(bound.variant, lay.n_kept, lay.n_red, bound.blocks)
-    for k, (role, dtype) in enumerate(stage.scratch):
-        handles["scratch", k] = (
-            arrays.zeros(tickets, dtype, place.stream)
-            if role == "ticket"
-            else place.new(partials, dtype, "numba")
+    if stage.scratch:  # a stage split across blocks: its partials and tickets
+        lay = bound.layout
+        partials, tickets = schedule.scratch_lengths(
+            bound.variant, lay.n_kept, lay.n_red, bound.blocks
         )
+        for k, (role, dtype) in enumerate(stage.scratch):
+            handles["scratch", k] = (
+                arrays.zeros(tickets, dtype, place.stream)
+                if role == "ticket"
+                else place.new(partials, dtype, "numba")
+            )
     if _config.DUMP:
         print(f"launch {bound.generated.name}[{bound.blocks}, {bound.threads}]")
     stage.kept.run(handles, place.stream, stage.label)

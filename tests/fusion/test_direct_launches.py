@@ -5,7 +5,7 @@ results; on a GPU the same tests run the driver path."""
 
 import numpy as np
 import pytest
-from helpers import SIMULATED
+from helpers import SIMULATED, launch_kinds
 from numba import cuda
 
 import tessera_tile as tt
@@ -33,19 +33,7 @@ def _calls(rng):
     GEMM stage, a tuple of extras), and hand-written kernels (matmul with bias and
     activation, transpose of a strided view, cross-entropy with its int64 targets)."""
 
-    @tt.fuse
-    def scaled_softmax(x, s):
-        e = tt.exp(x - tt.max(x, axis=-1, keepdims=True))
-        return e / tt.sum(e, axis=-1, keepdims=True) * s
-
-    @tt.fuse
-    def column_var(x):
-        return tt.var(x, axis=0)
-
-    @tt.fuse
-    def epilogue(x, w, s, r):
-        return tt.maximum(x @ w, 0) * s + r
-
+    scaled_softmax, column_var, epilogue = launch_kinds()
     x = rng.standard_normal((8, 24)).astype(np.float32)
     w = rng.standard_normal((24, 16)).astype(np.float32)
     b = rng.standard_normal(16).astype(np.float32)
