@@ -111,6 +111,20 @@ def stage_flops(stage, n_kept: int, n_red: int) -> int:
     )
 
 
+def launch_shape(launches) -> str:
+    """Each launch's grid, block and dynamic shared memory: ``"8x1x1 x 256, 48 KiB dyn"``,
+    joined by ``" + "`` for several."""
+
+    def dims(d) -> str:
+        return "x".join(map(str, d)) if isinstance(d, tuple) else str(d)
+
+    return " + ".join(
+        f"{dims(k.grid)} x {dims(k.threads)}"
+        + (f", {k.shared / 1024:.3g} KiB dyn" if k.shared else "")
+        for k in launches
+    )
+
+
 @dataclass
 class KernelRecord:
     name: str
@@ -118,10 +132,11 @@ class KernelRecord:
     flops: int
     time_ms: float | None = None  # measured with CUDA events; None without a GPU
     note: str = ""  # why a launch on a GPU has no time
+    launch: str = ""  # grid x block (and dynamic shared memory) of its launches
 
     def row(self, device: DeviceSpec) -> dict:
         bound_ms = device.bound_seconds(self.bytes, self.flops) * 1e3
-        out = {"kernel": self.name, "bytes": self.bytes, "flops": self.flops}
+        out = {"kernel": self.name, "launch": self.launch, "bytes": self.bytes, "flops": self.flops}
         if self.note:
             out["note"] = self.note
         out["bound"] = "memory" if self.bytes * device.ridge() >= self.flops else "compute"
@@ -143,20 +158,21 @@ class Profile:
     measured: bool  # a GPU times launches
     records: list[KernelRecord] = field(default_factory=list)
 
-    def launch(self, name: str, nbytes: int, flops: int, run, stream=0, kernels=()) -> None:
-        """Run a group of kernel launches (``run()``) on ``stream``; on a GPU, time it between
-        two CUDA events on that stream. Called by the one launch path
-        (:mod:`tessera_tile._runtime.launch`). A launch that compiled one of ``kernels``
-        (numba-cuda compiles at a kernel's first launch for its argument types) is recorded
-        without a time: the events would have timed the compiler."""
+    def launch(self, name: str, nbytes: int, flops: int, run, stream=0, launches=()) -> None:
+        """Run a group of kernel launches (``run()``, of ``launches``: their records) on
+        ``stream``; on a GPU, time it between two CUDA events on that stream. Called by the one
+        launch path (:mod:`tessera_tile._runtime.launch`). A launch that compiled one of the
+        kernels (numba-cuda compiles at a kernel's first launch for its argument types) is
+        recorded without a time: the events would have timed the compiler."""
+        shape = launch_shape(launches)
         if not self.measured:
             run()
-            self.records.append(KernelRecord(name, nbytes, flops))
+            self.records.append(KernelRecord(name, nbytes, flops, launch=shape))
             return
         from numba import cuda
 
         def compiled():
-            return [len(getattr(k, "overloads", ())) for k in kernels]
+            return [len(getattr(k.kernel, "overloads", ())) for k in launches]
 
         compiled_before = compiled()
         start, stop = cuda.event(), cuda.event()
@@ -166,9 +182,11 @@ class Profile:
             stop.record(stream)
         stop.synchronize()
         if compiled() != compiled_before:
-            self.records.append(KernelRecord(name, nbytes, flops, note="compiled at this launch"))
+            note = "compiled at this launch"
+            self.records.append(KernelRecord(name, nbytes, flops, note=note, launch=shape))
             return
-        self.records.append(KernelRecord(name, nbytes, flops, start.elapsed_time(stop)))
+        time_ms = start.elapsed_time(stop)
+        self.records.append(KernelRecord(name, nbytes, flops, time_ms, launch=shape))
 
     def add(self, op, *args, **kwargs) -> None:
         """The static figures of ``op(*args, **kwargs)`` (a fused function or a prebuilt op)
@@ -197,12 +215,13 @@ class Profile:
                 "tessera_tile profile: no GPU, so nothing was timed; static report (predicted "
                 f"bytes, counted FLOPs, roofline bound on {self.device.name})"
             )
-        cols = ["kernel", "bytes", "FLOPs", "bound", "roofline µs"]
+        cols = ["kernel", "grid x block", "bytes", "FLOPs", "bound", "roofline µs"]
         if self.measured:
             cols += ["time µs", "GB/s", "% of peak BW", "GFLOP/s"]
         table = Table(*cols, box=box.SIMPLE)
         for r in self.rows():
-            cells = [r["kernel"], f"{r['bytes']:,}", f"{r['flops']:,}", r["bound"]]
+            cells = [r["kernel"], r["launch"] or "-", f"{r['bytes']:,}", f"{r['flops']:,}"]
+            cells.append(r["bound"])
             cells.append(f"{r['roofline_ms'] * 1e3:.3g}")
             if self.measured and "time_ms" in r:
                 cells += [

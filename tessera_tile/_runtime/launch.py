@@ -145,7 +145,7 @@ def run(launches, handles: list, stream, label) -> None:
     if recorder is None:
         go()
     else:
-        recorder.launch(*label(), go, stream, [k.kernel for k in launches])
+        recorder.launch(*label(), go, stream, launches)
 
 
 class Direct(NamedTuple):
@@ -175,8 +175,7 @@ class Kept:
         if recorder is None:
             self._go(handles, stream)
         else:
-            kernels = [k.kernel for k in self.launches]
-            recorder.launch(*label(), lambda: self._go(handles, stream), stream, kernels)
+            recorder.launch(*label(), lambda: self._go(handles, stream), stream, self.launches)
 
     def _go(self, handles, stream) -> None:
         if self.direct:

@@ -27,6 +27,32 @@ def test_the_profile_records_each_fused_kernel_with_measured_bytes():
     assert "no GPU, so nothing was timed" in text and "A100" in text
 
 
+@pytest.mark.sim_only(reason="the simulator's launches, counted beside the profile's records")
+def test_each_record_gives_the_grid_block_and_dynamic_shared_memory_of_its_launches():
+    from numba import cuda
+
+    from tessera_tile._runtime import launch
+
+    seen = []
+    original = launch._launch
+
+    def launching(kernel, grid, threads, params, stream, shared, kept=False):
+        seen.append(
+            profiling.launch_shape([launch.KernelLaunch(kernel, grid, threads, (), None, shared)])
+        )
+        return original(kernel, grid, threads, params, stream, shared, kept)
+
+    x = cuda.to_device(np.ones((64, 512), np.float32))
+    q = cuda.to_device(np.ones((1, 128, 128), np.float16))
+    with pytest.MonkeyPatch.context() as mp, tt.profile() as prof:
+        mp.setattr(launch, "_launch", launching)
+        ops.softmax(x)
+        ops.attention(q, q, q)  # 128 query rows per block of 128 threads, dynamic shared memory
+    assert [r.launch for r in prof.records] == seen
+    assert seen[0] == "8 x 256" and "KiB dyn" in seen[1], seen
+    assert all(shape in str(prof) for shape in seen)
+
+
 def test_add_gives_static_figures_without_running():
     x = np.zeros((16, 32), np.float32)
     w, b = np.ones(32, np.float32), np.zeros(32, np.float32)
