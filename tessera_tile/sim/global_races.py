@@ -25,7 +25,7 @@ from greenlet import getcurrent
 
 from ._base import format_site
 
-_SYNC = "global races"  # the key of a block's and a thread's state (``state`` dicts)
+_SYNC = "global races"  # the key of a block's :class:`_BlockSync` in its ``state`` dict
 
 
 class _BlockSync:
@@ -79,6 +79,7 @@ class GlobalRaces:
         if t.in_atomic or not offsets:
             return
         block = t.block
+        # (block index, thread, warp, barrier epoch, warp epoch, clock, site, threadIdx, block)
         rec = (
             block.block_idx, t.tid, t.warp, block.barrier_epoch, block.warp_epoch[t.warp],
             self.clock, site, tuple(t.threadIdx), block,
