@@ -358,6 +358,8 @@ def row_keeping(stage: Stage, variant: Variant, n_red: int) -> str | None:
         return None
     broadcast = frozenset(stage.leaves[i].key for i in variant.broadcast)
     kept, leaves = kept_values(stage), cached_leaves(stage, broadcast)
+    if not kept:  # no pass reads what an earlier one did
+        return None
     values = f"({', '.join(n.op.name.lower() for n in kept)}: {4 * words(kept)} B per element)"
     size = sum(n.dtype.itemsize for n in leaves)
     inputs = f"{len(leaves)} input row(s) ({size} B per element)"
