@@ -37,7 +37,7 @@ class Ready:
         return self.tuner.generation == self.generation
 
 
-def _positions(records, op_args: tuple) -> list[int] | None:
+def argument_positions(records, op_args: tuple) -> list[int] | None:
     """Where each record's array is among the op's arguments (by identity); None when one is
     not an argument (a record the op made)."""
     found = []
@@ -138,7 +138,7 @@ class HandWritten:
         if not self.keepable:
             return None
         records = list(self.inputs().values())
-        positions = _positions(records, op_args)
+        positions = argument_positions(records, op_args)
         if positions is None:
             return None
         result = arrays.placeholder(self.out_shape, self.dtype)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .. import fusion
 from .._fusion import runtime
 from .._runtime import arrays, target
-from ..kernels._calls import HandWritten, Ready, _positions
+from ..kernels._calls import HandWritten, Ready, argument_positions
 
 MAX_READY = 256  # calls an op keeps (by key; bounded)
 
@@ -138,7 +138,7 @@ class Fused:
         if entry is None:
             return None
         records = [a for a in self.args if type(a) is arrays.Arg]
-        positions = _positions(records, op_args)
+        positions = argument_positions(records, op_args)
         if positions is None:
             return None
         slots = iter(positions)
