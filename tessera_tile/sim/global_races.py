@@ -24,6 +24,7 @@ from __future__ import annotations
 from greenlet import getcurrent
 
 from ._base import format_site
+from .races import RaceTable
 
 _SYNC = "global races"  # the key of a block's :class:`_BlockSync` in its ``state`` dict
 
@@ -39,15 +40,14 @@ class _BlockSync:
         self.atomics: list = []  # (tid, barrier epoch, clock)
 
 
-class GlobalRaces:
-    """One launch's global accesses (made by the profile's tracked arguments)."""
+class GlobalRaces(RaceTable):
+    """One launch's global accesses (made by the profile's tracked arguments), at their
+    addresses: one memory, whatever array an access goes through."""
 
     def __init__(self, profile):
+        super().__init__()
         self.profile = profile
         self.clock = 0  # counts fences and atomics: the order the simulator ran them in
-        self.last_write: dict = {}  # address -> access record
-        self.reads: dict = {}  # address -> {block index: access record}
-        self.unit = 0  # bytes an address stands for (the itemsize while all accesses align)
 
     @staticmethod
     def _sync(block) -> _BlockSync:
@@ -79,58 +79,28 @@ class GlobalRaces:
         if t.in_atomic or not offsets:
             return
         block = t.block
-        # (block index, thread, warp, barrier epoch, warp epoch, clock, site, threadIdx, block)
+        # within_block's fields, then the clock, the block index and the block
         rec = (
-            block.block_idx, t.tid, t.warp, block.barrier_epoch, block.warp_epoch[t.warp],
-            self.clock, site, tuple(t.threadIdx), block,
+            t.tid, t.warp, block.barrier_epoch, block.warp_epoch[t.warp], site,
+            tuple(t.threadIdx), self.clock, block.block_idx, block,
         )  # fmt: skip
-        base = space.root_ptr
-        unit = self.unit or itemsize
-        self.unit = unit
-        if unit > 1 and (itemsize != unit or any((base + off) % unit for off in offsets)):
-            self._to_bytes(unit)
-            unit = 1
-        if unit > 1:
-            for off in offsets:
-                self._check(space, base + off, rec, write)
-            return
-        for off in offsets:
-            for byte in range(base + off, base + off + itemsize):
-                self._check(space, byte, rec, write)
+        base = space.root_ptr  # absolute addresses: arguments may share memory
+        self.access(space, "global", [base + off for off in offsets], itemsize, write, rec)
 
-    def _to_bytes(self, unit: int) -> None:
-        """Split element addresses into bytes, once an access is not one aligned element."""
-        self.unit = 1
-        for table in (self.last_write, self.reads):
-            for addr in list(table):
-                value = table.pop(addr)
-                for byte in range(addr, addr + unit):
-                    table[byte] = value if table is self.last_write else dict(value)
+    @staticmethod
+    def reader(rec):
+        return rec[7]  # one read per block
 
-    def _check(self, space, addr, rec, write) -> None:
-        last = self.last_write.get(addr)
-        if last is not None and not self._ordered(last, rec):
-            self._report(space, "write-write" if write else "write-read", last, rec)
-        if write:
-            for r in self.reads.pop(addr, {}).values():
-                if not self._ordered(r, rec):
-                    self._report(space, "read-write", r, rec)
-            self.last_write[addr] = rec
-        else:
-            self.reads.setdefault(addr, {})[rec[0]] = rec
-
-    def _ordered(self, a, b) -> bool:
+    def ordered(self, a, b) -> bool:
         """Whether access ``a`` (earlier) happens before ``b`` (now)."""
-        if a[0] == b[0]:  # one block: one thread, a barrier, or a warp operation of one warp
-            if a[1] == b[1] or a[3] != b[3]:
-                return True
-            return a[2] == b[2] and b[4] > a[4]
+        if a[7] == b[7]:
+            return self.within_block(a, b)
         released = self._released(a)
         return released is not None and released < self._acquired(b)
 
     def _released(self, a):
         """The clock of the first atomic that releases ``a``, None if none has."""
-        tid, epoch, clock = a[1], a[3], a[5]
+        tid, epoch, clock = a[0], a[2], a[6]
         for r_tid, r_epoch, r_fence, r_atomic in self._sync(a[8]).releases:
             if (r_tid == tid and r_fence > clock) or r_epoch > epoch:
                 return r_atomic
@@ -139,15 +109,15 @@ class GlobalRaces:
     def _acquired(self, b) -> int:
         """The clock of the latest atomic ``b`` sees: its thread's, or its block's before a
         barrier ``b`` passed."""
-        tid, epoch = b[1], b[3]
+        tid, epoch = b[0], b[2]
         seen = -1
         for a_tid, a_epoch, a_clock in self._sync(b[8]).atomics:
             if a_tid == tid or a_epoch < epoch:
                 seen = a_clock
         return seen
 
-    def _report(self, space, kind, first, second) -> None:
+    def report(self, space, kind, first, second) -> None:
         self.profile.add_race(
-            space.name, kind, (first[7], format_site(first[6]), tuple(first[0])),
-            (second[7], format_site(second[6]), tuple(second[0])), space="global",
+            space.name, kind, (first[5], format_site(first[4]), tuple(first[7])),
+            (second[5], format_site(second[4]), tuple(second[7])), space="global",
         )  # fmt: skip

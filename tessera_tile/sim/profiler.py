@@ -31,6 +31,7 @@ from greenlet import getcurrent
 from .._device.banks import wavefronts
 from ._base import format_site
 from .global_races import GlobalRaces
+from .races import RaceTable
 from .tracked_arrays import OutOfBounds, TrackedArray, _Space
 
 _active: Profile | None = None
@@ -192,20 +193,15 @@ class Profile:
         return buf.getvalue().rstrip()
 
 
-class _BlockRecorder:
+class _BlockRecorder(RaceTable):
     """Shared-memory accesses of one block: bank conflicts and races."""
 
     def __init__(self, profile: Profile, block):
+        super().__init__()
         self.profile = profile
         self.block = block
         self.sequences: dict[int, list] = {}  # tid -> [(site, key, first_offset, width)]
-        self.last_write: dict = {}  # (key, byte) -> access record
-        self.reads: dict = {}  # (key, byte) -> {tid: access record}
         self.spaces: dict = {}
-        # The bytes an address of ``last_write`` and ``reads`` stands for, per space: the
-        # itemsize while every access is one aligned element of it (one check per element, not
-        # per byte), 1 from the first access that is not.
-        self.units: dict = {}
 
     def shared_array(self, key, arr: np.ndarray) -> TrackedArray:
         space = self.spaces.get(key)
@@ -231,48 +227,13 @@ class _BlockRecorder:
         block = self.block
         rec = (t.tid, t.warp, block.barrier_epoch, block.warp_epoch[t.warp], site, t.threadIdx)
         # Every dynamic shared array of a block is one memory, whatever its dtype: they race.
-        key = "dynamic" if isinstance(space.key[0], str) else space.key
-        check = self._check_race
-        unit = self.units.setdefault(key, itemsize)
-        if unit > 1 and (itemsize != unit or any(off % unit for off in offsets)):
-            self._to_bytes(key, unit)
-            unit = 1
-        if unit > 1:
-            for off in offsets:
-                check(space, (key, off), rec, write)
-            return
-        for off in offsets:
-            for byte in range(off, off + itemsize):
-                check(space, (key, byte), rec, write)
+        memory = "dynamic" if isinstance(space.key[0], str) else space.key
+        self.access(space, memory, offsets, itemsize, write, rec)
 
-    def _to_bytes(self, key, unit: int) -> None:
-        """Split the space's element addresses into bytes, once it is accessed otherwise."""
-        self.units[key] = 1
-        for table in (self.last_write, self.reads):
-            for addr in [a for a in table if a[0] == key]:
-                value = table.pop(addr)
-                for byte in range(addr[1], addr[1] + unit):
-                    table[key, byte] = value if table is self.last_write else dict(value)
+    def ordered(self, a, b) -> bool:
+        return self.within_block(a, b)
 
-    @staticmethod
-    def _ordered(a, b) -> bool:
-        if a[0] == b[0] or a[2] != b[2]:
-            return True
-        return a[1] == b[1] and b[3] > a[3]
-
-    def _check_race(self, space, addr, rec, write) -> None:
-        last = self.last_write.get(addr)
-        if last is not None and not self._ordered(last, rec):
-            self._report(space, "write-write" if write else "write-read", last, rec)
-        if write:
-            for r in self.reads.pop(addr, {}).values():
-                if not self._ordered(r, rec):
-                    self._report(space, "read-write", r, rec)
-            self.last_write[addr] = rec
-        else:
-            self.reads.setdefault(addr, {})[rec[0]] = rec
-
-    def _report(self, space, kind, first, second) -> None:
+    def report(self, space, kind, first, second) -> None:
         self.profile._add_race(
             Race(
                 space.name,
