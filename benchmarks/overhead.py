@@ -2,6 +2,7 @@
 Prints tables; asserts nothing.
 
     python benchmarks/overhead.py stubbed  # simulator: our host time per call, launches skipped
+    python benchmarks/overhead.py launcher # no GPU: the GPU launch path, the driver stubbed
     python benchmarks/overhead.py typing   # no GPU: numba-cuda's typing of launch arguments
     python benchmarks/overhead.py gpu      # a GPU: first call, then whole warm calls, vs CuPy
     python benchmarks/overhead.py          # all three
@@ -14,13 +15,29 @@ function or row op and 15 µs for ``linear`` and ``attention``. Warm calls launc
 (``_runtime/launch.py``): the figure includes packing each kernel's parameters, which on a GPU
 replaces numba-cuda's dispatch (typing every argument, a device-array object per view), and
 stops where the driver's launch call would be made.
+``launcher`` runs the GPU path itself (no simulator) on a machine without one: the arrays are
+numba ``DeviceNDArray`` objects over made-up device addresses, results are allocated the same way
+(the bump of a counter, where a GPU's allocator costs more), a first call's launch through
+numba-cuda's dispatcher (which compiles and loads) is skipped, and the driver's launch call
+(``cuda.core``'s ``launch``, its ``LaunchConfig``, made once per configuration) is a no-op.
+Everything else a warm call does on a GPU runs as it would: reading the arguments, the kept
+call's look-up, the stream, allocating, packing each kernel's parameters. Targets: 5 µs for a
+one-kernel fused function or row op, 8 µs for ``linear`` and ``attention``. Beside each, what
+numba-cuda's dispatcher spends typing the same launch's arguments (every launch, before its own
+packing and the driver call; the ``typing`` step's figure per argument), a lower bound of its
+dispatch.
 ``gpu`` times small calls on device arrays, where the host, not the GPU, bounds a loop of
 calls: the warm figure is the wall time of many calls (one synchronisation at the end) over
 their number. Beside it, numba-cuda's own launch of an empty kernel, through its dispatcher
 and through the compiled kernel object, and CuPy's chain of the same op.
 """
 
+import importlib
+import math
+import os
+import tempfile
 import time
+import types
 
 import numpy as np
 from _steps import run
@@ -79,14 +96,12 @@ TARGET_US = {"ops.linear": 15, "ops.attention": 15}
 
 
 def stubbed() -> None:
-    import os
-    import tempfile
-
     from numba import cuda
 
     from tessera_tile import sim
 
     # a cold first call: no program or kernel from an earlier run's disk cache
+    autotune = importlib.import_module("tessera_tile.autotune")  # (tt.autotune: the decorator)
     os.environ["TESSERA_TILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tessera-overhead-")
     table = Table(title="tessera_tile's host time per call, launches skipped (simulator)")
     for column in ("call (float32 device arrays)", "first call ms", "warm µs/call", "target µs"):
@@ -99,6 +114,86 @@ def stubbed() -> None:
         target_text = str(target) if "2 kernels" not in name else "-"
         table.add_row(name, f"{first:.1f}", f"{warm:.1f}", target_text)
     Console(width=120).print(table)
+
+
+LAUNCHER_TARGET_US = {"ops.linear": 8, "ops.attention": 8}
+
+
+def launcher() -> None:
+    import contextlib
+
+    from numba import cuda
+    from numba.core.typing.typeof import Purpose, typeof
+    from numba.cuda.cudadrv import driver
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    from tessera_tile._runtime import arrays, launch, target
+    from tessera_tile._runtime import config as _config
+    from tessera_tile.sim import compat
+
+    autotune = importlib.import_module("tessera_tile.autotune")  # (tt.autotune: the decorator)
+    os.environ["TESSERA_TILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tessera-overhead-")
+    next_address = [1 << 32]
+
+    def fake(shape, dtype=np.float32, stream=0):
+        dtype = np.dtype(dtype)
+        shape = tuple(shape) if isinstance(shape, tuple | list) else (shape,)
+        strides = arrays.contiguous_strides(shape, dtype.itemsize)
+        nbytes = max(math.prod(shape) * dtype.itemsize, 1)
+        address, next_address[0] = next_address[0], next_address[0] + -(-nbytes // 256) * 256
+        memory = driver.MemoryPointer(None, driver.binding.CUdeviceptr(address), size=nbytes)
+        return DeviceNDArray(shape, strides, dtype, gpu_data=memory)
+
+    typed = []  # per direct launch found: its arguments, to type as numba-cuda's dispatcher does
+
+    def found(kernel_launch, params):
+        typed.append(params)
+        argtypes = compat.argument_types(params)
+        grid, block = compat.normalize_kernel_dimensions(kernel_launch.grid, kernel_launch.threads)
+        pack = launch.packing.packer(argtypes)
+        return launch.Direct(("function", False), argtypes, pack, grid, block, kernel_launch.shared)
+
+    target.current()  # no GPU: plans for sm_90 (asked once, before the GPU is said present)
+    default = driver.Stream(driver.binding.CUstream(0))
+    unused = {}
+    stubs = {
+        (_config, "gpu_present"): lambda: True,
+        (cuda, "default_stream"): lambda: default,
+        (arrays, "empty"): lambda shape, dtype, family, stream: fake(shape, dtype),
+        (arrays, "zeros"): lambda n, dtype, stream: fake(n, dtype),  # a memset: the driver's
+        (arrays, "unused"): lambda dtype: unused.setdefault(np.dtype(dtype).str, fake(1, dtype)),
+        (autotune, "_time_config"): lambda *args: (1.0, None),  # a first call's tuning
+        (launch, "_launch"): lambda *args, **kwargs: None,
+        (launch, "_direct"): found,
+        (compat, "_core_launch"): lambda: (lambda *args: None, lambda stream: stream),
+    }
+    with contextlib.ExitStack() as undo:
+        for (owner, name), stub in stubs.items():
+            undo.callback(setattr, owner, name, getattr(owner, name))
+            setattr(owner, name, stub)
+        made_up = types.SimpleNamespace(to_device=lambda host: fake(host.shape, host.dtype))
+        cases = _cases(made_up, np.random.default_rng(0))
+        table = Table(title="a warm call's host time on the GPU path, the driver's launch a no-op")
+        for column in (
+            "call (float32 device arrays)",
+            "µs/call",
+            "target µs",
+            "numba-cuda typing µs",
+        ):
+            table.add_column(column, justify="left" if column.startswith("call") else "right")
+        for name, fn, _, _ in cases:
+            del typed[:]
+            fn()
+            fn()  # the first runs find the compiled kernels; from here on, direct launches
+            arguments = [p for params in typed for p in params if not isinstance(p, tuple)]
+            per = _per_call_us(fn, lambda: None, calls=3000)
+            typing_us = _per_call_us(
+                lambda: [typeof(p, Purpose.argument) for p in arguments], lambda: None, calls=3000
+            )
+            target_us = next((t for k, t in LAUNCHER_TARGET_US.items() if name.startswith(k)), 5)
+            target_text = str(target_us) if "2 kernels" not in name else "-"
+            table.add_row(name, f"{per:.1f}", target_text, f"{typing_us:.1f}")
+        Console(width=120).print(table)
 
 
 def gpu() -> None:
@@ -194,5 +289,5 @@ def typing() -> None:
 
 
 if __name__ == "__main__":
-    steps = {"stubbed": stubbed, "typing": typing, "gpu": gpu}
+    steps = {"stubbed": stubbed, "launcher": launcher, "typing": typing, "gpu": gpu}
     run(__doc__, steps, simulated=frozenset({"stubbed"}))

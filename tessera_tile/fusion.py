@@ -132,7 +132,8 @@ class FusedFunction:
         self.precision = precision
         functools.update_wrapper(self, fn)
         self._programs = CountingCache()
-        # (program, launch plan) by arrays.quick_key, for calls that need nothing but a launch
+        # (program, launch plan, results' family) by arrays.kept_call's key, for calls that
+        # need nothing but a launch
         self._ready: dict = {}
         self.traced = 0  # signatures this process traced and planned
         self.loaded = 0  # programs read from the disk cache instead
@@ -301,13 +302,14 @@ class FusedFunction:
         array (a tuple of arrays for several results) to write into, each result cast to its
         dtype under NumPy's ``same_kind`` rule; ``stream``: a numba stream, a CuPy stream or
         a raw handle (see the module docstring for the default)."""
-        quick = arrays.quick_key(args) if out is None and not kwargs else None
+        kept = arrays.kept_call(args) if out is None and not kwargs else None
+        quick = None if kept is None else kept[0]
         if quick is not None:
             ready = self._ready.get(quick)
             if ready is not None:  # a signature and layout seen before: no checks to repeat
                 self._programs.hits += 1
                 ready[0].launch_plans.hits += 1
-                return runtime.run_ready(*ready, args, stream)
+                return runtime.run_ready(*ready, kept[1], stream)
         if on_dask(args, kwargs):  # a lazy Dask array, chunk by chunk (tessera_tile.dask)
             if out is not None or stream is not None:
                 raise TypeError("out= and stream= are not taken with Dask arrays")
@@ -323,14 +325,14 @@ class FusedFunction:
         if quick is not None and runtime.ready(program, call):
             if len(self._ready) >= MAX_LAUNCH_PLANS:
                 self._ready.clear()
-            self._ready[quick] = (program, plan)
+            self._ready[quick] = (program, plan, arrays.result_family(call.args))
         return runtime.execute(program, plan, call, stream)
 
     def ready(self, args: tuple) -> tuple | None:
-        """``(program, launch plan)`` that a call on ``args`` (called before) runs straight from
-        its arguments, or None (see ``runtime.ready``)."""
-        quick = arrays.quick_key(args)
-        return None if quick is None else self._ready.get(quick)
+        """``(program, launch plan, results' family)`` that a call on ``args`` (called before)
+        runs straight from its arguments, or None (see ``runtime.ready``)."""
+        kept = arrays.kept_call(args)
+        return None if kept is None else self._ready.get(kept[0])
 
 
 def fuse(fn=None, *, math: str = "fast", precision: str | None = None):

@@ -221,3 +221,23 @@ def launch_kinds():
         return tt.maximum(x @ w, 0) * s + r
 
     return scaled_softmax, column_var, epilogue
+
+
+class Interface:
+    """Any library's device array: nothing but ``__cuda_array_interface__``, describing the
+    memory of a numba device array (in the simulator, whose device memory is host memory, it
+    is made from the fake device array's host buffer)."""
+
+    def __init__(self, device_array, **extra):
+        self.device_array = device_array  # keeps the memory alive
+        if hasattr(device_array, "__cuda_array_interface__"):
+            cai = dict(device_array.__cuda_array_interface__)
+        else:
+            host = device_array._ary
+            cai = {
+                "shape": host.shape,
+                "typestr": host.dtype.str,
+                "data": (host.__array_interface__["data"][0], False),
+                "strides": host.strides,
+            }
+        self.__cuda_array_interface__ = {**cai, "version": 3, "stream": None, **extra}

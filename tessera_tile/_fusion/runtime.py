@@ -482,25 +482,33 @@ def _stage_launch(bound: Bound, records: dict, counts: dict) -> StageLaunch:
 
 
 def ready(program: Program, call: Call) -> bool:
-    """Whether later calls with this call's key (``arrays.quick_key``) may run the launch plan
-    straight from their arguments: every array a numba device array, no ``out=``, nothing
-    computed or checked on the host."""
+    """Whether later calls with this call's key (``arrays.kept_call``) may run the launch plan
+    straight from their arguments: every array on the device, no ``out=``, nothing computed
+    or checked on the host."""
     return (
         call.out is None
         and not call.keywords
         and not program.host_results
         and not program.host_exponents
-        and all(a.family == "numba" or not a.is_array for a in call.args)
+        and all(a.kind == DEVICE or not a.is_array for a in call.args)
     )
 
 
-def run_ready(program: Program, plan: LaunchPlan, args: tuple, stream):
-    """A call for which :func:`ready` held, from its arguments as they are (numba device
-    arrays or their records, and scalars)."""
-    place = arrays.Placement.of_numba_arrays(stream)
-    inputs = [a.value if type(a) is Arg else a for a in args]
+def run_ready(program: Program, plan: LaunchPlan, family: str, args, stream):
+    """A call for which :func:`ready` held, from the values ``arrays.kept_call`` gave for its
+    arguments (device arrays or their records, and scalars); results of ``family``."""
+    place = arrays.Placement.kept(stream, family, arrays.interfaces(args))
+    inputs = [_runnable(a) for a in args]
     results = plan.run(inputs, place, [None] * len(plan.on_device))
     return program.trace.pack(results)
+
+
+def _runnable(a):
+    """What a launch takes of a kept call's value: a numba array or scalar as it is, any other
+    device array as its record (packed without making a numba array of it)."""
+    if type(a) is not Arg or (a.kind == DEVICE and a.family != "numba"):
+        return a
+    return a.value
 
 
 def execute(program: Program, plan: LaunchPlan, call: Call, stream):

@@ -10,11 +10,8 @@ In the simulator, device memory is host memory: an interface's data pointer poin
 the simulator runs the device path exactly as a GPU would, and a device call copies nothing
 between host and device there either.
 
-Streams: a numba stream, a CuPy stream or a raw ``cudaStream_t`` handle (an int; 0 is the
-default stream). Without one, a call runs on CuPy's current stream when any argument is a CuPy
-array, else on the default stream. An interface's version-3 ``stream`` field is honoured as the
-protocol says: the consumer synchronises on it before reading (numba's ``as_cuda_array`` does,
-under ``NUMBA_CUDA_ARRAY_INTERFACE_SYNC``).
+Where a call runs (its stream, and whether it waits for an interface's producer stream):
+:mod:`streams`.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ from numba import cuda
 
 from ..sim import compat
 from . import config as _config
+from .streams import resolve_stream, wait_for_producers
 from .target import VECTOR_BYTES
 
 HOST, DEVICE, SCALAR = "host", "device", "scalar"
@@ -45,6 +43,7 @@ class Arg(NamedTuple):
     address: int = 0  # of the first element
     family: str = ""  # "numpy", "numba", "cupy" or "cai": what results are made of
     readonly: bool = False
+    stream: int | None = None  # an interface's producer stream (version 3), to wait for
 
     @property
     def is_array(self) -> bool:
@@ -157,7 +156,21 @@ def _from_interface(value, cai, name: str) -> Arg:
             raise ValueError(f"{what} has {len(strides)} strides for the {len(shape)} dimensions")
     pointer, readonly = _interface_data(cai["data"], what)
     family = "cupy" if type(value).__module__.partition(".")[0] == "cupy" else "cai"
-    return Arg(DEVICE, value, shape, strides, dtype, pointer, family, bool(readonly))
+    stream = _interface_stream(cai, what)
+    return Arg(DEVICE, value, shape, strides, dtype, pointer, family, bool(readonly), stream)
+
+
+def _interface_stream(cai: dict, what: str) -> int | None:
+    """The stream whose work must be complete before the memory is read (version 3), as a
+    handle: 1 the legacy default stream, 2 the per-thread one. The protocol disallows 0, but
+    numba-cuda 0.30 reports it for an array bound to ``cuda.default_stream()`` (``int()`` of
+    that stream is 0): read as the legacy default stream."""
+    stream = cai.get("stream") if cai.get("version", 0) >= 3 else None
+    if stream is None:
+        return None
+    if isinstance(stream, bool) or not isinstance(stream, int | np.integer) or stream < 0:
+        raise ValueError(f"{what} stream must be None or a stream handle (an int >= 0): {stream!r}")
+    return int(stream) or 1
 
 
 def _check_simulated_memory(rec: Arg, name: str) -> Arg:
@@ -292,12 +305,17 @@ class Placement:
         self.stream = resolve_stream(stream, arrays)
         self.on_device = any(a.kind == DEVICE for a in arrays)
         self.family = result_family(inputs) if self.on_device else "numba"
+        wait_for_producers(arrays, self.stream)
 
     @classmethod
-    def of_numba_arrays(cls, stream) -> Placement:
-        """The placement of a call whose arrays are all numba device arrays."""
+    def kept(cls, stream, family: str, interfaces=()) -> Placement:
+        """The placement of a kept call (every array on the device), its results of
+        ``family``; ``interfaces``: the records of its ``__cuda_array_interface__`` arrays."""
         place = cls.__new__(cls)
-        place.stream, place.on_device, place.family = resolve_stream(stream, []), True, "numba"
+        place.stream = resolve_stream(stream, [], cupy=family == "cupy")
+        place.on_device, place.family = True, family
+        if interfaces:
+            wait_for_producers(interfaces, place.stream)
         return place
 
     def device(self, rec: Arg) -> Arg:
@@ -336,49 +354,6 @@ class Placement:
 
 
 # --------------------------------------------------------------------------------------------
-# streams
-
-
-def resolve_stream(stream, args: list[Arg]):
-    """The stream a call launches on (see the module docstring); in the simulator, 0."""
-    if stream is None:
-        if any(a.family == "cupy" for a in args):
-            from . import cupy as _cupy
-
-            return _external(_cupy.current_stream_handle())
-        if _config.SIMULATED:
-            return 0
-        return cuda.default_stream()
-    if isinstance(stream, bool):
-        raise TypeError("stream= must be a numba stream, a CuPy stream or an int handle")
-    if isinstance(stream, int | np.integer):
-        if stream < 0:
-            raise ValueError(f"stream= handle must be >= 0, got {stream}")
-        return _external(int(stream))
-    if type(stream).__module__.partition(".")[0] == "cupy" and hasattr(stream, "ptr"):
-        return _external(int(stream.ptr))
-    if _is_numba_stream(stream):
-        return 0 if _config.SIMULATED else stream
-    raise TypeError(
-        f"stream= must be a numba stream, a CuPy stream or a raw stream handle (int), "
-        f"got {type(stream).__name__}"
-    )
-
-
-def _is_numba_stream(stream) -> bool:
-    if _config.SIMULATED:
-        return isinstance(stream, cuda.stream)  # a class in the simulator
-    _, stream_type, _ = compat.driver_names()
-    return isinstance(stream, stream_type)
-
-
-def _external(handle: int):
-    if _config.SIMULATED:
-        return 0
-    return cuda.default_stream() if handle == 0 else cuda.external_stream(handle)
-
-
-# --------------------------------------------------------------------------------------------
 # device memory
 
 
@@ -386,8 +361,8 @@ def device_handle(arg: Arg):
     """The numba device array of a device argument, to launch kernels with (no copy)."""
     if arg.family == "numba":
         return arg.value
-    if not _config.SIMULATED:
-        return cuda.as_cuda_array(arg.value)  # synchronises on the interface's stream
+    if not _config.SIMULATED:  # the call's Placement waited for the interface's stream
+        return cuda.as_cuda_array(arg.value, sync=False)
     # The simulator's device memory is host memory: view the pointer as a NumPy array.
     host = np.asarray(_Interface(arg))
     return _fake_device_array(host if host.dtype == arg.dtype else host.view(arg.dtype))
@@ -518,18 +493,17 @@ def to_host(handle, out: np.ndarray | None, stream) -> np.ndarray:
     return host
 
 
-def quick_key(args: tuple, constants: bool = False) -> tuple | None:
-    """A key that determines a call's program and launch plan, read straight from arguments
-    that are numba device arrays (or their records) and scalars; None for any other argument.
-    It holds what the composer's ``Call`` and ``layout_key`` read of them, and nothing else; with
-    ``constants`` (a prebuilt op's key), scalars, strings and None by value."""
-    key = []
-    for a in args:
-        if type(a) is Arg:  # a record an op read
-            if a.family != "numba" or not a.address:
-                return None
-            key.append((Arg, a.shape, a.strides, a.dtype, a.address % VECTOR_BYTES))
-        elif getattr(a, "__cuda_ndarray__", False):
+def kept_call(args: tuple, constants: bool = False) -> tuple[tuple, tuple | list] | None:
+    """A call's key and the values it runs on, for calls that skip checking and planning (a
+    kept call), or None. The key determines the call's program and launch plan: it holds what
+    the composer's ``Call`` and ``layout_key`` read of the arguments, and nothing else; with
+    ``constants`` (a prebuilt op's key), scalars, strings and None by value. Arrays must be on
+    the device: numba device arrays (read from themselves), their records, and any
+    ``__cuda_array_interface__`` object (a CuPy array), read here into its record, which the
+    values hold in its place (``args`` itself when there is none)."""
+    key, values = [], None
+    for k, a in enumerate(args):
+        if getattr(a, "__cuda_ndarray__", False):
             shape, strides, dtype, address = compat.layout(a)
             if not address:
                 return None
@@ -540,8 +514,33 @@ def quick_key(args: tuple, constants: bool = False) -> tuple | None:
         elif constants and (a is None or type(a) is str):
             key.append(a)
         else:
-            return None
-    return tuple(key)
+            rec = a if type(a) is Arg else _interface_record(a)
+            if rec is None or rec.kind != DEVICE or not rec.address:
+                return None
+            key.append(
+                (Arg, rec.family, rec.shape, rec.strides, rec.dtype, rec.address % VECTOR_BYTES)
+            )
+            if rec is not a:
+                values = values or list(args)
+                values[k] = rec
+    return tuple(key), args if values is None else values
+
+
+def _interface_record(value) -> Arg | None:
+    """The checked record of an interface array, or None (not one, or one a call refuses:
+    its full read names the fault)."""
+    cai = getattr(value, "__cuda_array_interface__", None)
+    if cai is None or type(cai) is not dict or cai.get("mask") is not None:
+        return None
+    try:
+        return _check_simulated_memory(_check_device(_from_interface(value, cai, ""), ""), "")
+    except (TypeError, ValueError):
+        return None
+
+
+def interfaces(values) -> list[Arg]:
+    """The records of a kept call's interface arrays (``kept_call``'s values)."""
+    return [v for v in values if type(v) is Arg and v.family in ("cupy", "cai")]
 
 
 _SCALARS = (float, int, bool)

@@ -161,13 +161,12 @@ class Direct(NamedTuple):
 
 class Kept:
     """Launches that run again on arrays of the same layouts (see the module docstring): the
-    first :meth:`run` through numba-cuda, later ones direct where every kernel allows it.
-    ``launched``: the kernels have launched on arguments of these types before (and opted in
-    where they need to), as an op's kept call's have."""
+    first :meth:`run` through numba-cuda (which compiles each kernel for its arguments' types
+    and opts it in past 48 KiB of dynamic shared memory), later ones direct where every kernel
+    allows it."""
 
-    def __init__(self, launches, launched: bool = False):
+    def __init__(self, launches):
         self.launches = tuple(launches)
-        self.launched = launched
         self.direct = None  # None: not run yet; (): through numba-cuda always; else per launch
 
     def run(self, handles, stream, label) -> None:
@@ -192,7 +191,7 @@ class Kept:
         found = []
         for launch in self.launches:
             params = [p.of(handles) if type(p) in SPECS else p for p in launch.params]
-            kept = self.launched or self.direct is not None
+            kept = self.direct is not None
             _launch(launch.kernel, launch.grid, launch.threads, params, stream, launch.shared, kept)
             if self.direct is None:
                 found.append(_direct(launch, params))
@@ -217,9 +216,21 @@ def _packed_launch(direct: Direct, stream, params: list, handles) -> None:
     if packed.skipped:  # sim.launches_skipped: the launch is not the caller's work
         return
     given = handles.values() if isinstance(handles, dict) else handles
-    owners = [*map(_handle, given), *arrays.unused_all()]
+    owners = [*map(_owner, given), *arrays.unused_all()]
     d = direct
     packed.launch(d.handle, d.grid, d.block, d.shared, stream, d.argtypes, params, owners)
+
+
+def _owner(value):
+    """The simulator's memory a launch's value lies in: an array's record (a CuPy or
+    interface array, read but never made a numba array) as the allocation holding it."""
+    from ..sim import device_arrays
+
+    if type(value) is arrays.Arg and value.kind == arrays.DEVICE:
+        memory = device_arrays.memory_at(value.address)
+        if memory is not None:
+            return memory
+    return _handle(value)
 
 
 def _launch(kernel, grid, threads, params: list, stream, shared: int, kept=False) -> None:

@@ -49,10 +49,6 @@ def argument_positions(records, op_args: tuple) -> list[int] | None:
     return found
 
 
-def _values(args, positions) -> list:
-    return [a.value if type(a) is arrays.Arg else a for a in (args[i] for i in positions)]
-
-
 @dataclass
 class Report:
     """What ``explain`` and ``inspect`` say of a hand-written call. ``then``: fused calls that
@@ -81,6 +77,7 @@ class HandWritten:
     dtype: np.dtype
     contiguous_out = False  # whether out= must be C-contiguous
     tuner = None  # the tuner whose choice the launches hold, if any
+    kept = None  # the launches of the call's run (execute), for ready()
 
     def inputs(self) -> dict:
         raise NotImplementedError
@@ -104,8 +101,10 @@ class HandWritten:
         return 0
 
     def execute(self, place: arrays.Placement, records: list, result: arrays.Arg) -> None:
-        handles = [arrays.device_handle(r) for r in (*records, result)]
-        launch.run(self.launches(records, result), handles, place.stream, self.label)
+        """Launch through a :class:`launch.Kept`, which :meth:`ready` keeps: its first run
+        finds the compiled kernels, so a later call on the same layouts launches directly."""
+        self.kept = launch.Kept(self.launches(records, result))
+        self.kept.run([*records, result], place.stream, self.label)
 
     def checked_out(self, out) -> arrays.Arg | None:
         """The record of ``out=``, checked against the call (:func:`check_out`)."""
@@ -135,22 +134,23 @@ class HandWritten:
 
     def ready(self, op_args: tuple) -> Ready | None:
         """This call's launches, kept for later calls on arrays of the same layouts."""
-        if not self.keepable:
+        if not self.keepable or self.kept is None:
             return None
         records = list(self.inputs().values())
         positions = argument_positions(records, op_args)
         if positions is None:
             return None
-        result = arrays.placeholder(self.out_shape, self.dtype)
-        kept = launch.Kept(self.launches(records, result), launched=True)
+        kept = self.kept
         shape, dtype = self.out_shape, self.dtype
         label = self.label()  # made now: the kept call must not hold this call's arrays
+        family = arrays.result_family(records)
 
         def run(args, stream):
-            place = arrays.Placement.of_numba_arrays(stream)
-            result = place.new(shape, dtype)
-            kept.run([*_values(args, positions), result], place.stream, lambda: label)
-            return result
+            taken = [args[i] for i in positions]
+            place = arrays.Placement.kept(stream, family, arrays.interfaces(taken))
+            result = place.result(shape, dtype)
+            kept.run([*taken, result], place.stream, lambda: label)
+            return result.value
 
         tuner = self.tuner
         return Ready(run, tuner, tuner.generation if tuner is not None else 0)

@@ -26,9 +26,10 @@ class PrebuiltOp:
     warpgroup-MMA kernels); neither allocates nor launches, and NumPy arrays may stand in for
     device arrays (only their shape, dtype and strides are used).
 
-    A call whose arrays are numba device arrays is kept by its key (``arrays.quick_key``:
-    each array's layout, each other argument's value): a later call with the same key skips
-    validation and planning and runs the kept launches on its own arrays.
+    A call whose arrays are device arrays (numba's, CuPy's, any ``__cuda_array_interface__``)
+    is kept by its key (``arrays.kept_call``: each array's layout, each other argument's
+    value): a later call with the same key skips validation and planning and runs the kept
+    launches on its own arrays.
     """
 
     def __init__(self, plan):
@@ -45,11 +46,11 @@ class PrebuiltOp:
         self._ready: dict = {}  # key -> Ready
 
     def __call__(self, *args, out=None, stream=None, **kwargs):
-        key = _key(args, kwargs) if out is None else None
+        key, values = _key(args, kwargs) if out is None else (None, args)
         if key is not None:
             ready = self._ready.get(key)
             if ready is not None and (ready.tuner is None or ready.current()):
-                return ready.run(args, stream)
+                return ready.run(values, stream)
         if key is None and fusion.on_dask(args, kwargs):
             return self._on_dask(args, kwargs, out, stream)
         plan = self._plan(*args, **kwargs)
@@ -91,18 +92,21 @@ class PrebuiltOp:
         return f"<tessera_tile op {self.__name__}{self.__signature__}>"
 
 
-def _key(args: tuple, kwargs: dict) -> tuple | None:
-    """An op call's key: positional arrays by layout, everything else by value (keywords must
-    be values: an array passed by keyword is not kept)."""
-    key = arrays.quick_key(args, constants=True)
-    if key is not None:  # the kernels differ per architecture (sm_90a: warpgroup MMA)
-        key = (target.current(), *key)
-    if key is None or not kwargs:
-        return key
-    named = arrays.quick_key(tuple(kwargs.values()), constants=True)
-    if named is None or any(type(k) is tuple for k in named):  # an array by keyword
-        return None
-    return (key, tuple(kwargs), named)
+def _key(args: tuple, kwargs: dict) -> tuple[tuple | None, tuple | list]:
+    """An op call's key (None: not kept) and the values a kept call runs on
+    (``arrays.kept_call``): positional arrays by layout, everything else by value (keywords
+    must be values: an array passed by keyword is not kept)."""
+    kept = arrays.kept_call(args, constants=True)
+    if kept is None:
+        return None, args
+    key, values = kept
+    key = (target.current(), *key)  # the kernels differ per architecture (sm_90a: wgmma)
+    if not kwargs:
+        return key, values
+    named = arrays.kept_call(tuple(kwargs.values()), constants=True)
+    if named is None or any(type(k) is tuple for k in named[0]):  # an array by keyword
+        return None, args
+    return (key, tuple(kwargs), named[0]), values
 
 
 def _run(plan, out, stream):

@@ -180,6 +180,15 @@ def in_device_memory(first: int, last: int) -> bool:
     )
 
 
+def memory_at(address: int) -> np.ndarray | None:
+    """The live allocation of the simulator's device memory holding ``address`` (its host
+    buffer), or None."""
+    for start, end, ref in list(_allocations.values()):
+        if start <= address < end and ref() is not None:
+            return ref()
+    return None
+
+
 def _contiguous_strides(shape, itemsize: int, order: str) -> tuple:
     """The strides numba-cuda gives a new device array (``_fill_stride_by_order``)."""
     strides, step = [], itemsize

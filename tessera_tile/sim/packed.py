@@ -22,9 +22,9 @@ from .device_arrays import root_memory
 
 def _allocation(address: int, nbytes: int, owners) -> np.ndarray:
     """The allocation, among those of ``owners`` (the device arrays the call's parameters were
-    made from), that holds ``nbytes`` from ``address`` on."""
+    made from, or their allocations), that holds ``nbytes`` from ``address`` on."""
     for owner in owners:
-        root = root_memory(compat.host_memory(owner))
+        root = owner if isinstance(owner, np.ndarray) else root_memory(compat.host_memory(owner))
         start = root.__array_interface__["data"][0]
         if start <= address and address + nbytes <= start + max(root.nbytes, 1):
             return root
@@ -70,11 +70,11 @@ skipped = False  # set by sim.launches_skipped: the launch is the driver's work,
 
 def launch(kernel, grid, block, shared: int, stream, argtypes: tuple, params: list, owners) -> None:
     """Launch ``kernel`` on the arguments the packed ``params`` describe, their arrays views
-    of the allocations of ``owners``."""
+    of the allocations of ``owners`` (device arrays, or allocations' host buffers)."""
     if skipped:
         return
     fields = iter(params)
-    owners = [o for o in owners if isinstance(o, compat.FakeCUDAArray)]
+    owners = [o for o in owners if isinstance(o, compat.FakeCUDAArray | np.ndarray)]
     args = [_decode(ty, fields, owners) for ty in argtypes]
     if next(fields, None) is not None:
         raise SimulationError("more packed parameters than the kernel's arguments take")

@@ -9,7 +9,7 @@ float32 value and the exact one round to neighbours; NaN where the reference is 
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import SIDES, back, on, transposed
+from helpers import SIDES, Interface, back, on, transposed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -141,11 +141,6 @@ def test_interface_objects_of_bfloat16_are_read_by_their_typestr():
     typestr "<V2"; the result is a numba device array of bfloat16."""
     x = (np.random.default_rng(3).standard_normal((3, 20)) * 100).astype(BF16)
     d = tt.to_device(x)
-
-    class Interface:
-        def __init__(self, device_array):
-            self.device_array = device_array
-            self.__cuda_array_interface__ = {**device_array.__cuda_array_interface__}
 
     assert Interface(d).__cuda_array_interface__["typestr"] == "<V2"
     got = tt.fuse(lambda a: a * 2 - 1)(Interface(d))

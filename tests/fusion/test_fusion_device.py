@@ -3,6 +3,7 @@ and what a call copies and allocates (counted by instrumenting numba's transfer 
 
 import numpy as np
 import pytest
+from helpers import Interface
 from numba import cuda
 
 import tessera_tile as tt
@@ -58,26 +59,6 @@ def test_host_calls_copy_exactly_the_inputs_in_and_the_results_back():
     assert counts == {"to_device": 1, "copy_to_host": 1, "device_array": 1}
     assert isinstance(y, np.ndarray)
     np.testing.assert_allclose(y, softmax_ref(x[:, ::2]), rtol=1e-5, atol=1e-7)
-
-
-class Interface:
-    """Any library's device array: nothing but ``__cuda_array_interface__``, describing the
-    memory of a numba device array (in the simulator, whose device memory is host memory, it
-    is made from the fake device array's host buffer)."""
-
-    def __init__(self, device_array, **extra):
-        self.device_array = device_array  # keeps the memory alive
-        if hasattr(device_array, "__cuda_array_interface__"):
-            cai = dict(device_array.__cuda_array_interface__)
-        else:
-            host = device_array._ary
-            cai = {
-                "shape": host.shape,
-                "typestr": host.dtype.str,
-                "data": (host.__array_interface__["data"][0], False),
-                "strides": host.strides,
-            }
-        self.__cuda_array_interface__ = {**cai, "version": 3, "stream": None, **extra}
 
 
 def test_interface_objects_in_give_numba_device_arrays_out():
