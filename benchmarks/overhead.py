@@ -101,7 +101,6 @@ def stubbed() -> None:
     from tessera_tile import sim
 
     # a cold first call: no program or kernel from an earlier run's disk cache
-    autotune = importlib.import_module("tessera_tile.autotune")  # (tt.autotune: the decorator)
     os.environ["TESSERA_TILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tessera-overhead-")
     table = Table(title="tessera_tile's host time per call, launches skipped (simulator)")
     for column in ("call (float32 device arrays)", "first call ms", "warm µs/call", "target µs"):
@@ -188,7 +187,7 @@ def launcher() -> None:
             arguments = [p for params in typed for p in params if not isinstance(p, tuple)]
             per = _per_call_us(fn, lambda: None, calls=3000)
             typing_us = _per_call_us(
-                lambda: [typeof(p, Purpose.argument) for p in arguments], lambda: None, calls=3000
+                lambda a=arguments: [typeof(p, Purpose.argument) for p in a], lambda: None, 3000
             )
             target_us = next((t for k, t in LAUNCHER_TARGET_US.items() if name.startswith(k)), 5)
             target_text = str(target_us) if "2 kernels" not in name else "-"
