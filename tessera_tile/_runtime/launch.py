@@ -20,10 +20,12 @@ numba-cuda launches it). In the simulator the packed parameters are decoded back
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+from numba import types
 
 from .. import dynamic_shared
 from ..sim import compat
@@ -149,14 +151,25 @@ def run(launches, handles: list, stream, label) -> None:
 
 
 class Direct(NamedTuple):
-    """A kernel compiled for these argument types, launched without its dispatcher."""
+    """A kernel compiled for these argument types, launched without its dispatcher. Its
+    parameters, packed once (``template``), differ between calls on arrays of the same layouts
+    only in the arrays' addresses and the scalars' values: ``patches``, per such position,
+    the function that reads it from the call's handles."""
 
     handle: object  # compat.direct_handle's
     argtypes: tuple
-    pack: object  # packing.packer(argtypes)
     grid: tuple
     block: tuple
     shared: int
+    template: list
+    patches: tuple
+
+    def params(self, handles) -> list:
+        """The packed parameters of a launch on ``handles``."""
+        params = self.template.copy()
+        for at, read in self.patches:
+            params[at] = read(handles)
+        return params
 
 
 class Kept:
@@ -178,9 +191,8 @@ class Kept:
 
     def _go(self, handles, stream) -> None:
         if self.direct:
-            for launch, direct in zip(self.launches, self.direct, strict=True):
-                values = [p.raw(handles) if type(p) in SPECS else p for p in launch.params]
-                params = direct.pack(values)
+            for direct in self.direct:
+                params = direct.params(handles)
                 if _config.SIMULATED:
                     _packed_launch(direct, stream, params, handles)
                 else:
@@ -194,18 +206,56 @@ class Kept:
             kept = self.direct is not None
             _launch(launch.kernel, launch.grid, launch.threads, params, stream, launch.shared, kept)
             if self.direct is None:
-                found.append(_direct(launch, params))
+                found.append(_direct(launch, params, handles))
         if self.direct is None:
             self.direct = tuple(found) if all(found) else ()
 
 
-def _direct(launch: KernelLaunch, params: list) -> Direct | None:
+def _direct(launch: KernelLaunch, params: list, handles) -> Direct | None:
+    """How to launch ``launch`` directly, from its first launch's parameters (``params``, made
+    of ``handles``), or None where numba-cuda must launch it."""
     argtypes = compat.argument_types(params)
     handle = compat.direct_handle(launch.kernel, argtypes)
     if handle is None:
         return None
     grid, block = compat.normalize_kernel_dimensions(launch.grid, launch.threads)
-    return Direct(handle, argtypes, packing.packer(argtypes), grid, block, launch.shared)
+    values = [p.raw(handles) if type(p) in SPECS else p for p in launch.params]
+    template = packing.packer(argtypes)(values)
+    leaves = zip(packing.leaves(argtypes), _leaf_specs(launch.params), strict=True)
+    patches = tuple((at, read) for (at, ty), p in leaves if (read := _reader(p, ty)) is not None)
+    return Direct(handle, argtypes, grid, block, launch.shared, template, patches)
+
+
+def _leaf_specs(params):
+    """The launch's parameters with tuples flattened, in order (as ``packing.leaves``)."""
+    for p in params:
+        if type(p) is Extras:
+            yield from _leaf_specs(p.items)
+        elif type(p) is tuple:
+            yield from _leaf_specs(p)
+        else:
+            yield p
+
+
+def _reader(spec, ty):
+    """The function reading what a call changes at a leaf parameter (an array's address, a
+    scalar's packed value) from its handles; None for a value fixed for every call."""
+    address = packing.address_of
+    if type(spec) is View:
+        at, shift = (
+            spec.array,
+            spec.offset if spec.shape is not None and math.prod(spec.shape) else 0,
+        )
+        return lambda handles: address(handles[at]) + shift
+    if type(spec) is Unused:
+        return lambda handles, dtype=spec.dtype: address(arrays.unused(dtype))
+    if type(spec) is Value:
+        at = spec.index
+        if isinstance(ty, types.Array):
+            return lambda handles: address(handles[at])
+        make = packing.scalar(ty)
+        return lambda handles: make(handles[at])
+    return None
 
 
 def _packed_launch(direct: Direct, stream, params: list, handles) -> None:

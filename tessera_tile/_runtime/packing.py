@@ -80,25 +80,60 @@ def _tuple(items: list):
     return tuple_
 
 
+def address_of(array) -> int:
+    """The address of a device array's record (``arrays.Arg``) or of a numba device array."""
+    return array.address if type(array) is Arg else compat.device_pointer(array)
+
+
+def scalar(ty):
+    """The driver parameter of a scalar argument of numba type ``ty``, from its value."""
+    if isinstance(ty, types.Integer):
+        return getattr(ctypes, f"c_{ty}")
+    if ty == types.float32:
+        return ctypes.c_float
+    if ty == types.float64:
+        return ctypes.c_double
+    if ty == types.float16:
+        return lambda v: ctypes.c_uint16(np.float16(v).view(np.uint16))
+    if ty == types.boolean:
+        return _same
+    raise NotImplementedError(f"packing a kernel parameter of type {ty}")
+
+
+def _same(value):
+    return value
+
+
+def leaves(argtypes) -> list[tuple[int, object]]:
+    """Per leaf argument (tuples flattened, in order), the position in the packed list of what
+    a call on other arrays of the same layouts changes (an array's address, a scalar's value),
+    and its type."""
+    out, at = [], 0
+    stack = list(reversed(argtypes))
+    while stack:
+        ty = stack.pop()
+        if isinstance(ty, types.BaseTuple):
+            stack.extend(reversed(list(ty)))
+        elif isinstance(ty, types.Array):
+            out.append((at + 4, ty))  # meminfo, parent, size, itemsize, then the address
+            at += 5 + 2 * ty.ndim
+        else:
+            out.append((at, ty))
+            at += 1
+    return out
+
+
 def field(ty):
     """The function that appends the driver parameters of an argument of numba type ``ty``
     (its value an array's :class:`Pointer` or device array, or a scalar or tuple) to a list;
     decided once per type, so packing a launch costs a call per argument."""
     if isinstance(ty, types.Array):
         return _array
-    if isinstance(ty, types.Integer):
-        return _scalar(getattr(ctypes, f"c_{ty}"))
-    if ty == types.float32:
-        return _scalar(ctypes.c_float)
-    if ty == types.float64:
-        return _scalar(ctypes.c_double)
-    if ty == types.float16:
-        return _scalar(lambda v: ctypes.c_uint16(np.float16(v).view(np.uint16)))
-    if ty == types.boolean:
-        return _as_is
     if isinstance(ty, types.BaseTuple):
         return _tuple([field(t) for t in ty])
-    raise NotImplementedError(f"packing a kernel parameter of type {ty}")
+    if ty == types.boolean:
+        return _as_is
+    return _scalar(scalar(ty))
 
 
 def packer(argtypes: tuple):

@@ -153,16 +153,23 @@ def layout(array) -> tuple:
     if isinstance(array, FakeCUDAArray):
         host = array._ary
         return host.shape, host.strides, host.dtype, host.__array_interface__["data"][0]
-    pointer = array.device_ctypes_pointer.value or 0
-    return array.shape, array.strides, array.dtype, pointer
+    return array.shape, array.strides, array.dtype, _pointer(array)
 
 
 def device_pointer(array) -> int:
-    """The address of a numba device array's first element (0 where numba holds none): its
-    ``device_ctypes_pointer``, or in the simulator the host address of its memory."""
+    """The address of a numba device array's first element (0 where numba holds none): what
+    its ``device_ctypes_pointer`` holds, or in the simulator the host address of its memory."""
     if isinstance(array, FakeCUDAArray):
         return array._ary.__array_interface__["data"][0]
-    return array.device_ctypes_pointer.value or 0
+    return _pointer(array)
+
+
+def _pointer(array) -> int:
+    """``device_ctypes_pointer.value`` without the two properties and the ctypes object."""
+    try:
+        return int(array.gpu_data.device_pointer)
+    except AttributeError:  # no memory (an empty array)
+        return 0
 
 
 def host_memory(fake) -> np.ndarray:

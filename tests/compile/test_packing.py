@@ -3,7 +3,6 @@ list as its ``_Kernel._prepare_args`` builds, for every kernel signature the lib
 No GPU is needed: numba's argument preparation runs on the host, on device arrays made over
 made-up pointers."""
 
-import ctypes
 import struct
 
 import numpy as np
@@ -20,11 +19,11 @@ from tessera_tile._runtime import packing
 SHAPE = (3, 5, 7, 2)
 
 
-class _Memory:
-    """What a DeviceNDArray reads of its memory: the pointer (no allocation, no GPU)."""
+def _Memory(address: int):  # noqa: N802 - stands for a memory class
+    """numba-cuda's own record of device memory at ``address`` (no allocation, no GPU)."""
+    from numba.cuda.cudadrv import driver
 
-    def __init__(self, address: int):
-        self.device_ctypes_pointer = ctypes.c_void_p(address)
+    return driver.MemoryPointer(None, driver.binding.CUdeviceptr(address), size=1 << 12)
 
 
 def _strides(ty: types.Array, shape: tuple) -> tuple:

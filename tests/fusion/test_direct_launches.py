@@ -89,12 +89,8 @@ def test_a_packing_mistake_computes_wrong_results_in_the_simulator(monkeypatch):
 def test_a_packed_pointer_outside_the_call_s_arrays_is_refused(monkeypatch):
     from tessera_tile.sim import SimulationError
 
-    def stray(value, out):
-        p = value if type(value) is packing.Pointer else packing.pointer_of(value)
-        address = p.address + (1 << 20)  # a megabyte past the array
-        out += (0, 0, int(np.prod(p.shape)), p.itemsize, address, *p.shape, *p.strides)
-
-    monkeypatch.setattr(packing, "_array", stray)
+    address_of = packing.address_of  # what a direct launch reads of each call's arrays
+    monkeypatch.setattr(packing, "address_of", lambda a: address_of(a) + (1 << 20))  # 1 MiB on
     dx = cuda.to_device(np.ones(64, np.float32))
 
     @tt.fuse
@@ -104,3 +100,40 @@ def test_a_packed_pointer_outside_the_call_s_arrays_is_refused(monkeypatch):
     double(dx)
     with pytest.raises(SimulationError, match="inside none of the call's arrays"):
         double(dx)
+
+
+def _comparable(params: list) -> list:
+    """Packed parameters as comparable values (a ctypes scalar compares by identity)."""
+    return [(type(p), p.value) if hasattr(p, "_type_") else p for p in params]
+
+
+def test_direct_launches_patch_what_a_fresh_packing_gives(monkeypatch):
+    """A direct launch packs its parameters once and then changes only the arrays' addresses
+    and the scalars' values: on fresh arrays and scalars, every launch's parameters equal a
+    packing made afresh from the call's arrays."""
+    checked = []
+    original = launch.Kept._go
+
+    def compared(self, handles, stream):
+        for kernel_launch, direct in zip(self.launches, self.direct or (), strict=False):
+            params = kernel_launch.params
+            values = [p.raw(handles) if type(p) in launch.SPECS else p for p in params]
+            fresh = packing.packer(direct.argtypes)(values)
+            assert _comparable(direct.params(handles)) == _comparable(fresh), kernel_launch
+            checked.append(kernel_launch.kernel)
+        return original(self, handles, stream)
+
+    monkeypatch.setattr(launch.Kept, "_go", compared)
+    scaled_softmax, column_var, epilogue = launch_kinds()
+    rng = np.random.default_rng(4)
+    for k in range(3):
+        x, w, r = (rng.standard_normal(s).astype(np.float32) for s in ((8, 24), (24, 16), (8, 16)))
+        dx, dw, dr = (cuda.to_device(a) for a in (x, w, r))
+        dt = cuda.to_device(rng.integers(0, 24, 8))
+        scaled_softmax(dx, np.float32(k + 1))
+        column_var(dx[:, 1:])
+        epilogue(dx, dw, 0.5 * k, dr)
+        ops.linear(dx, dw, dr[0], "relu")
+        ops.transpose(dx[:, 1:9])
+        ops.cross_entropy(dx, dt, reduction="none")
+    assert len(set(checked)) >= 6, "every kind of launch went direct and was compared"
