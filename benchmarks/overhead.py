@@ -131,9 +131,8 @@ def launcher() -> None:
     from numba.cuda.cudadrv import driver
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
-    from tessera_tile._runtime import arrays, launch, target
+    from tessera_tile._runtime import arrays, compat, launch, target
     from tessera_tile._runtime import config as _config
-    from tessera_tile.sim import compat
 
     autotune = importlib.import_module("tessera_tile.autotune")  # (tt.autotune: the decorator)
     os.environ["TESSERA_TILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="tessera-overhead-")
@@ -286,7 +285,7 @@ def typing() -> None:
         table.add_row(name, f"{per:.2f}")
     Console(width=120).print(table)
 
-    from tessera_tile.sim import compat
+    from tessera_tile._runtime import compat
 
     base = arrays["C-contiguous (64, 512)"]
     view = _per_call_us(lambda: compat.device_view(base, (1, 64, 32), (0, 128, 4), 256), str)

@@ -4,13 +4,16 @@ Tile primitives as Numba CUDA device functions, a fusion composer, prebuilt fuse
 warp-aware simulator to check all of it against NumPy without a GPU.
 """
 
+from ._runtime import config as _config
 from ._version import __version__
 
 # Under NUMBA_ENABLE_CUDASIM=1 the warp-aware simulator replaces numba-cuda's launch path, so
-# kernels that never import anything else from tessera_tile get warp operations too.
-from .sim import _auto_install
+# kernels that never import anything else from tessera_tile get warp operations too; without
+# it, the simulator is not imported.
+if _config.SIMULATED:
+    from .sim import install as _install_simulator
 
-_auto_install()
+    _install_simulator()
 
 import importlib as _importlib  # noqa: E402
 

@@ -24,9 +24,12 @@ from llvmlite import ir
 from numba import types
 from numba.cuda.extending import intrinsic
 
-from . import sim
-from .sim.compat import NumbaTypeError
-from .sim.ints import narrow
+from ._device import twins
+from ._runtime import config as _config
+from ._runtime.compat import NumbaTypeError
+
+if _config.SIMULATED:  # what the twins below use, run in the simulator only
+    from .sim.ints import narrow
 
 __all__ = ["bf16_to_f32", "f32_to_bf16", "pack_bf16x2"]
 
@@ -56,7 +59,7 @@ def _to_f32_twin(bits):
     return np.float32(bits_to_float32(int(bits) & 0xFFFF)[()])
 
 
-@sim.twin(_to_f32_twin)
+@twins.twin(_to_f32_twin)
 @intrinsic
 def bf16_to_f32(typingctx, bits):
     """``bf16_to_f32(bits) -> float32``: the bfloat16 whose bit pattern is ``bits`` (its low
@@ -76,7 +79,7 @@ def _to_bf16_twin(x):
     return narrow(np.uint16(float32_to_bits(np.float32(x))[()]))
 
 
-@sim.twin(_to_bf16_twin)
+@twins.twin(_to_bf16_twin)
 @intrinsic
 def f32_to_bf16(typingctx, x):
     """``f32_to_bf16(x) -> uint16``: ``x`` (as float32) rounded to nearest even to bfloat16,
@@ -98,7 +101,7 @@ def _pack_twin(lo, hi):
     return narrow(np.uint32(int(halves[0]) | (int(halves[1]) << 16)))
 
 
-@sim.twin(_pack_twin)
+@twins.twin(_pack_twin)
 @intrinsic
 def pack_bf16x2(typingctx, lo, hi):
     """``pack_bf16x2(lo, hi) -> uint32``: ``lo`` and ``hi`` rounded to nearest even to bfloat16

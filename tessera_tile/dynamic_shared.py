@@ -30,9 +30,9 @@ import threading
 
 import numpy as np
 
+from ._runtime import compat
 from ._runtime import config as _config
 from ._runtime import target as _target
-from .sim import compat, shared_limits
 
 __all__ = [
     "BLOCK_LIMIT",
@@ -91,6 +91,8 @@ def opt_in(kernel, args, nbytes: int) -> None:
     per kernel, argument types and device; the GPU compiles one kernel per argument types)."""
     nbytes = _checked_bytes(nbytes)
     if _config.SIMULATED:
+        from .sim import shared_limits
+
         shared_limits.opt_in(kernel, args, nbytes)
         return
     from numba import cuda
@@ -108,9 +110,7 @@ def launch_kept(kernel, grid, block, nbytes: int, args, stream=0) -> None:
     kept call): launched without typing them again, and so without the opt-in's cost; where
     the device refuses it (another device, where the kernel has not opted in), opted in and
     launched again."""
-    refusals = (
-        (shared_limits.SharedMemoryError,) if _config.SIMULATED else compat.gpu_launch_errors()
-    )
+    refusals = _simulated_refusals() if _config.SIMULATED else compat.gpu_launch_errors()
     try:
         kernel[grid, block, stream, nbytes](*args)
     except refusals:
@@ -124,3 +124,9 @@ def launch(kernel, grid, block, nbytes: int, args, stream=0) -> None:
     if _checked_bytes(nbytes):
         opt_in(kernel, args, nbytes)
     kernel[grid, block, stream, nbytes](*args)
+
+
+def _simulated_refusals() -> tuple[type, ...]:
+    from .sim import shared_limits  # the simulator's, loaded only when it runs
+
+    return (shared_limits.SharedMemoryError,)

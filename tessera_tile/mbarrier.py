@@ -58,7 +58,7 @@ from ._device.intrinsics import (
     target_compute_capability,
     void_asm,
 )
-from .sim.compat import NumbaTypeError
+from ._runtime.compat import NumbaTypeError
 from .sim.cp_async_twins import issued_copies
 
 __all__ = ["cp_async_mbarrier_arrive", "mbarrier_arrive", "mbarrier_init", "mbarrier_wait"]

@@ -106,7 +106,7 @@ from ._device.intrinsics import (
     thread_rank,
     void_asm,
 )
-from .sim.compat import NumbaTypeError, as_dtype, cgutils
+from ._runtime.compat import NumbaTypeError, as_dtype, cgutils
 from .sim.cp_async_twins import (
     _commit_twin,
     _copy_twin,

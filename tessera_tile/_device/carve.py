@@ -11,8 +11,12 @@ from numba import types
 from numba.core import cgutils
 from numba.cuda.extending import intrinsic
 
-from .. import sim
+from .._runtime import config as _config
+from . import twins
 from .intrinsics import integer_count
+
+if _config.SIMULATED:  # what the twins below use, run in the simulator only
+    from .. import sim
 
 
 @intrinsic
@@ -59,7 +63,7 @@ def _carve_twin(base, offset, shape):
     return sim.carved(base, offset, shape if isinstance(shape, tuple) else (shape,))
 
 
-carve = sim.twin(_carve_twin)(_carve_intrinsic)
+carve = twins.twin(_carve_twin)(_carve_intrinsic)
 carve.__doc__ = """``carve(base, offset, shape) -> array``: the C-contiguous ``shape`` view of the
 1-D C-contiguous ``base`` from element ``offset``, without a copy (``shape`` an integer or a tuple
 of integers, constant or run-time).

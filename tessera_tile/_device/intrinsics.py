@@ -5,7 +5,7 @@ from llvmlite import ir
 from numba import cuda
 from numba.core import types
 
-from ..sim.compat import NumbaTypeError, cgutils, normalize_indices
+from .._runtime.compat import NumbaTypeError, cgutils, normalize_indices
 
 
 @cuda.jit(device=True)
@@ -66,7 +66,7 @@ def element_pointer(context, builder, array_type, array, index_type, index):
 def target_compute_capability() -> tuple[int, int] | None:
     """Codegen: the compute capability numba-cuda compiles for, where it can be known: the
     current GPU, or the target of an offline compile made inside
-    ``sim.compat.current_device_answered``; ``None`` where neither answers (no GPU, and
+    ``_runtime.compat.current_device_answered``; ``None`` where neither answers (no GPU, and
     ``cuda.compile_ptx`` called directly)."""
     import numba.cuda.dispatcher as dispatcher
 

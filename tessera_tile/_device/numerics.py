@@ -14,9 +14,9 @@ from llvmlite import ir as llvm_ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from .. import sim
 from .._runtime import config as _config
-from ..sim.compat import NumbaTypeError
+from .._runtime.compat import NumbaTypeError
+from . import twins
 
 # name -> implementation, per target
 MATH_NAMES = ("exp", "exp2", "log", "log2", "log1p", "expm1", "sqrt", "sin", "cos", "tanh")
@@ -76,7 +76,7 @@ def _make_extreme(name: str):
 
     typer.__name__ = typer.__qualname__ = f"{name}_nan"
     twin.__name__ = twin.__qualname__ = f"{name}_nan_twin"
-    return sim.twin(twin)(intrinsic(typer))
+    return twins.twin(twin)(intrinsic(typer))
 
 
 max_nan = _make_extreme("max")
@@ -103,7 +103,7 @@ def _make_approx(name: str, asm: str, scale: float, twin):
 
     typer.__name__ = typer.__qualname__ = name
     twin.__name__ = twin.__qualname__ = f"{name}_twin"
-    return sim.twin(twin)(intrinsic(typer))
+    return twins.twin(twin)(intrinsic(typer))
 
 
 _TINY = np.float32(2.0**-126)  # the smallest normal float32

@@ -12,9 +12,13 @@ from llvmlite import ir
 from numba import types
 from numba.cuda.extending import intrinsic
 
-from .. import sim
+from .._runtime import config as _config
 from .._runtime.target import VECTOR_BYTES
+from . import twins
 from .intrinsics import check_index, element_pointer
+
+if _config.SIMULATED:  # what the twins below use, run in the simulator only
+    from .. import sim
 
 # -------------------------------------------------------------------------------------------
 # 16-byte vector intrinsics (inline PTX) and their simulator twins
@@ -154,7 +158,7 @@ def _aligned16_twin(array, index):
     return sim.element_address(array, index) % VECTOR_BYTES == 0
 
 
-load16 = sim.twin(_load16_twin)(_make_load("global"))
+load16 = twins.twin(_load16_twin)(_make_load("global"))
 load16.__doc__ = """``load16(array, index) -> tuple``: one 16-byte global load (``LDG.E.128``).
 
 Returns the 16 bytes at the address of ``array[index]`` as ``16 // itemsize`` elements (4
@@ -164,14 +168,14 @@ cross a row end: the next row's first elements). On the GPU a misaligned address
 (the launch fails) and nothing else is checked; the simulator twin raises
 :class:`tessera_tile.sim.SimulationError` for a misaligned address or a non-contiguous last axis.
 """
-store16 = sim.twin(_store16_twin)(_make_store("global"))
+store16 = twins.twin(_store16_twin)(_make_store("global"))
 store16.__doc__ = """``store16(array, index, values)``: one 16-byte global store (``STG.E.128``).
 
 ``values`` is a tuple of ``16 // itemsize`` elements; same conditions as :func:`load16`.
 """
-load16_shared = sim.twin(_load16_twin)(_make_load("shared"))
+load16_shared = twins.twin(_load16_twin)(_make_load("shared"))
 load16_shared.__doc__ = "Like :func:`load16` for a shared array (``LDS.128``)."
-store16_shared = sim.twin(_store16_twin)(_make_store("shared"))
+store16_shared = twins.twin(_store16_twin)(_make_store("shared"))
 store16_shared.__doc__ = "Like :func:`store16` for a shared array (``STS.128``)."
 
 
@@ -191,5 +195,5 @@ def _aligned16_intrinsic(typingctx, array, index):
     return types.boolean(array, index), codegen
 
 
-aligned16 = sim.twin(_aligned16_twin)(_aligned16_intrinsic)
+aligned16 = twins.twin(_aligned16_twin)(_aligned16_intrinsic)
 aligned16.__doc__ = "``aligned16(array, index) -> bool``: is ``&array[index]`` 16-byte aligned?"

@@ -30,9 +30,9 @@ from .. import bfloat16, memory, warp
 from .. import tile_ir as ir
 from .._device import numerics as device
 from .._runtime import cache as _cache
+from .._runtime import compat
 from .._runtime import config as _config
 from .._runtime.memo import CountingCache
-from ..sim import compat
 from . import persist
 from .plan import Stage, StageKind
 from .reductions import ReductionWriter

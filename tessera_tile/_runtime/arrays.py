@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 from numba import cuda
 
-from ..sim import compat
+from . import compat
 from . import config as _config
 from .streams import resolve_stream, wait_for_producers
 from .target import VECTOR_BYTES

@@ -28,8 +28,7 @@ import numpy as np
 from numba import types
 
 from .. import dynamic_shared
-from ..sim import compat
-from . import arrays, packing
+from . import arrays, compat, packing
 from . import config as _config
 
 

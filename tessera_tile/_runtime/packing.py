@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import types
 
-from ..sim import compat
+from . import compat
 from .arrays import Arg
 
 

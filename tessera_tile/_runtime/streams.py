@@ -13,7 +13,7 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
-from ..sim import compat
+from . import compat
 from . import config as _config
 
 

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._runtime import compat
 from .._runtime import config as _config
 from .._runtime import target as _target
 from ..dynamic_shared import limit as dynamic_shared_limit
-from ..sim import compat
 from . import sass
 from .sass import Loop
 

@@ -105,6 +105,7 @@ import numpy as np
 from numba import boolean, cuda, float32, int32, int64, uint16, uint64
 from numba.types import float16
 
+from .._runtime import compat
 from ..mbarrier import mbarrier_arrive, mbarrier_init, mbarrier_wait
 from ..mma import (
     SWIZZLE_64B,
@@ -125,7 +126,6 @@ from ..pipeline import (
     cp_async_commit_group,
     cp_async_wait_group,
 )
-from ..sim import compat
 from .epilogue import ElementEpilogue, identity
 from .matmul_tc_plan import Plan, aligned_rows, check_operands
 from .matmul_tc_plan import plan as _tc_plan

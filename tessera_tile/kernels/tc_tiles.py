@@ -10,9 +10,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._runtime import compat
 from .._runtime import config as _config
 from ..dynamic_shared import MAX_BLOCK_LIMIT as MAX_SHARED
-from ..sim import compat
 from .epilogue import ElementEpilogue
 
 __all__ = [

@@ -10,7 +10,7 @@ from numba.cuda.extending import intrinsic
 
 from .. import bfloat16, sim
 from .._device.intrinsics import check_index, element_pointer, shared_address
-from ..sim.compat import NumbaTypeError
+from .._runtime.compat import NumbaTypeError
 from ..sim.mma_twins import (
     _ldmatrix_twin,
     _load_f32x2_shared_twin,

@@ -16,7 +16,7 @@ from .._device.intrinsics import (
     target_compute_capability,
     void_asm,
 )
-from ..sim.compat import NumbaTypeError
+from .._runtime.compat import NumbaTypeError
 from ..sim.wgmma_descriptors import WGMMA_N
 from ..sim.wgmma_twins import (
     WgmmaError,

@@ -40,8 +40,8 @@ from .transfers import transfers  # named as its module: a lazy name would lose 
 if TYPE_CHECKING:
     from .profiler import Profile
 
-# Everything else is imported on first use: on a GPU, or offline, a library module that
-# registers a twin loads _base alone, not the simulator.
+# Everything else is imported on first use (a user's kernel module that registers a twin with
+# sim.twin loads _base, not the simulator).
 _LAZY = {
     "wavefronts": ".._device.banks",
     "Profile": ".profiler", "Race": ".profiler",
@@ -166,8 +166,3 @@ def profile() -> Profile:
     from .profiler import Profile
 
     return Profile()
-
-
-def _auto_install() -> None:
-    if _config.SIMULATED:
-        install()

@@ -15,7 +15,7 @@ import functools
 import linecache
 import types
 
-from .compat import NumbaTypeError
+from .._runtime.compat import NumbaTypeError
 
 _CHECKED: set = set()  # (code, instruction) of the call sites whose shape was found constant
 

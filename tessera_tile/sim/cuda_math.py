@@ -29,7 +29,8 @@ import types
 import numpy as np
 from numba.cuda import types as numba_types
 
-from . import compat, ints
+from .._runtime import compat
+from . import ints
 
 __all__ = ["MODULE", "SUPPORTED", "numba_result_type", "swapped_math"]
 

@@ -16,7 +16,8 @@ from greenlet import getcurrent
 from numba import cuda as numba_cuda
 from numba.cuda import types
 
-from . import compat, constant_shapes, ints, shared_limits
+from .._runtime import compat
+from . import constant_shapes, ints, shared_limits
 from ._base import SimulationError
 from .allocations import own_allocation
 from .scheduler import SimThread, block_on, current_thread

@@ -34,7 +34,7 @@ import weakref
 
 import numpy as np
 
-from . import compat
+from .._runtime import compat
 
 _stock_getitem = compat.FakeCUDAArray.__getitem__
 _stock_setitem = compat.FakeCUDAArray.__setitem__

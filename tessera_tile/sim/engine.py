@@ -17,7 +17,8 @@ from contextlib import ExitStack
 import numpy as np
 from greenlet import getcurrent
 
-from . import compat, cuda_math, device_arrays, host_copies, ints, packed, shared_limits
+from .._runtime import compat
+from . import cuda_math, device_arrays, host_copies, ints, packed, shared_limits
 from .allocations import own_allocation
 from .cuda_module import WarpAwareModule
 from .profiler import Profile, active

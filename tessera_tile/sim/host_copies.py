@@ -14,7 +14,8 @@ import functools
 
 import numpy as np
 
-from . import compat, device_arrays
+from .._runtime import compat
+from . import device_arrays
 
 _stock_to_device = compat.device_array_module().to_device
 _stock_copy_to_device = compat.FakeCUDAArray.copy_to_device

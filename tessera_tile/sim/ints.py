@@ -17,7 +17,7 @@ import operator
 import numpy as np
 from numba.cuda import types
 
-from . import compat
+from .._runtime import compat
 
 _MASK64 = (1 << 64) - 1
 _HALF64 = 1 << 63

@@ -15,7 +15,7 @@ import ctypes
 import numpy as np
 from numba import types
 
-from . import compat
+from .._runtime import compat
 from ._base import SimulationError
 from .device_arrays import root_memory
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import numpy as np
 from greenlet import getcurrent, greenlet
 
-from . import compat
+from .._runtime import compat
 from ._base import SimulationError, format_site, user_site
 from .tracked_arrays import TrackedArray
 from .warp_ops import (

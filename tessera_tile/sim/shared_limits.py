@@ -13,8 +13,8 @@ per architecture are :mod:`tessera_tile._runtime.target`'s.
 
 from __future__ import annotations
 
+from .._runtime import compat
 from .._runtime import target as _target
-from . import compat
 from ._base import SimulationError
 
 STATIC_LIMIT = _target.STATIC_SHARED  # bytes of static shared memory per block

@@ -23,7 +23,7 @@ SCRIPT = """
     import numba.cuda.cudadrv.nvvm as nvvm
     import numba.cuda.dispatcher as dispatcher
     import tessera_tile as tt
-    from tessera_tile.sim import compat
+    from tessera_tile._runtime import compat
 
     nvvm_calls = []
     compile_ir = nvvm.compile_ir

@@ -1,9 +1,9 @@
-"""Smoke test of the numba-cuda driver names the device path relies on (sim/compat.py). They
+"""Smoke test of the numba-cuda driver names the device path relies on (_runtime/compat.py). They
 exist only outside the simulator, so this runs in the compile tier."""
 
 import inspect
 
-from tessera_tile.sim import compat
+from tessera_tile._runtime import compat
 
 
 def test_driver_names_are_what_the_device_path_calls():

@@ -8,8 +8,8 @@ import pytest
 from numba import cuda, float32
 
 from tessera_tile import inspect
+from tessera_tile._runtime import compat
 from tessera_tile.inspect import sass
-from tessera_tile.sim import compat
 
 F32_3 = "void(float32[::1], float32[::1], float32[::1])"
 CHAIN = "void(float32[::1], float32[::1], float32[::1], float32[::1])"

@@ -166,7 +166,7 @@ def test_a_direct_launch_calls_cuda_core_as_numba_cuda_does(monkeypatch):
     call, with the launch and the stream conversion (which need a driver) recorded."""
     from cuda.core import LaunchConfig
 
-    from tessera_tile.sim import compat
+    from tessera_tile._runtime import compat
 
     calls = []
     monkeypatch.setattr(

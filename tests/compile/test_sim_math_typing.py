@@ -13,7 +13,8 @@ from numba.cuda import types
 from numba.cuda.descriptor import cuda_target
 from numba.cuda.utils import numba_target_override
 
-from tessera_tile.sim import compat, cuda_math
+from tessera_tile._runtime import compat
+from tessera_tile.sim import cuda_math
 
 ARG_TYPES = (
     types.float16, types.float32, types.float64, types.boolean, types.int8, types.uint8,

@@ -1,4 +1,4 @@
-"""Smoke tests of the private numba-cuda names in tessera_tile.sim.compat: each exists, is the
+"""Smoke tests of the private numba-cuda names in tessera_tile._runtime.compat: each exists, is the
 kind of object expected and has what the simulator uses, so a numba-cuda upgrade fails here.
 
 They hold without the simulator too (the names are importable either way), so every tier runs
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import SIMULATED
 
-from tessera_tile.sim import compat
+from tessera_tile._runtime import compat
 
 
 def test_supported_range_is_the_installed_version():

@@ -19,7 +19,8 @@ import pytest
 from helpers import SIMULATED, on
 from numba import cuda
 
-from tessera_tile.sim import compat, cuda_math, ints
+from tessera_tile._runtime import compat
+from tessera_tile.sim import cuda_math, ints
 
 # CUDA's maximum error in ulp against the correctly rounded result, (float32, float64): CUDA C++
 # Programming Guide, "Mathematical Functions" appendix, standard functions, compute capability

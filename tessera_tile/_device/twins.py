@@ -1,0 +1,49 @@
+"""The twin registry: each inline-PTX intrinsic of the library names the Python function that
+stands for it in the simulator (:func:`twin`). Kept outside :mod:`tessera_tile.sim`, so that
+defining an intrinsic on a GPU, or offline, loads no part of the simulator; the simulator reads
+the registry (:func:`twins`, :data:`transparent_code`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .._runtime import config as _config
+
+# Code objects of twins: the accesses a twin makes belong to the kernel line that called it.
+transparent_code: set = set()
+_TWINS: dict[str, tuple[Callable, Callable]] = {}
+
+
+def twin(python_impl: Callable) -> Callable[[Callable], Callable]:
+    """Register ``python_impl`` as the simulator twin of an inline-PTX intrinsic.
+
+    ::
+
+        @twin(_cp_async_commit_twin)
+        @intrinsic
+        def cp_async_commit(typingctx): ...
+
+    Under the simulator the decorated name is bound to the twin, which must have the same
+    semantics (an async copy lands at its wait, not before); on a GPU, to the intrinsic.
+    Accesses a twin makes through :func:`tessera_tile.sim.load` and
+    :func:`tessera_tile.sim.store` are attributed to the kernel line that called it.
+    """
+
+    def register(intrinsic: Callable) -> Callable:
+        # named where the intrinsic is defined (its twin may live in the simulator's modules)
+        module = getattr(getattr(intrinsic, "_defn", intrinsic), "__module__", None)
+        name = f"{module or python_impl.__module__}."
+        name += getattr(intrinsic, "__name__", python_impl.__name__)
+        _TWINS[name] = (intrinsic, python_impl)
+        if _config.SIMULATED:
+            transparent_code.add(python_impl.__code__)
+            return python_impl
+        return intrinsic
+
+    return register
+
+
+def twins() -> dict[str, tuple[Callable, Callable]]:
+    """Registered intrinsics: name -> (intrinsic, twin)."""
+    return dict(_TWINS)
