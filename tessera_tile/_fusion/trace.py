@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import tile_ir as ir
+from .._runtime import arrays
 from ..tile_ir import Node, Op
 
 
@@ -386,11 +387,7 @@ def cast_results(trace: Trace, dtypes: list, names: list[str], fn_name: str) -> 
     outputs = []
     for node, dtype, name in zip(trace.outputs, map(np.dtype, dtypes), names, strict=True):
         if node.dtype != dtype:
-            if not np.can_cast(node.dtype, dtype, "same_kind"):
-                raise TypeError(
-                    f"Cannot cast the result of {fn_name} into {name} from dtype('{node.dtype}')"
-                    f" to dtype('{dtype}') with casting rule 'same_kind'"
-                )
+            arrays.check_cast(node.dtype, dtype, f"of {fn_name} into {name}")
             node = ir.elementwise(Op.CAST, node, arg=ir.dtype_arg(dtype))
         outputs.append(node)
     trace.outputs = tuple(outputs)

@@ -273,6 +273,17 @@ def check_out(out: Arg, name: str, shape, dtype, inputs: dict[str, Arg]) -> None
             raise ValueError(f"{name} overlaps {input_name}: inputs are never modified")
 
 
+def check_cast(result, out, into: str) -> None:
+    """NumPy's ``same_kind`` rule for writing a result of dtype ``result`` into an ``out=`` of
+    dtype ``out`` (the one rule for every fused function and op): TypeError in NumPy's words
+    otherwise; ``into`` names the destination ("into out")."""
+    if result != out and not np.can_cast(result, out, "same_kind"):
+        raise TypeError(
+            f"Cannot cast the result {into} from dtype('{result}') to dtype('{out}') with "
+            "casting rule 'same_kind'"
+        )
+
+
 def check_one_side(args: list[Arg], names: list[str]) -> None:
     """Arrays must all be on the host or all on the device: TypeError naming two of them."""
     host = [n for a, n in zip(args, names, strict=True) if a.kind == HOST]

@@ -262,11 +262,7 @@ def check_out(out, shape, dtype, inputs: dict[str, arrays.Arg]) -> arrays.Arg | 
     named = inputs if o is None else {**inputs, "out": o}
     arrays.check_one_side(list(named.values()), list(named))
     if o is not None:
-        if o.dtype != dtype and not np.can_cast(dtype, o.dtype, "same_kind"):
-            raise TypeError(  # NumPy's words, as the fused functions say it
-                f"Cannot cast the result into out from dtype('{dtype}') to dtype('{o.dtype}') "
-                "with casting rule 'same_kind'"
-            )
+        arrays.check_cast(np.dtype(dtype), o.dtype, "into out")
         arrays.check_out(o, "out", shape, o.dtype, inputs)
     return o
 
