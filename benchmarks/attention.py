@@ -68,7 +68,7 @@ def model() -> None:
 
 def sass() -> None:
     from tessera_tile import inspect
-    from tessera_tile.kernels import attention as fa
+    from tessera_tile.kernels.attention import tc as fa
 
     signature = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, ::1]")
     for arch in ("sm_80", "sm_90"):
@@ -111,7 +111,7 @@ def sass() -> None:
 def wgmma_sass(signature: str) -> None:
     """The warpgroup-MMA kernel (what a GPU of compute capability 9.0 runs), per warpgroup."""
     from tessera_tile import inspect
-    from tessera_tile.kernels import attention_wgmma as aw
+    from tessera_tile.kernels.attention import wgmma as aw
 
     table = Table(title="flash attention on wgmma, K/V loop per 64-key tile per warpgroup (sm_90)")
     for col in ("kernel", "regs", "spills", "smem B", "HGMMA", "LDS+LDSM", "EX2/score", "instr",
@@ -137,7 +137,7 @@ def wgmma_sass(signature: str) -> None:
 
 def traffic() -> None:
     from tessera_tile import ops, sim
-    from tessera_tile.kernels import attention as fa
+    from tessera_tile.kernels.attention import tc as fa
 
     table = Table(title="simulator profile, float16, D = 64, one head (measured global bytes)")
     for col in ("S", "causal", "measured B", "predicted B", "K/V B", "naive 3-kernel B",
@@ -180,8 +180,8 @@ def gpu() -> None:
 
     from tessera_tile import dynamic_shared, ops
     from tessera_tile.cli.bench_ref import time_ms
-    from tessera_tile.kernels import attention as fa
-    from tessera_tile.kernels import attention_wgmma as aw
+    from tessera_tile.kernels.attention import tc as fa
+    from tessera_tile.kernels.attention import wgmma as aw
 
     in_turn = aw.WgmmaAttentionConfig(64, 8, 2, False)
     producer = aw.WgmmaAttentionConfig(64, 8, 3, True, True)

@@ -120,8 +120,8 @@ def model() -> None:
 def sass() -> None:
     from tessera_tile import inspect
     from tessera_tile.kernels import epilogue
-    from tessera_tile.kernels import matmul as km
-    from tessera_tile.kernels import matmul_tc as tc
+    from tessera_tile.kernels.matmul import simt as km
+    from tessera_tile.kernels.matmul import tc
     from tessera_tile.tile_config import CANDIDATES
 
     table = Table(title="ours, compiled offline (static SASS, ptxas 13.5): not timings")

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tessera_tile import inspect
-from tessera_tile.kernels import matmul_tc as tc
-from tessera_tile.kernels import matmul_tf32 as tf
+from tessera_tile.kernels.matmul import tc
+from tessera_tile.kernels.matmul import tf32 as tf
 
 console = Console(width=150)
 SIGNATURE = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"

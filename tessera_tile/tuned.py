@@ -21,10 +21,10 @@ of time (the stand-ins of the command: ``(M, K) @ (K, K)``).
 
 from __future__ import annotations
 
-from .kernels.matmul_calls import TUNED_LINEAR as linear
-from .kernels.matmul_calls import TUNED_MATMUL as matmul
-from .kernels.matmul_calls import TUNED_MATMUL_TF32 as matmul_tf32
-from .kernels.matmul_calls import tile_model as model
+from .kernels.matmul.calls import TUNED_LINEAR as linear
+from .kernels.matmul.calls import TUNED_MATMUL as matmul
+from .kernels.matmul.calls import TUNED_MATMUL_TF32 as matmul_tf32
+from .kernels.matmul.calls import tile_model as model
 from .tile_config import CHOICES as CONFIGS
 
 __all__ = ["CONFIGS", "linear", "matmul", "matmul_tf32", "model"]

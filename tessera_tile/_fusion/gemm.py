@@ -27,7 +27,7 @@ computes the chain on each element as its tile is staged, with a function genera
 
     prologue(v) -> the operand's element (float16, bfloat16 bits or float32)
 
-of the array's element ``v`` as stored (``kernels.prologue``).
+of the array's element ``v`` as stored (``kernels.matmul.prologue``).
 
 A *dual* stage has two products of one left operand, ``p = a @ b`` and ``p2 = a @ b2`` (``b2``
 of ``b``'s shape and dtype: a gated MLP's ``silu(x @ w1) * (x @ w3)``). Its kernel reads each
@@ -184,7 +184,7 @@ def _emit(roots, env: dict, skip: set, math: str, lines: list[str]) -> None:
 def prologue_source(operand: Node, math: str) -> tuple[str, str]:
     """``(name, source)`` of the device function ``fn(v)`` computing one element of a
     prologue ``operand`` from its leaf's element ``v`` as stored, in the operand's dtype as the
-    composer stores it (a bfloat16's bits: ``kernels.prologue``)."""
+    composer stores it (a bfloat16's bits: ``kernels.matmul.prologue``)."""
     digest = hashlib.blake2b(f"{operand.key}{math}".encode(), digest_size=4).hexdigest()
     name = f"prologue_{digest}"
     leaf = _leaf(operand)

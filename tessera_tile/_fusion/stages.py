@@ -1,7 +1,7 @@
 """The composer's hand-written stages (:mod:`.gemm`) bound to a call: a matmul inside
-``@tt.fuse`` runs as the matmul ops' :class:`~tessera_tile.kernels.matmul_plan.Product`, with
+``@tt.fuse`` runs as the matmul ops' :class:`~tessera_tile.kernels.matmul.plan.Product`, with
 the stage's generated epilogue in place of an activation; an attention pattern the planner
-found runs as ``ops.attention``'s plan (:mod:`tessera_tile.kernels.attention_plan`).
+found runs as ``ops.attention``'s plan (:mod:`tessera_tile.kernels.attention.plan`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import numpy as np
 from .. import tile_ir as ir
 from .._runtime import arrays, launch
 from .._runtime.launch import Value
-from ..kernels import attention_plan, matmul_calls
+from ..kernels.attention import plan as attention_plan
 from ..kernels.epilogue import ElementEpilogue
-from ..kernels.matmul_choice import DUAL
-from ..kernels.matmul_plan import Product
-from ..kernels.prologue import ElementPrologue
+from ..kernels.matmul import calls as matmul_calls
+from ..kernels.matmul.choice import DUAL
+from ..kernels.matmul.plan import Product
+from ..kernels.matmul.prologue import ElementPrologue
 from ..tile_ir import Op
 from . import gemm
 from .lower import TYPE_NAMES
@@ -134,7 +135,7 @@ class FlashBound:
     """An attention stage bound to a call's layouts: ``ops.attention``'s validated call."""
 
     stage: object
-    call: object  # kernels.attention_plan.Attention
+    call: object  # kernels.attention.plan.Attention
     keys: tuple  # record keys of q, k, v, then the result
     generated: Generated
     scalars: tuple = ()

@@ -95,7 +95,7 @@ def tile_copies(rows: int, chunks: int, threads: int) -> TileCopies:
 class TensorCoreConfig(NamedTuple):
     """One kernel configuration (block tile, warps, stages, epilogue, load path, and the
     operands: float16 with ``mma.m16n8k16``, or float32 read as TF32 with ``mma.m16n8k8``,
-    :mod:`tessera_tile.kernels.matmul_tf32`)."""
+    :mod:`tessera_tile.kernels.matmul.tf32`)."""
 
     tile_m: int = 128
     tile_n: int = 128

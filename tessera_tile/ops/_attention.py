@@ -1,6 +1,6 @@
-"""``attention`` as a prebuilt op: its plan is :mod:`tessera_tile.kernels.attention_plan`."""
+"""``attention`` as a prebuilt op: its plan is :mod:`tessera_tile.kernels.attention.plan`."""
 
-from ..kernels import attention_plan
+from ..kernels.attention import plan as attention_plan
 from ._contract import PrebuiltOp
 
 attention = PrebuiltOp(attention_plan.attention)

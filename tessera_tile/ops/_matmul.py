@@ -1,6 +1,6 @@
-"""The matmul family as prebuilt ops: their plans are :mod:`tessera_tile.kernels.matmul_calls`."""
+"""The matmul family as prebuilt ops: their plans are :mod:`tessera_tile.kernels.matmul.calls`."""
 
-from ..kernels import matmul_calls
+from ..kernels.matmul import calls as matmul_calls
 from ._contract import PrebuiltOp
 
 matmul = PrebuiltOp(matmul_calls.matmul)

@@ -28,14 +28,14 @@ F32_1D = "float32[::1]"
 MATMUL = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
 BATCHED = "void(float32[:, :, ::1], float32[:, :, ::1], float32[::1], float32[:, :, ::1])"
 BATCHED_F16 = "void(float16[:, :, ::1], float16[:, :, ::1], float16[::1], float16[:, :, ::1])"
-MM = "tessera_tile.kernels.matmul"
+MM = "tessera_tile.kernels.matmul.simt"
 SIMT = {"LDGSTS.E.BYPASS.128": 1, "LDS.128": 32, "FFMA": 512}
 FLASH = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, ::1]")
 FLASH_ANY = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, :]")
 FLASH_BF16 = "void({0}, {0}, {0}, {0}, float32)".format("uint16[:, :, ::1]")  # bfloat16 bits
 F16_MM = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
 BF16_MM = "void(uint16[:, :, ::1], uint16[:, :, ::1], float32[::1], uint16[:, :, ::1])"  # bits
-ATT = "tessera_tile.kernels.attention_simt"
+ATT = "tessera_tile.kernels.attention.simt"
 ATT_ALIGNED = "void(" + "float32[:, :, ::1], " * 4 + "float32)"
 ATT_STRIDED = "void(" + "float32[:, :, :], " * 4 + "float32)"
 ATT_OPS = {"LDS.128": 16, "FFMA": 128, "MUFU.EX2": 2, "SHFL.BFLY": 6, "BAR": 2}
@@ -237,7 +237,7 @@ CASES = [
         dynamic_shared=72 * 1024 + 32,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tc",
+        "tessera_tile.kernels.matmul.tc",
         "matmul_tc_anchor",
         F16_MM,
         {"sm_80": 232, "sm_90": 232},
@@ -246,7 +246,7 @@ CASES = [
         dynamic_shared=49152,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tc",
+        "tessera_tile.kernels.matmul.tc",
         "matmul_tc_8warps",
         F16_MM,
         {"sm_80": 136, "sm_90": 136},
@@ -255,7 +255,7 @@ CASES = [
         dynamic_shared=49152,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tc",
+        "tessera_tile.kernels.matmul.tc",
         "matmul_tc_sync",
         F16_MM,
         {"sm_80": 176, "sm_90": 176},
@@ -264,7 +264,7 @@ CASES = [
         dynamic_shared=32768,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tc",
+        "tessera_tile.kernels.matmul.tc",
         "matmul_bf16_anchor",
         BF16_MM,
         {"sm_80": 232, "sm_90": 232},
@@ -273,7 +273,7 @@ CASES = [
         dynamic_shared=49152,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tc",
+        "tessera_tile.kernels.matmul.tc",
         "matmul_tc_small_bias",
         F16_MM,
         {"sm_80": 80, "sm_90": 80},
@@ -282,7 +282,7 @@ CASES = [
         dynamic_shared=4096,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tc",
+        "tessera_tile.kernels.matmul.tc",
         "matmul_tc_256x128x64",
         F16_MM,
         {"sm_80": 244, "sm_90": 244},
@@ -291,7 +291,7 @@ CASES = [
         dynamic_shared=147456,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tc",
+        "tessera_tile.kernels.matmul.tc",
         "matmul_tc_128x256",
         F16_MM,
         {"sm_80": 236, "sm_90": 236},
@@ -300,7 +300,7 @@ CASES = [
         dynamic_shared=73728,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tf32",
+        "tessera_tile.kernels.matmul.tf32",
         "matmul_tf32_wide",
         BATCHED,
         {"sm_80": 248, "sm_90": 248},
@@ -309,7 +309,7 @@ CASES = [
         dynamic_shared=98304,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tf32",
+        "tessera_tile.kernels.matmul.tf32",
         "matmul_tf32_anchor",
         BATCHED,
         {"sm_80": 176, "sm_90": 176},
@@ -318,7 +318,7 @@ CASES = [
         dynamic_shared=49152,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tf32",
+        "tessera_tile.kernels.matmul.tf32",
         "matmul_tf32_4warps",
         BATCHED,
         {"sm_80": 176, "sm_90": 176},
@@ -327,7 +327,7 @@ CASES = [
         dynamic_shared=36864,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tf32",
+        "tessera_tile.kernels.matmul.tf32",
         "matmul_tf32_small_bias",
         BATCHED,
         {"sm_80": 136, "sm_90": 136},
@@ -336,7 +336,7 @@ CASES = [
         dynamic_shared=8192,
     ),  # fmt: skip
     Case(
-        "tessera_tile.kernels.matmul_tf32",
+        "tessera_tile.kernels.matmul.tf32",
         "linear_tf32_gelu_bias",
         BATCHED,
         {"sm_80": 176, "sm_90": 176},
@@ -362,7 +362,7 @@ CASES = [
     ),
     *(
         Case(
-            "tessera_tile.kernels.attention",
+            "tessera_tile.kernels.attention.tc",
             name,
             sig,
             budget,

@@ -18,7 +18,7 @@ one pass of it processes (its HMMA over those of one tile).
 import pytest
 
 from tessera_tile import inspect, ops
-from tessera_tile.kernels import attention as fa
+from tessera_tile.kernels.attention import tc as fa
 
 ARCHS = ("sm_80", "sm_90")
 SIG = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, ::1]")

@@ -1,4 +1,4 @@
-"""The warpgroup-MMA flash attention (kernels.attention_wgmma) compiled for sm_90 (numba-cuda's
+"""The warpgroup-MMA flash attention (kernels.attention.wgmma) compiled for sm_90 (numba-cuda's
 sm_90a): both products on HGMMA in the K/V loop, Q, K and V read by the tensor cores through
 descriptors (no LDS or LDSM), no mma.sync, one barrier per tile, 0 spills, no local memory, no
 wgmma advisory from ptxas; refused, with our message, for sm_80; and ``ops.attention`` inspected
@@ -18,7 +18,7 @@ import pytest
 from test_wgmma_sass import ptxas_advisories
 
 from tessera_tile import inspect, ops
-from tessera_tile.kernels import attention_wgmma as aw
+from tessera_tile.kernels.attention import wgmma as aw
 
 SIG = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, ::1]")
 BF16_SIG = "void({0}, {0}, {0}, {0}, float32)".format("uint16[:, :, ::1]")  # bfloat16 bits

@@ -10,7 +10,7 @@ import pytest
 
 import tessera_tile as tt
 from tessera_tile import inspect, ops
-from tessera_tile.kernels import matmul_tc as tc
+from tessera_tile.kernels.matmul import tc
 
 ARCHS = ("sm_80", "sm_90")
 DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))

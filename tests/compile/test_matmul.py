@@ -19,7 +19,7 @@ from numba.cuda.compiler import compile_cuda  # LLVM IR before NVVM: names libde
 
 from tessera_tile import inspect, ops
 from tessera_tile.kernels import epilogue
-from tessera_tile.kernels import matmul as km
+from tessera_tile.kernels.matmul import simt as km
 from tessera_tile.tile_config import CANDIDATES, estimated_registers
 
 ARCHS = ("sm_80", "sm_90")

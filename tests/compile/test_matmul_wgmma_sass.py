@@ -1,4 +1,4 @@
-"""The warpgroup-MMA matmul (kernels.matmul_wgmma) compiled for sm_90a: HGMMA only for the math
+"""The warpgroup-MMA matmul (kernels.matmul.wgmma) compiled for sm_90a: HGMMA only for the math
 in the main loop, operands read through descriptors (no LDS or LDSM), cp.async copies, one
 barrier per k-tile, no spills, no local memory, no wgmma advisory from ptxas; and refused, with
 our message, for sm_80.
@@ -21,7 +21,7 @@ from test_wgmma_sass import ptxas_advisories
 
 from tessera_tile import inspect
 from tessera_tile.kernels import epilogue
-from tessera_tile.kernels import matmul_wgmma as wg
+from tessera_tile.kernels.matmul import wgmma as wg
 
 F16 = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
 BF16 = "void(uint16[:, :, ::1], uint16[:, :, ::1], uint16[::1], uint16[:, :, ::1])"  # bits

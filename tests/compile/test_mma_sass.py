@@ -9,8 +9,8 @@ from numba import cuda, float32
 from numba.types import float16
 
 from tessera_tile import inspect, mma
-from tessera_tile.kernels import matmul_tc as tc
-from tessera_tile.kernels import matmul_tf32 as tf
+from tessera_tile.kernels.matmul import tc
+from tessera_tile.kernels.matmul import tf32 as tf
 from tessera_tile.tile_config import default_config
 
 ARCHS = ("sm_80", "sm_90")

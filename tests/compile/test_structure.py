@@ -85,3 +85,17 @@ def test_importing_the_ops_builds_no_kernel(record_property):
         f"ms (one fresh interpreter, offline); kernels built: {len(got['kernels'])}",
     )
     assert got["kernels"] == [], got["kernels"]
+
+
+def test_the_kernel_families_former_module_names_still_import():
+    """``from tessera_tile.kernels import matmul_tc`` (the name before the families became
+    packages) gives ``tessera_tile.kernels.matmul.tc``."""
+    import importlib
+
+    from tessera_tile import kernels
+
+    assert len(kernels._FORMER) == 13
+    for former, now in kernels._FORMER.items():
+        assert getattr(kernels, former) is importlib.import_module(f"tessera_tile.kernels.{now}")
+    with pytest.raises(AttributeError, match="no attribute 'matmul_fast'"):
+        kernels.matmul_fast  # noqa: B018

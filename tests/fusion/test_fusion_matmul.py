@@ -360,7 +360,7 @@ def test_gated_mlp_reads_x_once_per_tile_pair(dtype):
     (two GEMM kernels would read it twice, and write and read the first product)."""
     from numba import cuda
 
-    from tessera_tile.kernels.matmul_choice import DUAL
+    from tessera_tile.kernels.matmul.choice import DUAL
 
     m, k, n = 136, 16, 72  # two row tiles of x
     args = [cuda.to_device(draw(s, dtype, 60 + i)) for i, s in enumerate(((m, k), (k, n), (k, n)))]

@@ -397,7 +397,7 @@ def test_batches_and_vectors_follow_numpy(a_shape, b_shape, on_b, side):
 def test_a_warp_specialised_choice_runs_as_its_8_warp_twin(monkeypatch):
     """On sm_90a the tuner may choose a warp-specialised wgmma tile (12 warps, as a GPU timing
     would): with a prologue the stage runs the mma.sync kernel of that tile with 8 warps."""
-    from tessera_tile.kernels import matmul_calls as _matmul
+    from tessera_tile.kernels.matmul import calls as _matmul
     from tessera_tile.tile_config import WARP_SPECIALISED, TileConfig
 
     x, w = draw((64, 64), "float16", 54), draw((64, 64), "float16", 55)

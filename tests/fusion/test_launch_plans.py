@@ -107,7 +107,7 @@ def test_a_device_out_is_part_of_the_layout():
 
 
 def test_a_matmul_plans_its_launches_once_per_layout(monkeypatch):
-    from tessera_tile.kernels import matmul_plan as _matmul_plan
+    from tessera_tile.kernels.matmul import plan as _matmul_plan
 
     made = collections.Counter()
     original = _matmul_plan.Product._plan_launches
@@ -279,8 +279,8 @@ def _consulted(monkeypatch, tuner) -> collections.Counter:
 def test_a_kept_call_consults_no_tuner_until_it_is_cleared(monkeypatch, op):
     """The matmul ops and the warpgroup-MMA attention alike: a kept call holds its tuner's
     choice, and clearing the tuner drops it."""
-    from tessera_tile.kernels import attention_plan as _attention
-    from tessera_tile.kernels import matmul_calls as _matmul
+    from tessera_tile.kernels.attention import plan as _attention
+    from tessera_tile.kernels.matmul import calls as _matmul
 
     if op == "linear":
         x, w = np.ones((4, 8), np.float32), np.full((8, 3), 0.5, np.float32)

@@ -1,4 +1,4 @@
-"""The float32 SIMT flash-attention kernel (kernels/attention_simt.py), called directly, against
+"""The float32 SIMT flash-attention kernel (kernels/attention/simt.py), called directly, against
 a float64 NumPy reference (helpers.attention_reference); its measured traffic and bank conflicts.
 
 Inputs: q and k uniform in [-1, 1] with ``scale = 30 / sqrt(D)``, so scores reach about +-30
@@ -63,7 +63,7 @@ from numba import cuda
 
 from tessera_tile import dynamic_shared
 from tessera_tile._runtime import arrays as _arrays
-from tessera_tile.kernels import attention_simt as at
+from tessera_tile.kernels.attention import simt as at
 
 Config = at.SimtAttentionConfig
 LOG2E = math.log2(math.e)

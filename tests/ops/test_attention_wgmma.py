@@ -1,4 +1,4 @@
-"""The warpgroup-MMA flash attention (kernels.attention_wgmma, sm_90a) and ``ops.attention`` on
+"""The warpgroup-MMA flash attention (kernels.attention.wgmma, sm_90a) and ``ops.attention`` on
 sm_90a, against the float64 NumPy reference, element by element.
 
 The bound is test_ops_attention's (module doc there): the kernel rounds where the mma.sync
@@ -22,8 +22,8 @@ from test_ops_attention import check, check_infinities, operands, tolerance
 
 import tessera_tile as tt
 from tessera_tile import dynamic_shared, ops, sim
-from tessera_tile.kernels import attention as tc
-from tessera_tile.kernels import attention_wgmma as aw
+from tessera_tile.kernels.attention import tc
+from tessera_tile.kernels.attention import wgmma as aw
 
 pytestmark = wgmma_skip("test_attention_wgmma")
 
@@ -320,7 +320,7 @@ def test_the_tuner_offers_a_producer_warpgroup_that_only_a_measurement_picks(mon
     """Without a config the wgmma kernel's is its tuner's: the default and the same with a
     producer warpgroup, scored alike for the default's warps (inf for the others), so the model
     keeps the default; a choice of the producer (as a GPU timing would make) is launched."""
-    from tessera_tile.kernels import attention_plan as _attention
+    from tessera_tile.kernels.attention import plan as _attention
 
     q, k, v = operands(np.random.default_rng(13), (2, 130, 64), (2, 210, 64))
     for rows, warps in ((130, 8), (40, 4)):

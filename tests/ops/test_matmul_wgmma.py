@@ -1,4 +1,4 @@
-"""The warpgroup-MMA matmul (kernels.matmul_wgmma, sm_90a) against NumPy, element by element.
+"""The warpgroup-MMA matmul (kernels.matmul.wgmma, sm_90a) against NumPy, element by element.
 
 The reference is float64 on the rounded inputs (float16 or bfloat16: their products are exact in
 float64). The kernel accumulates in float32 (the twin of each k16 wgmma sums exactly and rounds
@@ -30,7 +30,7 @@ from numba import cuda, float32
 
 from tessera_tile import mma, pipeline, sim
 from tessera_tile.kernels import epilogue
-from tessera_tile.kernels import matmul_wgmma as wg
+from tessera_tile.kernels.matmul import wgmma as wg
 
 pytestmark = wgmma_skip("test_matmul_wgmma")
 
@@ -401,7 +401,7 @@ def test_the_tuner_offers_the_wgmma_tiles_on_sm90a(side):
     choices only where this kernel runs: the model scores them inf elsewhere, and on sm_90a
     its ties go to them; each makes a valid kernel config, and an op runs on it."""
     from tessera_tile import ops, tile_config
-    from tessera_tile.kernels.matmul_choice import wgmma_config
+    from tessera_tile.kernels.matmul.choice import wgmma_config
 
     big = (4096, 4096, 4096)
     for cfg in tile_config.WGMMA_CANDIDATES:
@@ -429,7 +429,7 @@ def test_the_tuner_offers_warp_specialised_tiles_that_only_a_measurement_picks(s
     8-warp twins and come after them, so the model never picks one; an explicit one runs the
     warp-specialised kernel on sm_90a and is refused, with the reason, where it cannot run."""
     from tessera_tile import ops, tile_config
-    from tessera_tile.kernels.matmul_choice import wgmma_config
+    from tessera_tile.kernels.matmul.choice import wgmma_config
 
     specialised = [c for c in tile_config.WGMMA_CANDIDATES if c.num_warps == 12]
     assert len(specialised) == 3

@@ -27,8 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera_tile import ops, sim
-from tessera_tile.kernels import attention as tc
-from tessera_tile.kernels import attention_simt as simt
+from tessera_tile.kernels.attention import simt, tc
 
 U16 = 2.0**-11
 U32 = 2.0**-24

@@ -1,4 +1,4 @@
-"""The float16 tensor-core matmul (tessera_tile.kernels.matmul_tc) against NumPy.
+"""The float16 tensor-core matmul (tessera_tile.kernels.matmul.tc) against NumPy.
 
 Reference: float64 products of the float16 inputs (+ bias, activation). The kernel accumulates
 in float32 and rounds the result once to float16, so the relative Frobenius error stays below
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from numba import cuda, float32
 
 from tessera_tile.kernels import epilogue
-from tessera_tile.kernels import matmul_tc as tc
+from tessera_tile.kernels.matmul import tc
 
 RTOL_FRO = 1e-2  # relative Frobenius error for float16 output
 SMALL = dict(tile_m=32, tile_n=32, tile_k=16, num_warps=1, num_stages=2)

@@ -1,4 +1,4 @@
-"""The bfloat16 tensor-core matmul (kernels.matmul_tc with ``bf16=True``): every array its uint16
+"""The bfloat16 tensor-core matmul (kernels.matmul.tc with ``bf16=True``): every array its uint16
 bits, bfloat16 products exact in float32, float32 accumulation, one rounding to bfloat16 at the
 store. So each element is within 2^-8 of the float64 product, relatively, plus the float32 sum's
 error (K terms of 2^-24): the relative Frobenius error stays below 2^-8 + K 2^-24, under 4.5e-3
@@ -10,7 +10,7 @@ import pytest
 from helpers import on
 from numba import cuda, float32
 
-from tessera_tile.kernels import matmul_tc as tc
+from tessera_tile.kernels.matmul import tc
 
 BF16 = ml_dtypes.bfloat16
 RTOL_FRO = 4.5e-3

@@ -1,4 +1,4 @@
-"""The TF32 tensor-core matmul (tessera_tile.kernels.matmul_tf32) against NumPy.
+"""The TF32 tensor-core matmul (tessera_tile.kernels.matmul.tf32) against NumPy.
 
 Reference: float64 products of the float32 inputs (+ bias, activation). The error bound is
 derived, not tuned: the tensor core reads each input's upper 19 bits (truncation, relative
@@ -18,7 +18,7 @@ import pytest
 from helpers import assert_planned_profile, on
 
 from tessera_tile.kernels import epilogue
-from tessera_tile.kernels import matmul_tf32 as tf
+from tessera_tile.kernels.matmul import tf32 as tf
 
 SMALL = dict(tile_m=32, tile_n=32, tile_k=16, num_warps=1, num_stages=2)
 SMALL2 = dict(tile_m=32, tile_n=64, tile_k=8, num_warps=2, num_stages=3)

@@ -94,7 +94,7 @@ def test_shared_memory_limits():
     # The SIMT kernel's tiles are static arrays up to 48 KiB, dynamic shared memory past it:
     # 128 x 128 x 16 in 3 float32 stages is 48 KiB of rings alone, beyond the static limit with
     # the bias row; 128 x 64 x 32 in 3 stages 72 KiB (issue 40 found it refused on sm_90).
-    from tessera_tile.kernels import matmul as simt
+    from tessera_tile.kernels.matmul import simt
 
     assert TileConfig(128, 128, 16, 8, 2).shared_bytes <= STATIC_SHARED_LIMIT
     assert simt.dynamic_bytes(TileConfig(128, 128, 16, 8, 2), has_bias=True) == 0
@@ -142,7 +142,7 @@ def test_default_model_choices():
 
 
 def test_kernel_factory_is_memoised_on_the_config_value():
-    from tessera_tile.kernels import matmul as km
+    from tessera_tile.kernels.matmul import simt as km
 
     assert km.simt_matmul(TileConfig(64, 64, 8, 2, 3)) is km.simt_matmul(
         TileConfig(64, 64, 8, 2, 3)

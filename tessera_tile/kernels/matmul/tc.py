@@ -52,7 +52,7 @@ single elements (any alignment, any K and N), one 16-byte shared store per chunk
 stores. Use the fallback with 8 warps and 2 stages (``matmul_tc_sync``, no spills): with 4
 warps its 128 accumulators per thread and the guarded loads in flight spill (~90 B).
 
-The same builder makes the float32 TF32 kernel of :mod:`tessera_tile.kernels.matmul_tf32`
+The same builder makes the float32 TF32 kernel of :mod:`tessera_tile.kernels.matmul.tf32`
 (``TensorCoreConfig(..., tf32=True)``): float32 tiles (4 per 16-byte chunk), ``mma.m16n8k8``
 k steps of 8 run with the operands swapped (``C^T = B^T A^T``: B by two ``LDS.64`` per 16
 columns as the mma's A, A by ``ldmatrix`` as its B) from a B tile swizzled for them, float32
@@ -69,8 +69,8 @@ import functools
 from numba import boolean, cuda, float32, int32, uint16, uint32
 from numba.types import float16
 
-from ..memory import store16_shared
-from ..mma import (
+from ...memory import store16_shared
+from ...mma import (
     ldmatrix_x4,
     ldmatrix_x4_trans,
     load_f32x2_shared,
@@ -81,18 +81,18 @@ from ..mma import (
     store_f16x2,
     store_f32x2,
 )
-from ..pipeline import (
+from ...pipeline import (
     SHARED_ALIGN,
     cp_async_cg_16_zfill,
     cp_async_commit_group,
     cp_async_wait_group,
 )
-from ._named import NamedKernels
-from .epilogue import ElementEpilogue, identity
-from .matmul_tc_plan import Plan, aligned_rows, check_operands, plan
+from .._named import NamedKernels
+from ..epilogue import ElementEpilogue, identity
+from ..tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, entry_point, tile_copies
 from .prologue import chunk_pass, name_of, on_load
 from .tc_epilogue import tensor_core_epilogue
-from .tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, entry_point, tile_copies
+from .tc_plan import Plan, aligned_rows, check_operands, plan
 
 __all__ = [
     "ANCHOR",

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._runtime import arrays
-from .._runtime.launch import View
-from ..tile_ir import storage_dtype
+from ..._runtime import arrays
+from ..._runtime.launch import View
+from ...tile_ir import storage_dtype
 
 __all__ = [
     "MAX_GRID_YZ", "Geometry", "Matrix", "array_type", "as_matrix", "copy_bytes",

@@ -79,11 +79,11 @@ import numpy as np
 from numba import cuda, float32, int32, int64, uint16, uint32, uint64
 from numba.types import float16
 
-from .. import dynamic_shared
-from .._device.numerics import exp2_approx, max_nan, rcp_approx
-from ..bfloat16 import pack_bf16x2
-from ..mbarrier import mbarrier_arrive, mbarrier_init, mbarrier_wait
-from ..mma import (
+from ... import dynamic_shared
+from ..._device.numerics import exp2_approx, max_nan, rcp_approx
+from ...bfloat16 import pack_bf16x2
+from ...mbarrier import mbarrier_arrive, mbarrier_init, mbarrier_wait
+from ...mma import (
     SWIZZLE_128B,
     fence_proxy_async,
     pack_f16x2,
@@ -97,15 +97,15 @@ from ..mma import (
     wgmma_wait_group,
     wgmma_zeros,
 )
-from ..pipeline import (
+from ...pipeline import (
     cp_async_cg_16_zfill,
     cp_async_cg_16_zfill_at,
     cp_async_commit_group,
     cp_async_wait_group,
 )
-from .attention import block_span, negate_chunk
-from .tc_tiles import CHUNK, INLINE, WARP_SIZE
-from .wgmma_tiles import ALIGN, WARPGROUP, producer_loop, swizzle_start, unpacker
+from ..tc_tiles import CHUNK, INLINE, WARP_SIZE
+from ..wgmma_tiles import ALIGN, WARPGROUP, producer_loop, swizzle_start, unpacker
+from .tc import block_span, negate_chunk
 
 __all__ = [
     "HEAD_DIMS",

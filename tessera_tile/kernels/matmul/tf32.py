@@ -3,7 +3,7 @@ inputs, float32 accumulation), ``ldmatrix`` on swizzled float32 tiles, a multi-s
 ``cp.async`` pipeline.
 
 :func:`tf32_matmul` makes the kernel ``kernel(a, b, bias, c)`` of one configuration, with the
-contract of the float16 kernel (:mod:`tessera_tile.kernels.matmul_tc`, whose pipeline, swizzle,
+contract of the float16 kernel (:mod:`tessera_tile.kernels.matmul.tc`, whose pipeline, swizzle,
 copies and generated epilogue it shares) in float32:
 
 * ``a``: float32 ``(batch, M, K)``, ``b``: float32 ``(batch, K, N)``, ``c``: float32
@@ -62,12 +62,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import matmul_tc_plan
-from ._named import NamedKernels
-from .epilogue import ACTIVATIONS
-from .matmul_tc import build_kernel
-from .matmul_tc_plan import Plan, aligned_rows
-from .tc_tiles import TensorCoreConfig
+from .._named import NamedKernels
+from ..epilogue import ACTIVATIONS
+from ..tc_tiles import TensorCoreConfig
+from . import tc_plan as matmul_tc_plan
+from .tc import build_kernel
+from .tc_plan import Plan, aligned_rows
 
 __all__ = ["ANCHOR", "Plan", "aligned_rows", "check_operands", "plan", "tf32_matmul"]
 
@@ -111,7 +111,7 @@ def plan(batch: int, m: int, n: int, k: int, config: TensorCoreConfig = ANCHOR) 
 
 def check_operands(a, b, bias, c) -> bool:
     """Validate the kernel's arguments before a launch (as
-    :func:`tessera_tile.kernels.matmul_tc_plan.check_operands`, in float32); returns
+    :func:`tessera_tile.kernels.matmul.tc_plan.check_operands`, in float32); returns
     :func:`aligned_rows`, which the kernel needs."""
     return matmul_tc_plan.check_operands(a, b, bias, c, np.float32)
 

@@ -52,7 +52,7 @@ copied into shared memory), so that ``max(s) * c`` is the row maximum of the sca
 average rather than ``0 * inf``.
 
 Shared memory, one dynamic array: the Q tile and ``num_stages`` K and V tiles, rows of ``D``
-float16 with their 16-byte chunks XOR-swizzled as in :mod:`tessera_tile.kernels.matmul_tc` (0
+float16 with their 16-byte chunks XOR-swizzled as in :mod:`tessera_tile.kernels.matmul.tc` (0
 bank conflicts for ldmatrix and cp.async). 64-key tiles, 2 stages: 48 KiB for D = 64 (128
 query rows), 80 KiB for D = 128 (64 rows).
 """
@@ -66,11 +66,11 @@ import numpy as np
 from numba import boolean, cuda, float32, int32, uint16, uint32
 from numba.types import float16
 
-from .. import dynamic_shared
-from .._device.numerics import exp2_approx, max_nan, rcp_approx
-from ..bfloat16 import f32_to_bf16, pack_bf16x2
-from ..memory import load16_shared, store16_shared
-from ..mma import (
+from ... import dynamic_shared
+from ..._device.numerics import exp2_approx, max_nan, rcp_approx
+from ...bfloat16 import f32_to_bf16, pack_bf16x2
+from ...memory import load16_shared, store16_shared
+from ...mma import (
     ldmatrix_x4,
     ldmatrix_x4_trans,
     mma_m16n8k16,
@@ -79,14 +79,14 @@ from ..mma import (
     store_bf16x2,
     store_f16x2,
 )
-from ..pipeline import (
+from ...pipeline import (
     SHARED_ALIGN,
     cp_async_cg_16_zfill,
     cp_async_commit_group,
     cp_async_wait_group,
 )
-from ._named import NamedKernels
-from .tc_tiles import CHUNK, INLINE, tile_copies
+from .._named import NamedKernels
+from ..tc_tiles import CHUNK, INLINE, tile_copies
 
 __all__ = [
     "HEAD_DIMS",

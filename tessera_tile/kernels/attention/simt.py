@@ -74,19 +74,19 @@ from typing import NamedTuple
 
 from numba import cuda, float32, int32, uint32
 
-from .. import dynamic_shared
-from .._device.numerics import exp2_approx, max_nan, rcp_approx
-from .._runtime import config as _config
-from ..memory import carve, load16_shared, store16
-from ..pipeline import (
+from ... import dynamic_shared
+from ..._device.numerics import exp2_approx, max_nan, rcp_approx
+from ..._runtime import config as _config
+from ...memory import carve, load16_shared, store16
+from ...pipeline import (
     SHARED_ALIGN,
     cp_async_4_zfill,
     cp_async_cg_16_zfill,
     cp_async_commit_group,
     cp_async_wait_group,
 )
-from ._named import NamedKernels
-from .attention import kv_rows  # the same traffic rule
+from .._named import NamedKernels
+from .tc import kv_rows  # the same traffic rule
 
 __all__ = [
     "HEAD_DIMS",
@@ -194,7 +194,7 @@ else:
     @cuda.jit(device=True)
     def read4(tile, row, col):
         # Plain reads at unsigned indices: LLVM sees the 16-byte alignment and merges them into
-        # one LDS.128 with a 32-bit shared address (as kernels/matmul.py's read16_shared).
+        # one LDS.128 with a 32-bit shared address (as kernels/matmul/simt.py's read16_shared).
         return (
             tile[row, col],
             tile[row, col + uint32(1)],

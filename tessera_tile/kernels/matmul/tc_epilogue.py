@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from numba import cuda, float32
 
-from ..bfloat16 import bf16_to_f32, f32_to_bf16
-from ..mma import store_f16x2
-from .tc_tiles import INLINE
+from ...bfloat16 import bf16_to_f32, f32_to_bf16
+from ...mma import store_f16x2
+from ..tc_tiles import INLINE
 
 ZERO = float32(0.0)
 

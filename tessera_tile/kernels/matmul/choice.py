@@ -9,17 +9,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import dynamic_shared
-from ..tile_config import (
+from ... import dynamic_shared
+from ...tile_config import (
     CANDIDATES,
     WARP_SPECIALISED,
     TileConfig,
 )
-from ..tile_ir import BFLOAT16
-from . import matmul as simt
-from . import matmul_tc as tc
-from . import matmul_tf32 as tf32
-from . import matmul_wgmma as wg
+from ...tile_ir import BFLOAT16
+from . import simt, tc, tf32
+from . import wgmma as wg
 
 
 @dataclass(frozen=True)
@@ -107,7 +105,7 @@ def choose_kernel(
     ``"aligned"``, else exactly on the SIMT kernel with :data:`SIMT_FALLBACK` (a reason says so);
     float16 with a float16 ``config`` on a strided inner axis runs on that tile too. ``dual``:
     the kernels' two-product variant (:data:`DUAL` in place of the SIMT fallback's tile).
-    ``prologue``: the A and B :class:`~..kernels.prologue.ElementPrologue` (or None each), run
+    ``prologue``: the A and B :class:`.prologue.ElementPrologue` (or None each), run
     by the mma.sync and SIMT kernels (not the wgmma kernel: a reason says so); ``convert``: an
     operand's array has another dtype than the operands (a prologue's cast), so the tiles are
     staged synchronously, converted in registers (``tensor_rows`` at most ``"contiguous"``).

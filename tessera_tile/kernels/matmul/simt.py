@@ -45,15 +45,15 @@ import operator
 
 from numba import cuda, float32, int32, uint32
 
-from .._runtime import config as _config
-from ..dynamic_shared import STATIC_LIMIT
-from ..memory import aligned16, carve, load16_shared, store16, store16_shared
-from ..pipeline import SHARED_ALIGN, ring_buffer
-from ..tile_config import CANDIDATES, TileConfig
-from ._named import NamedKernels
-from .epilogue import ACTIVATIONS, ElementEpilogue, identity
+from ..._runtime import config as _config
+from ...dynamic_shared import STATIC_LIMIT
+from ...memory import aligned16, carve, load16_shared, store16, store16_shared
+from ...pipeline import SHARED_ALIGN, ring_buffer
+from ...tile_config import CANDIDATES, TileConfig
+from .._named import NamedKernels
+from ..epilogue import ACTIVATIONS, ElementEpilogue, identity
+from ..tc_tiles import INLINE, entry_point
 from .prologue import name_of
-from .tc_tiles import INLINE, entry_point
 
 __all__ = ["KV", "activation_name", "simt_matmul"]
 

@@ -5,8 +5,8 @@ composer's attention stages call it too).
 ``attention(q, k, v)`` is ``softmax(q @ k^T * scale) @ v`` over ``(..., S, D)`` arrays in one
 flash-style kernel per launch: float16 and bfloat16 on the tensor cores
 (:mod:`tessera_tile.kernels.attention`; on sm_90a, head sizes 64 and 128, the warpgroup-MMA
-kernel of :mod:`tessera_tile.kernels.attention_wgmma`), float32 in float32 SIMT
-(:mod:`tessera_tile.kernels.attention_simt`). Batch
+kernel of :mod:`tessera_tile.kernels.attention.wgmma`), float32 in float32 SIMT
+(:mod:`tessera_tile.kernels.attention.simt`). Batch
 dimensions broadcast as in NumPy and become the grid's second axis as the matmul ops' do
 (:mod:`.matmul_geometry`): nothing is copied.
 """
@@ -20,15 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import dynamic_shared
-from .._runtime import arrays
-from .._runtime.launch import KernelLaunch
-from ..autotune import autotune
-from ..tile_ir import BFLOAT16
-from . import attention as tensor_cores
-from . import attention_simt as simt
-from . import attention_wgmma as warpgroups
-from ._calls import (
+from ... import dynamic_shared
+from ..._runtime import arrays
+from ..._runtime.launch import KernelLaunch
+from ...autotune import autotune
+from ...tile_ir import BFLOAT16
+from .._calls import (
     HandWritten,
     Report,
     array_arg,
@@ -36,8 +33,7 @@ from ._calls import (
     distinct,
     view_dtype,
 )
-from .attention import kv_rows
-from .matmul_geometry import (
+from ..matmul.geometry import (
     Matrix,
     array_type,
     as_matrix,
@@ -47,6 +43,10 @@ from .matmul_geometry import (
     matrix_view,
     rows_aligned,
 )
+from . import simt
+from . import tc as tensor_cores
+from . import wgmma as warpgroups
+from .tc import kv_rows
 
 __all__ = ["attention"]
 
@@ -445,8 +445,8 @@ def attention(q, k, v, *, causal=False, scale=None, config=None):
     its row NaN (``inf - inf``), a -inf score gives its key weight 0, and inf in v passes
     through ``P @ V``: IEEE arithmetic, as the unfused softmax computes. ``config``: an
     :class:`tessera_tile.kernels.attention.AttentionConfig` (float16, bfloat16),
-    :class:`tessera_tile.kernels.attention_wgmma.WgmmaAttentionConfig` (the same, on sm_90a
-    with D 64 or 128) or :class:`tessera_tile.kernels.attention_simt.SimtAttentionConfig`
+    :class:`tessera_tile.kernels.attention.wgmma.WgmmaAttentionConfig` (the same, on sm_90a
+    with D 64 or 128) or :class:`tessera_tile.kernels.attention.simt.SimtAttentionConfig`
     (float32); default, the family's :func:`default_config` for D (float16 and bfloat16: and
     Sq). On sm_90a (a GPU of compute capability 9.0, or the simulator standing for
     one) float16 and bfloat16 with D 64 or 128 run on the warpgroup-MMA kernel unless an

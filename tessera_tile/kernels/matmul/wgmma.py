@@ -105,9 +105,9 @@ import numpy as np
 from numba import boolean, cuda, float32, int32, int64, uint16, uint64
 from numba.types import float16
 
-from .._runtime import compat
-from ..mbarrier import mbarrier_arrive, mbarrier_init, mbarrier_wait
-from ..mma import (
+from ..._runtime import compat
+from ...mbarrier import mbarrier_arrive, mbarrier_init, mbarrier_wait
+from ...mma import (
     SWIZZLE_64B,
     SWIZZLE_128B,
     fence_proxy_async,
@@ -121,17 +121,14 @@ from ..mma import (
     wgmma_wait_group,
     wgmma_zeros,
 )
-from ..pipeline import (
+from ...pipeline import (
     cp_async_cg_16_zfill_at,
     cp_async_commit_group,
     cp_async_wait_group,
 )
-from .epilogue import ElementEpilogue, identity
-from .matmul_tc_plan import Plan, aligned_rows, check_operands
-from .matmul_tc_plan import plan as _tc_plan
-from .tc_epilogue import tensor_core_epilogue
-from .tc_tiles import INLINE, MAX_SHARED, WARP_SIZE, entry_point
-from .wgmma_tiles import (
+from ..epilogue import ElementEpilogue, identity
+from ..tc_tiles import INLINE, MAX_SHARED, WARP_SIZE, entry_point
+from ..wgmma_tiles import (
     ALIGN,
     CHUNK,
     WARPGROUP,
@@ -140,6 +137,9 @@ from .wgmma_tiles import (
     swizzle_start,
     unpacker,
 )
+from .tc_epilogue import tensor_core_epilogue
+from .tc_plan import Plan, aligned_rows, check_operands
+from .tc_plan import plan as _tc_plan
 
 __all__ = [
     "DEFAULT",

@@ -14,28 +14,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._runtime import arrays, target
-from .._runtime.launch import Extras, KernelLaunch, Unused, View
-from .._runtime.memo import MAX_LAUNCH_PLANS, CountingCache
-from ..tile_config import (
+from ..._runtime import arrays, target
+from ..._runtime.launch import Extras, KernelLaunch, Unused, View
+from ..._runtime.memo import MAX_LAUNCH_PLANS, CountingCache
+from ...tile_config import (
     WARP_SPECIALISED,
     TileConfig,
     estimate,
     traffic_bytes,
     waves_text,
 )
-from ..tile_ir import BFLOAT16
-from . import epilogue
-from . import matmul_tc as tc
-from ._calls import (
+from ...tile_ir import BFLOAT16
+from .. import epilogue
+from .._calls import (
     HandWritten,
     Report,
     device_like,
     distinct,
     view_dtype,
 )
-from .matmul_choice import choose_kernel
-from .matmul_geometry import (
+from . import tc
+from .choice import choose_kernel
+from .geometry import (
     Matrix,
     array_type,
     as_matrix,
@@ -102,7 +102,7 @@ class Product(HandWritten):
     # the same A tiles, its accumulator the epilogue's second argument
     b2: arrays.Arg | None = None
     # elementwise functions of A's and B's elements applied as their tiles land (a matmul in
-    # @tt.fuse of an operand computed from one array): kernels.prologue.ElementPrologue or None
+    # @tt.fuse of an operand computed from one array): prologue.ElementPrologue or None
     prologue: tuple = (None, None)
     # the operands' dtype where a prologue's array has another (a cast on the way in)
     operand_dtype: np.dtype | None = None

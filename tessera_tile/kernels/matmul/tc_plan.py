@@ -10,9 +10,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import dynamic_shared
-from .._runtime import arrays as _arrays
-from .tc_tiles import TensorCoreConfig
+from ... import dynamic_shared
+from ..._runtime import arrays as _arrays
+from ..tc_tiles import TensorCoreConfig
 
 __all__ = ["Plan", "aligned_rows", "check_operands", "plan"]
 

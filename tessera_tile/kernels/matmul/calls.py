@@ -3,11 +3,11 @@
 :mod:`.matmul_plan`). ``ops.matmul`` and the others are these functions as prebuilt ops; the
 composer's GEMM stages call :func:`product`. The kernel of a call is chosen in one place,
 :func:`.matmul_choice.choose_kernel`: float16 runs on the tensor-core kernel
-(:mod:`tessera_tile.kernels.matmul_tc`) where the operands' inner axes are contiguous, else on
+(:mod:`tessera_tile.kernels.matmul.tc`) where the operands' inner axes are contiguous, else on
 the float32 SIMT kernel (computing in float32 and rounding once at the store; ``explain`` says
 so). float32 runs exactly on the SIMT kernel, or, where the caller opts in with
 ``precision="tf32"`` and the rows allow ``cp.async``, on the TF32 tensor-core kernel
-(:mod:`tessera_tile.kernels.matmul_tf32`).
+(:mod:`tessera_tile.kernels.matmul.tf32`).
 
 Batches, strides and launches: :mod:`.matmul_geometry`.
 """
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import dynamic_shared
-from .._runtime import arrays
-from ..autotune import autotune
-from ..tile_config import (
+from ... import dynamic_shared
+from ..._runtime import arrays
+from ...autotune import autotune
+from ...tile_config import (
     CHOICES,
     PRECISIONS,
     WARP_SPECIALISED,
@@ -30,15 +30,14 @@ from ..tile_config import (
     score,
     tile_dtype,
 )
-from ..tile_ir import BFLOAT16
-from . import matmul_tc as tc
-from . import matmul_tf32 as tf32
-from ._calls import HandWritten, Report, array_arg
-from .matmul_choice import TC_UNALIGNED, as_wgmma, warp_specialised_refusal
-from .matmul_geometry import (
+from ...tile_ir import BFLOAT16
+from .._calls import HandWritten, Report, array_arg
+from . import tc, tf32
+from .choice import TC_UNALIGNED, as_wgmma, warp_specialised_refusal
+from .geometry import (
     MAX_GRID_YZ,
 )
-from .matmul_plan import ACTIVATIONS, DTYPES, INT32_MAX, Product
+from .plan import ACTIVATIONS, DTYPES, INT32_MAX, Product
 
 # --------------------------------------------------------------------------------------------
 # validation

@@ -33,8 +33,8 @@ from typing import NamedTuple
 
 from numba import cuda
 
-from ..memory import load16_shared, store16_shared
-from .epilogue import identity
+from ...memory import load16_shared, store16_shared
+from ..epilogue import identity
 
 __all__ = ["ElementPrologue", "chunk_pass", "name_of", "on_load"]
 
