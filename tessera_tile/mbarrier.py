@@ -50,7 +50,7 @@ from __future__ import annotations
 from numba import types
 from numba.cuda.extending import intrinsic
 
-from . import sim
+from ._device import twins
 from ._device.intrinsics import (
     check_index,
     element_pointer,
@@ -58,8 +58,12 @@ from ._device.intrinsics import (
     target_compute_capability,
     void_asm,
 )
+from ._runtime import config as _config
 from ._runtime.compat import NumbaTypeError
-from .sim.cp_async_twins import issued_copies
+
+if _config.SIMULATED:  # what the twins below use, run in the simulator only
+    from . import sim
+    from .sim.cp_async_twins import issued_copies
 
 __all__ = ["cp_async_mbarrier_arrive", "mbarrier_arrive", "mbarrier_init", "mbarrier_wait"]
 
@@ -175,7 +179,7 @@ def _barrier_address(context, builder, sig, args):
     return shared_address(builder, ptr)
 
 
-@sim.twin(_init_twin)
+@twins.twin(_init_twin)
 @intrinsic
 def mbarrier_init(typingctx, bars, index, count):
     """``mbarrier.init.shared.b64``: ``bars[index]`` expects ``count`` arrivals a phase."""
@@ -210,7 +214,7 @@ def _arrival(name: str, text: str, doc: str):
     return intrinsic(impl)
 
 
-mbarrier_arrive = sim.twin(_arrive_twin)(
+mbarrier_arrive = twins.twin(_arrive_twin)(
     _arrival(
         "mbarrier_arrive",
         "{ .reg .b64 state; mbarrier.arrive.shared.b64 state, [$0]; }",
@@ -219,7 +223,7 @@ mbarrier_arrive = sim.twin(_arrive_twin)(
 )
 
 
-@sim.twin(_wait_twin)
+@twins.twin(_wait_twin)
 @intrinsic
 def mbarrier_wait(typingctx, bars, index, parity):
     """Wait until the phase of ``parity`` of ``bars[index]`` has completed (acquire): a loop
@@ -244,7 +248,7 @@ def mbarrier_wait(typingctx, bars, index, parity):
     return types.void(bars, types.unliteral(index), types.unliteral(parity)), codegen
 
 
-cp_async_mbarrier_arrive = sim.twin(_cp_async_arrive_twin)(
+cp_async_mbarrier_arrive = twins.twin(_cp_async_arrive_twin)(
     _arrival(
         "cp_async_mbarrier_arrive",
         "cp.async.mbarrier.arrive.noinc.shared.b64 [$0];",

@@ -97,7 +97,7 @@ from llvmlite import ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from . import sim
+from ._device import twins
 from ._device.intrinsics import (
     check_index,
     element_pointer,
@@ -106,13 +106,14 @@ from ._device.intrinsics import (
     thread_rank,
     void_asm,
 )
+from ._runtime import config as _config
 from ._runtime.compat import NumbaTypeError, as_dtype, cgutils
-from .sim.cp_async_twins import (
-    _commit_twin,
-    _copy_twin,
-    _wait_all_twin,
-    _wait_group_twin,
-)
+
+if _config.SIMULATED:  # the twins, the simulator's (not imported outside it)
+    from .sim.cp_async_twins import _commit_twin, _copy_twin, _wait_all_twin, _wait_group_twin
+else:
+    _commit_twin = _wait_all_twin = _wait_group_twin = None
+    _copy_twin = twins.absent
 
 __all__ = [
     "SHARED_ALIGN",
@@ -216,8 +217,9 @@ def _make_copy(size: int, cache: str, zfill: bool, at: bool = False) -> Any:
         + (", reading only ``src_bytes`` bytes and zeroing the rest." if zfill else ".")
     )
     twin_fn = _copy_twin(size, zfill, at)
-    twin_fn.__name__ = twin_fn.__qualname__ = f"{name}_twin"
-    return sim.twin(twin_fn)(intrinsic(impl))
+    if twin_fn is not None:  # (none outside the simulator)
+        twin_fn.__name__ = twin_fn.__qualname__ = f"{name}_twin"
+    return twins.twin(twin_fn)(intrinsic(impl))
 
 
 cp_async_4 = _make_copy(4, "ca", zfill=False)
@@ -231,7 +233,7 @@ cp_async_cg_16_zfill = _make_copy(16, "cg", zfill=True)
 cp_async_cg_16_zfill_at = _make_copy(16, "cg", zfill=True, at=True)
 
 
-@sim.twin(_commit_twin)
+@twins.twin(_commit_twin)
 @intrinsic
 def cp_async_commit_group(typingctx):
     """``cp.async.commit_group``: close this thread's pending copies into one group."""
@@ -243,7 +245,7 @@ def cp_async_commit_group(typingctx):
     return types.void(), codegen
 
 
-@sim.twin(_wait_group_twin)
+@twins.twin(_wait_group_twin)
 @intrinsic  # tried with a literal n after the non-literal typing fails
 def cp_async_wait_group(typingctx, n):
     """``cp.async.wait_group n``: at most ``n`` (a compile-time constant) groups stay in flight."""
@@ -260,7 +262,7 @@ def cp_async_wait_group(typingctx, n):
     return types.void(n), codegen
 
 
-@sim.twin(_wait_all_twin)
+@twins.twin(_wait_all_twin)
 @intrinsic
 def cp_async_wait_all(typingctx):
     """``cp.async.wait_all``: commit the pending copies and wait for every group."""

@@ -26,9 +26,15 @@ def twin(python_impl: Callable) -> Callable[[Callable], Callable]:
 
     Under the simulator the decorated name is bound to the twin, which must have the same
     semantics (an async copy lands at its wait, not before); on a GPU, to the intrinsic.
+    ``python_impl`` None: a twin the simulator defines, which a module imports only under it
+    (:func:`absent` stands for a function of the simulator that makes twins); the decorator
+    then changes nothing.
     Accesses a twin makes through :func:`tessera_tile.sim.load` and
     :func:`tessera_tile.sim.store` are attributed to the kernel line that called it.
     """
+
+    if python_impl is None:  # a twin of the simulator's, not imported outside it
+        return _unchanged
 
     def register(intrinsic: Callable) -> Callable:
         # named where the intrinsic is defined (its twin may live in the simulator's modules)
@@ -42,6 +48,15 @@ def twin(python_impl: Callable) -> Callable[[Callable], Callable]:
         return intrinsic
 
     return register
+
+
+def _unchanged(intrinsic: Callable) -> Callable:
+    return intrinsic
+
+
+def absent(*args, **kwargs) -> None:
+    """Stands outside the simulator for a function of it that makes twins: none is made."""
+    return None
 
 
 def twins() -> dict[str, tuple[Callable, Callable]]:

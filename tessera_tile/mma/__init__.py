@@ -135,18 +135,18 @@ PTX ISA guarantees only "at least single precision" with order and rounding unsp
 tests check that bound on both tiers, and this model bit for bit.
 """
 
-from ..sim.mma_twins import ROW_BYTES, TF32_MASK  # the fragment constants, re-exported
-from ..sim.wgmma_descriptors import (  # the wgmma helpers, re-exported
+from .._device.mma_layouts import (  # the fragment constants and wgmma helpers, re-exported
+    ROW_BYTES,
     SWIZZLE_32B,
     SWIZZLE_64B,
     SWIZZLE_128B,
     SWIZZLE_NONE,
+    TF32_MASK,
     WGMMA_N,
     MatrixDescriptor,
     decode_descriptor,
     encode_descriptor,
 )
-from ..sim.wgmma_twins import WgmmaAccumulator, WgmmaError
 from .sync import (
     WARP_SIZE,
     ldmatrix_x1,
@@ -220,3 +220,13 @@ __all__ = [
     "wgmma_wait_group",
     "wgmma_zeros",
 ]
+
+
+def __getattr__(name: str):
+    """The simulator's wgmma classes, imported from it on first use (importing the primitives
+    does not load the simulator)."""
+    if name in ("WgmmaAccumulator", "WgmmaError"):
+        from ..sim import wgmma_twins
+
+        return getattr(wgmma_twins, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,19 +8,27 @@ from llvmlite import ir
 from numba import cuda, types
 from numba.cuda.extending import intrinsic
 
-from .. import bfloat16, sim
+from .. import bfloat16
+from .._device import twins
 from .._device.intrinsics import check_index, element_pointer, shared_address
+from .._runtime import config as _config
 from .._runtime.compat import NumbaTypeError
-from ..sim.mma_twins import (
-    _ldmatrix_twin,
-    _load_f32x2_shared_twin,
-    _mma_bf16_twin,
-    _mma_tf32_twin,
-    _mma_twin,
-    _pack_twin,
-    _pair_twin,
-    _to_tf32_twin,
-)
+
+if _config.SIMULATED:  # the twins, the simulator's (not imported outside it)
+    from ..sim.mma_twins import (
+        _ldmatrix_twin,
+        _load_f32x2_shared_twin,
+        _mma_bf16_twin,
+        _mma_tf32_twin,
+        _mma_twin,
+        _pack_twin,
+        _pair_twin,
+        _to_tf32_twin,
+    )
+else:
+    _load_f32x2_shared_twin = _mma_bf16_twin = _mma_tf32_twin = None
+    _mma_twin = _pack_twin = _to_tf32_twin = None
+    _ldmatrix_twin = _pair_twin = twins.absent
 
 WARP_SIZE = 32
 
@@ -71,8 +79,9 @@ def _make_ldmatrix(count: int, trans: bool):
         "``.aligned`` collective: all 32 lanes call it together."
     )
     twin_fn = _ldmatrix_twin(count, trans)
-    twin_fn.__name__ = twin_fn.__qualname__ = f"{name}_twin"
-    fn = sim.twin(twin_fn)(intrinsic(impl))
+    if twin_fn is not None:  # (none outside the simulator)
+        twin_fn.__name__ = twin_fn.__qualname__ = f"{name}_twin"
+    fn = twins.twin(twin_fn)(intrinsic(impl))
     fn.__doc__ = doc
     return fn
 
@@ -125,7 +134,7 @@ def _registers(what: str, tup, count: int, kind, name: str = "mma_m16n8k16") -> 
         raise NumbaTypeError(f"{name}: {what} holds {tup}, expected {kind.__name__}s")
 
 
-@sim.twin(_mma_twin)
+@twins.twin(_mma_twin)
 @intrinsic
 def mma_m16n8k16(typingctx, a, b, c):
     """``mma_m16n8k16(a, b, c) -> d``: ``d = a @ b + c`` on the tensor cores
@@ -145,7 +154,7 @@ def mma_m16n8k16(typingctx, a, b, c):
 _MMA_BF16_ASM = _MMA_ASM.replace(".f16.f16.", ".bf16.bf16.")
 
 
-@sim.twin(_mma_bf16_twin)
+@twins.twin(_mma_bf16_twin)
 @intrinsic
 def mma_m16n8k16_bf16(typingctx, a, b, c):
     """``mma_m16n8k16_bf16(a, b, c) -> d``: ``d = a @ b + c`` on the tensor cores with bfloat16
@@ -171,7 +180,7 @@ def _tf32_operand(context, builder, value, ty):
     return builder.bitcast(value, _I32) if isinstance(ty, types.Float) else value
 
 
-@sim.twin(_mma_tf32_twin)
+@twins.twin(_mma_tf32_twin)
 @intrinsic
 def mma_m16n8k8_tf32(typingctx, a, b, c):
     """``mma_m16n8k8_tf32(a, b, c) -> d``: ``d = a @ b + c`` on the tensor cores with TF32
@@ -195,7 +204,7 @@ def mma_m16n8k8_tf32(typingctx, a, b, c):
     return types.UniTuple(types.float32, 4)(a, b, c), _mma_codegen(_MMA_TF32_ASM, _tf32_operand)
 
 
-@sim.twin(_load_f32x2_shared_twin)
+@twins.twin(_load_f32x2_shared_twin)
 @intrinsic
 def load_f32x2_shared(typingctx, smem, index):
     """``load_f32x2_shared(smem, index) -> (x0, x1)``: ``smem[index]`` and the next float32 in
@@ -220,7 +229,7 @@ def load_f32x2_shared(typingctx, smem, index):
     return types.UniTuple(types.float32, 2)(smem, types.unliteral(index)), codegen
 
 
-@sim.twin(_to_tf32_twin)
+@twins.twin(_to_tf32_twin)
 @intrinsic
 def to_tf32(typingctx, x):
     """``to_tf32(x)``: float32 ``x`` rounded to TF32 (``cvt.rna.tf32.f32``: to nearest, ties
@@ -283,7 +292,7 @@ def _make_pair_store(space: str, kind: str = "f16"):
         twin = _pair_twin(name, np.float16, space)
     else:
         twin = _pair_twin(name, np.uint16, space, bfloat16.float32_to_bits)
-    fn = sim.twin(twin)(intrinsic(impl))
+    fn = twins.twin(twin)(intrinsic(impl))
     what = "float16" if kind == "f16" else "bfloat16 (into its uint16 bits)"
     fn.__doc__ = (
         f"``{impl.__name__}(out, index, x0, x1)``: ``out[index]``, the next element = ``x0``, "
@@ -293,7 +302,7 @@ def _make_pair_store(space: str, kind: str = "f16"):
     return fn
 
 
-@sim.twin(_pack_twin)
+@twins.twin(_pack_twin)
 @intrinsic
 def pack_f16x2(typingctx, lo, hi):
     """``pack_f16x2(lo, hi) -> uint32``: ``lo`` and ``hi`` rounded to float16 (nearest even) in
@@ -322,7 +331,7 @@ store_bf16x2 = _make_pair_store("global", "bf16")
 store_bf16x2_shared = _make_pair_store("shared", "bf16")
 
 
-@sim.twin(_pair_twin("store_f32x2", np.float32, "global"))
+@twins.twin(_pair_twin("store_f32x2", np.float32, "global"))
 @intrinsic
 def store_f32x2(typingctx, out, index, x0, x1):
     """``store_f32x2(out, index, x0, x1)``: ``out[index]``, the next element = ``x0``, ``x1``

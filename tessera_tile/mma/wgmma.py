@@ -8,7 +8,7 @@ from llvmlite import ir
 from numba import types
 from numba.cuda.extending import intrinsic
 
-from .. import sim
+from .._device import twins
 from .._device.intrinsics import (
     check_index,
     element_pointer,
@@ -16,17 +16,23 @@ from .._device.intrinsics import (
     target_compute_capability,
     void_asm,
 )
+from .._device.mma_layouts import WGMMA_N
+from .._runtime import config as _config
 from .._runtime.compat import NumbaTypeError
-from ..sim.wgmma_descriptors import WGMMA_N
-from ..sim.wgmma_twins import (
-    WgmmaError,
-    _wgmma_commit_twin,
-    _wgmma_descriptor_twin,
-    _wgmma_fence_twin,
-    _wgmma_wait_twin,
-    wgmma_async_twin,
-)
 from .sync import _I32, _registers
+
+if _config.SIMULATED:  # the twins, the simulator's (not imported outside it)
+    from ..sim.wgmma_twins import (
+        WgmmaError,
+        _wgmma_commit_twin,
+        _wgmma_descriptor_twin,
+        _wgmma_fence_twin,
+        _wgmma_wait_twin,
+        wgmma_async_twin,
+    )
+else:
+    _wgmma_commit_twin = _wgmma_descriptor_twin = _wgmma_fence_twin = _wgmma_wait_twin = None
+    wgmma_async_twin = twins.absent
 
 # --------------------------------------------------------------------------------------------
 
@@ -44,7 +50,7 @@ def _require_sm90a(name: str) -> None:
         )
 
 
-@sim.twin(_wgmma_fence_twin)
+@twins.twin(_wgmma_fence_twin)
 @intrinsic
 def wgmma_fence(typingctx):
     """``wgmma.fence.sync.aligned``: orders this warpgroup's register and shared-memory accesses
@@ -61,7 +67,7 @@ def wgmma_fence(typingctx):
     return types.void(), codegen
 
 
-@sim.twin(_wgmma_commit_twin)
+@twins.twin(_wgmma_commit_twin)
 @intrinsic
 def wgmma_commit_group(typingctx):
     """``wgmma.commit_group.sync.aligned``: the ``wgmma_async`` issued since the last commit
@@ -79,7 +85,7 @@ def _fence_proxy_async_twin():
     """The simulator has one view of shared memory (no proxies): nothing to order."""
 
 
-@sim.twin(_fence_proxy_async_twin)
+@twins.twin(_fence_proxy_async_twin)
 @intrinsic
 def fence_proxy_async(typingctx):
     """``fence.proxy.async.shared::cta``: orders this thread's earlier generic-proxy accesses
@@ -123,7 +129,7 @@ def _tied_asm(builder, context, asm: str, values, extra_types, extra_constraints
     return [builder.extract_value(res, i) for i in range(count)] if count > 1 else [res]
 
 
-@sim.twin(_wgmma_wait_twin)
+@twins.twin(_wgmma_wait_twin)
 @intrinsic  # tried with a literal n after the non-literal typing fails
 def wgmma_wait_group(typingctx, n, acc):
     """``wgmma_wait_group(n, acc) -> acc``: ``wgmma.wait_group.sync.aligned n``: waits until at
@@ -247,7 +253,7 @@ def _make_wgmma(kind: str):
         return types.UniTuple(types.float32, count)(*args), codegen
 
     impl.__name__ = impl.__qualname__ = name
-    fn = sim.twin(wgmma_async_twin(kind == "bf16"))(intrinsic(impl))
+    fn = twins.twin(wgmma_async_twin(kind == "bf16"))(intrinsic(impl))
     what = "float16" if kind == "f16" else "bfloat16"
     fn.__doc__ = (
         f"``{name}(a, b_desc, acc, scale_d, scale_a, scale_b, trans_a, trans_b) -> d``: "
@@ -271,7 +277,7 @@ wgmma_async = _make_wgmma("f16")
 wgmma_async_bf16 = _make_wgmma("bf16")
 
 
-@sim.twin(_wgmma_descriptor_twin)
+@twins.twin(_wgmma_descriptor_twin)
 @intrinsic
 def wgmma_descriptor(typingctx, smem, index, leading_byte_offset, stride_byte_offset, swizzle):
     """``wgmma_descriptor(smem, index, lbo, sbo, swizzle) -> uint64``: the matrix descriptor of
@@ -318,7 +324,7 @@ def _wgmma_zeros_twin(n):
     return (np.float32(0),) * (int(n) // 2)
 
 
-@sim.twin(_wgmma_zeros_twin)
+@twins.twin(_wgmma_zeros_twin)
 @intrinsic  # tried with a literal n after the non-literal typing fails
 def wgmma_zeros(typingctx, n):
     """``wgmma_zeros(N)``: the N / 2 float32 zeros of an m64nNk16 accumulator (``N`` a

@@ -11,9 +11,8 @@ import functools
 import numpy as np
 
 from .. import sim
+from .._device.mma_layouts import ROW_BYTES, TF32_MASK
 from .ints import narrow
-
-ROW_BYTES = 16  # one ldmatrix row: 8 x 16-bit
 
 # --------------------------------------------------------------------------------------------
 # Layouts (the PTX ISA's fragment tables), used by the twins
@@ -43,9 +42,6 @@ def _a_coord_tf32(lane: int, i: int) -> tuple[int, int]:
 def _b_coord_tf32(lane: int, i: int) -> tuple[int, int]:
     g, t = lane >> 2, lane & 3
     return t + 4 * i, g
-
-
-TF32_MASK = np.uint32(0xFFFFE000)  # the bits a TF32 operand keeps: sign, exponent, 10 mantissa
 
 
 def _tf32_values(registers, count: int) -> np.ndarray:

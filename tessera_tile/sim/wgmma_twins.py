@@ -12,17 +12,17 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import sim
-from ._base import format_site, transparent_code, user_site
-from .mma_twins import _bf16_halves, _exact_sum, _halves, _layout
-from .wgmma_descriptors import (
-    _RESERVED,
+from .._device.mma_layouts import (
+    RESERVED_BITS,
     WARPGROUP,
     WGMMA_N,
-    SharedWindow,
     decode_descriptor,
     encode_descriptor,
     operand_addresses,
 )
+from ._base import format_site, transparent_code, user_site
+from .mma_twins import _bf16_halves, _exact_sum, _halves, _layout
+from .wgmma_window import SharedWindow
 
 # ============================================================================================
 # Warpgroup MMA (wgmma, sm_90a): matrix descriptors, the shared-memory window, the twins
@@ -352,7 +352,7 @@ def _words_to_float(words: np.ndarray, bf16: bool) -> np.ndarray:
 
 def _read_operand(wg, op, desc, rows, mn_major, bf16, what):
     fields = decode_descriptor(desc)
-    if int(desc) & _RESERVED:
+    if int(desc) & RESERVED_BITS:
         raise WgmmaError(f"wgmma: {what} descriptor 0x{int(desc):016x} sets reserved bits")
     if fields.base_offset:
         raise WgmmaError(

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "tessera_tile"
 LAYERS = {
     "_version": 0, "_runtime.config": 0, "_runtime.cupy": 0, "_runtime.cache": 0,
     "_runtime.target": 0, "_runtime.compat": 0,
-    "_device.banks": 0, "_device.twins": 0,
+    "_device.banks": 0, "_device.twins": 0, "_device.mma_layouts": 0,
     "sim": 1, "_runtime": 1, "autotune": 1, "dynamic_shared": 1,
     "inspect": 2, "_device.intrinsics": 2,
     "tile_ir": 3, "tile_config": 3,

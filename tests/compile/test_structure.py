@@ -61,7 +61,7 @@ def test_the_simulator_is_imported_only_under_it():
 
 
 IMPORT_OPS = """
-import gc, json, time
+import gc, json, sys, time
 start = time.perf_counter()
 import tessera_tile
 top = time.perf_counter()
@@ -70,6 +70,7 @@ ops = time.perf_counter()
 from numba.cuda.dispatcher import CUDADispatcher
 print(json.dumps({
     "top_ms": 1000 * (top - start), "ops_ms": 1000 * (ops - top),
+    "simulator": sorted(m for m in sys.modules if m.partition(".")[2].startswith("sim")),
     "kernels": sorted(o.py_func.__qualname__ for o in gc.get_objects()
                       if isinstance(o, CUDADispatcher) and not o.targetoptions.get("device")),
 }))
@@ -77,8 +78,10 @@ print(json.dumps({
 
 
 def test_importing_the_ops_builds_no_kernel(record_property):
-    """Kernels are built when a call (or the compile tier) first asks for them, not at import."""
+    """Kernels are built when a call (or the compile tier) first asks for them, not at import;
+    and outside the simulator, no part of it is imported (the primitives' twins are its)."""
     got = fresh(IMPORT_OPS, simulated=False)
+    assert got["simulator"] == [], got["simulator"]
     record_property(
         "resources",
         f"import tessera_tile {got['top_ms']:.0f} ms, then tessera_tile.ops {got['ops_ms']:.0f} "
