@@ -241,10 +241,8 @@ def _reader(spec, ty):
     scalar's packed value) from its handles; None for a value fixed for every call."""
     address = packing.address_of
     if type(spec) is View:
-        at, shift = (
-            spec.array,
-            spec.offset if spec.shape is not None and math.prod(spec.shape) else 0,
-        )
+        at = spec.array
+        shift = spec.offset if spec.shape is not None and math.prod(spec.shape) else 0
         return lambda handles: address(handles[at]) + shift
     if type(spec) is Unused:
         return lambda handles, dtype=spec.dtype: address(arrays.unused(dtype))
