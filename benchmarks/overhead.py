@@ -28,8 +28,9 @@ packing and the driver call; the ``typing`` step's figure per argument), a lower
 dispatch.
 ``gpu`` times small calls on device arrays, where the host, not the GPU, bounds a loop of
 calls: the warm figure is the wall time of many calls (one synchronisation at the end) over
-their number. Beside it, numba-cuda's own launch of an empty kernel, through its dispatcher
-and through the compiled kernel object, and CuPy's chain of the same op.
+their number; on numba device arrays, then on the same memory as CuPy arrays. Beside it,
+CuPy's chain of the same op, and numba-cuda's own launch of an empty kernel, through its
+dispatcher and through the compiled kernel object.
 """
 
 import importlib
@@ -87,14 +88,18 @@ def _cases(cuda, rng):
     w, b = dev(512), dev(512)
     xl, wl, bl = dev(64, 32), dev(32, 64), dev(64)
     q, k, v = dev(1, 64, 32), dev(1, 64, 32), dev(1, 64, 32)
-    return [
-        ("@tt.fuse softmax 64x512", lambda: softmax(x), "softmax", (x,)),
-        ("@tt.fuse centred_total 64x512 (2 kernels)", lambda: centred_total(x), None, ()),
-        ("ops.softmax 64x512", lambda: ops.softmax(x), "softmax", (x,)),
-        ("ops.layer_norm 64x512, weight, bias", lambda: ops.layer_norm(x, w, b), "ln", (x, w, b)),
-        ("ops.linear 64x32x64, bias, gelu", lambda: ops.linear(xl, wl, bl, "gelu"), None, ()),
-        ("ops.attention (1, 64, 32)", lambda: ops.attention(q, k, v), None, ()),
+    return [  # (name, fused function or op, its arguments, CuPy's chain of the same op)
+        ("@tt.fuse softmax 64x512", softmax, (x,), "softmax"),
+        ("@tt.fuse centred_total 64x512 (2 kernels)", centred_total, (x,), None),
+        ("ops.softmax 64x512", ops.softmax, (x,), "softmax"),
+        ("ops.layer_norm 64x512, weight, bias", ops.layer_norm, (x, w, b), "ln"),
+        ("ops.linear 64x32x64, bias, gelu", ops.linear, (xl, wl, bl, "gelu"), None),
+        ("ops.attention (1, 64, 32)", ops.attention, (q, k, v), None),
     ]
+
+
+def _call(op, args):
+    return lambda: op(*args)
 
 
 TARGET_US = {"ops.linear": 15, "ops.attention": 15}
@@ -110,7 +115,8 @@ def stubbed() -> None:
     table = Table(title="tessera_tile's host time per call, launches skipped (simulator)")
     for column in ("call (float32 device arrays)", "first call ms", "warm µs/call", "target µs"):
         table.add_column(column, justify="left" if column.startswith("call") else "right")
-    for name, fn, _, _ in _cases(cuda, np.random.default_rng(0)):
+    for name, op, args, _ in _cases(cuda, np.random.default_rng(0)):
+        fn = _call(op, args)
         with sim.launches_skipped():
             first = _first_call_ms(fn, lambda: None)  # traces, plans, writes the source
             warm = _per_call_us(fn, lambda: None, calls=2000)
@@ -179,7 +185,8 @@ def launcher() -> None:
             "numba-cuda typing µs",
         ):
             table.add_column(column, justify="left" if column.startswith("call") else "right")
-        for name, fn, _, _ in cases:
+        for name, op, args, _ in cases:
+            fn = _call(op, args)
             del typed[:]
             fn()
             fn()  # the first runs find the compiled kernels; from here on, direct launches
@@ -218,17 +225,21 @@ def gpu() -> None:
     device = cuda.get_current_device().name
     device = device.decode() if isinstance(device, bytes) else device
     table = Table(title=f"{device}: host time per call")
-    for column in ("call (float32 device arrays)", "first call ms", "warm µs/call", "CuPy µs/call"):
+    columns = ("call (float32)", "first call ms", "warm µs/call", "on CuPy arrays", "CuPy's chain")
+    for column in columns:
         table.add_column(column, justify="left" if column.startswith("call") else "right")
     chains = {"softmax": REFERENCE["softmax"], "ln": REFERENCE["layer_norm"]}
-    for name, fn, chain, args in _cases(cuda, rng):
+    for name, op, args, chain in _cases(cuda, rng):
+        fn = _call(op, args)
         first = _first_call_ms(fn, sync)
         warm = _per_call_us(fn, sync)
-        theirs = "-"
-        if cupy is not None and chain:
-            cargs = [cupy.asarray(a) for a in args]
-            theirs = f"{_per_call_us(lambda: chains[chain](cupy, *cargs), sync):.1f}"  # noqa: B023
-        table.add_row(name, f"{first:.0f}", f"{warm:.1f}", theirs)
+        ours = theirs = "-"
+        if cupy is not None:  # the same memory as CuPy arrays (a kept call reads their interface)
+            cargs = [cupy.asarray(a) if hasattr(a, "__cuda_array_interface__") else a for a in args]
+            ours = f"{_per_call_us(_call(op, cargs), sync):.1f}"
+            if chain:
+                theirs = f"{_per_call_us(_call(chains[chain], (cupy, *cargs)), sync):.1f}"
+        table.add_row(name, f"{first:.0f}", f"{warm:.1f}", ours, theirs)
     console.print(table)
 
     @cuda.jit
