@@ -132,8 +132,8 @@ class FusedFunction:
         self.precision = precision
         functools.update_wrapper(self, fn)
         self._programs = CountingCache()
-        # (program, launch plan, results' family) by arrays.kept_call's key, for calls that
-        # need nothing but a launch
+        # (program, launch plan, runtime.KeptCall) by arrays.kept_call's key, for calls that need
+        # nothing but a launch
         self._ready: dict = {}
         self.traced = 0  # signatures this process traced and planned
         self.loaded = 0  # programs read from the disk cache instead
@@ -325,11 +325,11 @@ class FusedFunction:
         if quick is not None and runtime.ready(program, call):
             if len(self._ready) >= MAX_LAUNCH_PLANS:
                 self._ready.clear()
-            self._ready[quick] = (program, plan, arrays.result_family(call.args))
+            self._ready[quick] = (program, plan, runtime.KeptCall.of(call))
         return runtime.execute(program, plan, call, stream)
 
     def ready(self, args: tuple) -> tuple | None:
-        """``(program, launch plan, results' family)`` that a call on ``args`` (called before)
+        """``(program, launch plan, runtime.KeptCall)`` that a call on ``args`` (called before)
         runs straight from its arguments, or None (see ``runtime.ready``)."""
         kept = arrays.kept_call(args)
         return None if kept is None else self._ready.get(kept[0])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -481,6 +482,18 @@ def _stage_launch(bound: Bound, records: dict, counts: dict) -> StageLaunch:
     return StageLaunch(bound, tuple(views), tuple(scalars), tuple(scratch), flops, kept)
 
 
+class KeptCall(NamedTuple):
+    """What a kept call needs beyond its launch plan, decided from the first call's records:
+    its results' family and where its interface arrays are (``arrays.Placement.kept``)."""
+
+    family: str
+    interfaces: tuple
+
+    @classmethod
+    def of(cls, call: Call) -> KeptCall:
+        return cls(arrays.result_family(call.args), arrays.interface_positions(call.args))
+
+
 def ready(program: Program, call: Call) -> bool:
     """Whether later calls with this call's key (``arrays.kept_call``) may run the launch plan
     straight from their arguments: every array on the device, no ``out=``, nothing computed
@@ -494,10 +507,10 @@ def ready(program: Program, call: Call) -> bool:
     )
 
 
-def run_ready(program: Program, plan: LaunchPlan, family: str, args, stream):
+def run_ready(program: Program, plan: LaunchPlan, kept: KeptCall, args, stream):
     """A call for which :func:`ready` held, from the values ``arrays.kept_call`` gave for its
-    arguments (device arrays or their records, and scalars); results of ``family``."""
-    place = arrays.Placement.kept(stream, family, arrays.interfaces(args))
+    arguments (device arrays or their records, and scalars)."""
+    place = arrays.Placement.kept(stream, kept.family, args, kept.interfaces)
     inputs = [_runnable(a) for a in args]
     results = plan.run(inputs, place, [None] * len(plan.on_device))
     return program.trace.pack(results)

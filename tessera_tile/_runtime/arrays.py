@@ -319,14 +319,15 @@ class Placement:
         wait_for_producers(arrays, self.stream)
 
     @classmethod
-    def kept(cls, stream, family: str, interfaces=()) -> Placement:
+    def kept(cls, stream, family: str, values, interfaces: tuple = ()) -> Placement:
         """The placement of a kept call (every array on the device), its results of
-        ``family``; ``interfaces``: the records of its ``__cuda_array_interface__`` arrays."""
+        ``family``; ``interfaces``: where its ``__cuda_array_interface__`` arrays' records are
+        among ``values`` (``interface_positions``)."""
         place = cls.__new__(cls)
         place.stream = resolve_stream(stream, [], cupy=family == "cupy")
         place.on_device, place.family = True, family
         if interfaces:
-            wait_for_producers(interfaces, place.stream)
+            wait_for_producers([values[i] for i in interfaces], place.stream)
         return place
 
     def device(self, rec: Arg) -> Arg:
@@ -549,9 +550,10 @@ def _interface_record(value) -> Arg | None:
         return None
 
 
-def interfaces(values) -> list[Arg]:
-    """The records of a kept call's interface arrays (``kept_call``'s values)."""
-    return [v for v in values if type(v) is Arg and v.family in ("cupy", "cai")]
+def interface_positions(records) -> tuple[int, ...]:
+    """Where a call's ``__cuda_array_interface__`` arrays are among its records: a kept call
+    with the same key holds their records there (``kept_call``), whose streams it waits for."""
+    return tuple(i for i, a in enumerate(records) if a.family in ("cupy", "cai"))
 
 
 _SCALARS = (float, int, bool)

@@ -68,10 +68,6 @@ def _scalar(make):
     return scalar
 
 
-def _as_is(value, out: list) -> None:
-    out.append(value)
-
-
 def _tuple(items: list):
     def tuple_(value, out: list) -> None:
         for field, item in zip(items, value, strict=True):
@@ -131,8 +127,6 @@ def field(ty):
         return _array
     if isinstance(ty, types.BaseTuple):
         return _tuple([field(t) for t in ty])
-    if ty == types.boolean:
-        return _as_is
     return _scalar(scalar(ty))
 
 

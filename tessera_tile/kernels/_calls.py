@@ -143,11 +143,11 @@ class HandWritten:
         kept = self.kept
         shape, dtype = self.out_shape, self.dtype
         label = self.label()  # made now: the kept call must not hold this call's arrays
-        family = arrays.result_family(records)
+        family, interfaces = arrays.result_family(records), arrays.interface_positions(records)
 
         def run(args, stream):
             taken = [args[i] for i in positions]
-            place = arrays.Placement.kept(stream, family, arrays.interfaces(taken))
+            place = arrays.Placement.kept(stream, family, taken, interfaces)
             result = place.result(shape, dtype)
             kept.run([*taken, result], place.stream, lambda: label)
             return result.value

@@ -33,8 +33,9 @@ import contextlib
 import importlib
 from typing import TYPE_CHECKING
 
+from .._device.twins import twin, twins
 from .._runtime import config as _config
-from ._base import SimulationError, twin, twins
+from ._base import SimulationError
 from .transfers import transfers  # named as its module: a lazy name would lose to the module
 
 if TYPE_CHECKING:

@@ -8,9 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .._device.twins import transparent_code, twin, twins
-
-__all__ = ["SimulationError", "format_site", "transparent_code", "twin", "twins", "user_site"]
+from .._device.twins import transparent_code
 
 SIM_DIR = str(Path(__file__).resolve().parent)
 

@@ -10,25 +10,9 @@ compile tier and the guides) are built on first use.
 """
 
 from . import tc as _tc
-from .tc import (
-    HEAD_DIMS,
-    AttentionConfig,
-    block_span,
-    default_config,
-    flash_attention,
-    kv_rows,
-    negate_chunk,
-)
+from .tc import *  # noqa: F403 - the tensor-core kernel's public names, as before
 
-__all__ = [
-    "HEAD_DIMS",
-    "AttentionConfig",
-    "block_span",
-    "default_config",
-    "flash_attention",
-    "kv_rows",
-    "negate_chunk",
-]
+__all__ = _tc.__all__
 
 
 def __getattr__(name: str):
