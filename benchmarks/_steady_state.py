@@ -21,3 +21,10 @@ def whole(report, elements: int) -> float:
     """Every instruction of a loop-free kernel (per-row reductions, barriers and addressing
     included) over the elements one thread handles: an upper bound of the steady state."""
     return report.instructions / elements
+
+
+def row_loop(report, elements: int = 16) -> float:
+    """A row kernel that loops over rows (holding its weights across them): its row loop's
+    instructions over the ``elements`` each thread handles per row, per-row reductions,
+    barriers and addressing included."""
+    return report.instructions_per_element(elements, report.hottest_loop)

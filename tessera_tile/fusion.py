@@ -380,13 +380,14 @@ def _stand_in(shape, strides, dtype):
 
 
 def _row_reasons(stages) -> list[str]:
-    """How each row stage of several passes keeps its rows (:func:`.schedule.row_keeping`)."""
+    """How each row stage of several passes keeps its rows (:func:`.schedule.row_keeping`)
+    and how each row stage reads its weights (:func:`.schedule.invariant_reading`)."""
     reasons = []
     for i, b in enumerate(stages):
         if not b.stage.kind.hand_written:
-            why = schedule.row_keeping(b.stage, b.variant, b.layout.n_red)
-            if why:
-                reasons.append(f"kernel {i}: {why}")
+            keeping = schedule.row_keeping(b.stage, b.variant, b.layout.n_red)
+            reading = schedule.invariant_reading(b.variant, b.layout.n_kept, b.blocks)
+            reasons += [f"kernel {i}: {why}" for why in (keeping, reading) if why]
     return reasons
 
 

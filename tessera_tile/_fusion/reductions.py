@@ -32,7 +32,7 @@ from .lower import (
     vector_element,
 )
 from .passes import Online, pass_leaves
-from .schedule import BLOCK, COLUMN_BLOCK, WARP
+from .schedule import COLUMN_BLOCK, WARP
 from .templates import KernelWriter
 
 
@@ -195,14 +195,23 @@ class ReductionWriter(SplitColumns, KernelWriter):
         self.declare_shared(str(WARP))
         self.stage_broadcast()  # before any thread may leave: every thread takes part
         s(f"row = {ix('cuda.blockIdx.x * groups + group')}")
-        if self.v.chunks:
+        if self.v.chunks and not self.v.reuses_invariants:
             # one row per warp (or block), no loop over rows: the shuffles then sit in straight
             # code, and ptxas emits no divergent fallback copy of the row's code
             s("if row >= nkept:")
             s("    return")
             for line in self.unravel("row", kept, "k"):
                 s(line)
-            self.write_register_row()
+            self.write_register_row(self.register_row_columns())
+            return
+        if self.v.chunks:  # rows in turn, each thread's columns and weights loaded once
+            held = self.register_row_columns()
+            s("while row < nkept:")
+            with s.block():
+                for line in self.unravel("row", kept, "k"):
+                    s(line)
+                self.write_register_row(held)
+                s(f"row = {ix('row + cuda.gridDim.x * groups')}")
             return
         s("while row < nkept:")
         with s.block():
@@ -221,21 +230,58 @@ class ReductionWriter(SplitColumns, KernelWriter):
             self.write_reduce_body(reduce, lambda: "lane == 0", setup)
             s(f"row = {ix('row + cuda.gridDim.x * groups')}")
 
-    def write_register_row(self) -> None:
+    def register_row_columns(self) -> list[dict]:
+        """Each thread's columns of a register row (``jc``, and ``ok`` below the bucket's
+        length), the same for every row, and its elements of the held row-invariant leaves:
+        one dict per element, leaf key -> the variable holding it."""
+        s = self.src
+        width, chunks = self.v.vector, self.v.chunks
+        lanes = WARP if self.v.mode == "warp" else self.v.threads
+        for c in range(chunks):
+            s(f"jc{c} = {self.ix(f'({c * lanes} + lane) * {width}')}")
+            if not self.v.exact:
+                s(f"ok{c} = jc{c} < nred")
+        held = [dict() for _ in range(chunks * width)]
+        for leaf in self.leaves:
+            if leaf.key in self.sched.held:
+                for c in range(chunks):
+                    chunk = held[c * width : (c + 1) * width]
+                    for env, part in zip(chunk, self.load_chunk(leaf, c, f"jc{c}"), strict=True):
+                        env[leaf.key] = part
+        return held
+
+    def load_chunk(self, leaf: Node, c: int, at: str) -> list[str]:
+        """Load access ``c`` (``vector`` elements at ``at``) of ``leaf``: zeros past the row
+        below the bucket's length; the elements in their compute dtype."""
+        s = self.src
+        width = self.v.vector
+        name = self.names[leaf.key]
+        parts = [self.fresh(f"{name}_") for _ in range(width)]
+        where = f"jc{c}" if leaf.key in self.sched.invariant else at  # a 1-D row
+        load = f"load16({name}, ({where},))" if width > 1 else f"{name}[{where}]"
+        if leaf.key in self.sched.broadcast:  # the block's shared copy
+            shared = f"bcast_{name}"
+            load = f"load16_shared({shared}, (jc{c},))" if width > 1 else f"{shared}[jc{c}]"
+        if self.v.exact:
+            s(f"{', '.join(parts)} = {load}")
+        else:
+            zero = f"{TYPE_NAMES[np.dtype(leaf.dtype)]}(0)"
+            s(f"if ok{c}:")
+            s(f"    {', '.join(parts)} = {load}")
+            s("else:")
+            s(f"    {', '.join(parts)} = {', '.join([zero] * width)}")
+        return self.widened(leaf, parts)
+
+    def write_register_row(self, held: list[dict]) -> None:
         """A row in the registers of the warp (or block) that owns it: each thread loads its
         ``chunks`` accesses of ``vector`` elements once, every pass is unrolled over them, and
         a value two passes need (softmax's ``exp``) is computed once. Below the bucket's length,
         an access past the row loads nothing (its elements are zeros) and is left out of folds
-        and stores."""
+        and stores. ``held``: the thread's elements of the held leaves, loaded before."""
         s = self.src
         width, chunks, exact = self.v.vector, self.v.chunks, self.v.exact
-        lanes = WARP if self.v.mode == "warp" else BLOCK
         kept = [f"k{i}" for i in range(self.v.kept_rank)]
-        for c in range(chunks):
-            s(f"jc{c} = {self.ix(f'({c * lanes} + lane) * {width}')}")
-            if not exact:
-                s(f"ok{c} = jc{c} < nred")
-        envs = [dict() for _ in range(chunks * width)]
+        envs = [dict(env) for env in held]
         loaded: set = set()
         row_env: dict = {}
         no_load = self.loader(set())
@@ -246,28 +292,9 @@ class ReductionWriter(SplitColumns, KernelWriter):
                 for env in chunk:
                     env.update(row_env)
                 at = ", ".join([*kept, f"jc{c}"])
-                for key in sorted(pass_leaves(p.targets) - loaded):
+                for key in sorted(pass_leaves(p.targets) - loaded - self.sched.held):
                     leaf = next(n for n in self.leaves if n.key == key)
-                    name = self.names[key]
-                    parts = [self.fresh(f"{name}_") for _ in range(width)]
-                    where = f"jc{c}" if key in self.sched.invariant else at  # a 1-D row
-                    load = f"load16({name}, ({where},))" if width > 1 else f"{name}[{where}]"
-                    if key in self.sched.broadcast:  # the block's shared copy
-                        shared = f"bcast_{name}"
-                        load = (
-                            f"load16_shared({shared}, (jc{c},))"
-                            if width > 1
-                            else f"{shared}[jc{c}]"
-                        )
-                    if exact:
-                        s(f"{', '.join(parts)} = {load}")
-                    else:
-                        zero = f"{TYPE_NAMES[np.dtype(leaf.dtype)]}(0)"
-                        s(f"if ok{c}:")
-                        s(f"    {', '.join(parts)} = {load}")
-                        s("else:")
-                        s(f"    {', '.join(parts)} = {', '.join([zero] * width)}")
-                    for env, part in zip(chunk, self.widened(leaf, parts), strict=True):
+                    for env, part in zip(chunk, self.load_chunk(leaf, c, at), strict=True):
                         env[key] = part
                 guarded: list[str] = []
                 for lane, env in enumerate(chunk):

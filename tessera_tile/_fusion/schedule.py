@@ -42,7 +42,7 @@ from .passes import (
 from .plan import Stage, StageKind
 
 WARP = 32
-BLOCK = 256  # threads per block in every template but column
+BLOCK = 256  # threads per block in every template but column (and rows past WIDE_ROW)
 COLUMN_BLOCK = (32, 8)  # a column stage of several passes: a block spans every row
 # A one-pass column stage splits its rows across blocks ("split" mode): each thread loads
 # COLUMN_UNROLL rows of 16 bytes (`vector` adjacent columns) before folding any (64 B in
@@ -65,6 +65,14 @@ BROADCAST_BYTES = 8192
 # Grid caps. On a GPU: enough blocks to fill the largest parts several times over. In the
 # simulator every block runs in turn, so a few blocks (grid-stride loops do the rest).
 MAX_BLOCKS = 8 if _config.SIMULATED else 4096
+# A row kernel whose blocks read row-invariant leaves (a norm's weight and bias) once, into
+# shared memory or registers, loops over rows in a grid of at most this many threads: two
+# blocks of 256 per SM of a 132-SM H100 or H200. Every block then serves many rows (16 at
+# 4,096 rows of 768: the weights' re-reads are 1/16 of a row input's bytes per weight), and
+# each thread still keeps 128 B or more of every row input in flight, where the bandwidth of
+# a memory-bound kernel needs about 22 KiB per SM (Little's law at 4.8 TB/s and about 600 ns).
+REUSE_GRID_THREADS = MAX_BLOCKS * BLOCK if _config.SIMULATED else 132 * 2 * BLOCK
+WIDE_ROW = 4096  # rows longer than this get a block of 2 * BLOCK threads (see choose_variant)
 MAX_FULL_BLOCKS = 4 if _config.SIMULATED else 1024
 
 
@@ -88,6 +96,15 @@ class Variant:
     broadcast_length: int = 0  # elements each of their shared arrays holds (>= n_red)
     invariant: tuple = ()  # row: positions of the leaves that are the same row for every row
     # (a norm's weight): passed as 1-D arrays of the row, indexed by the row position alone
+    held: tuple = ()  # register row: positions of the invariant leaves each thread loads
+    # once, before its block's loop over rows, and keeps in registers
+    threads: int = BLOCK  # threads per block
+
+    @property
+    def reuses_invariants(self) -> bool:
+        """Whether the blocks read row-invariant leaves once for all their rows (staged in
+        shared memory or held in registers): the grid is then capped and loops over rows."""
+        return bool(self.broadcast or self.held)
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,20 +309,30 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
         vector = _vector_width(layout.views, kept_rank, True)
         if layout.n_red % vector:
             vector = 1
-    lanes = WARP if mode == "warp" else BLOCK  # threads sharing a row
+    # Rows past WIDE_ROW get twice the threads: at 8,192 elements a thread then holds 16 of
+    # each leaf, which leaves room in its registers for the norms' weights (see held).
+    threads = 2 * BLOCK if mode == "block" and layout.n_red > WIDE_ROW else BLOCK
+    lanes = WARP if mode == "warp" else threads  # threads sharing a row
     chunks = register_chunks(stage, layout.n_red, vector, lanes) if red_rank == 1 else 0
     # the register row's bucket, else the row length rounded up to a power of two
     length = lanes * chunks * vector if chunks else 1 << max(layout.n_red - 1, 31).bit_length()
-    # A warp-mode block holds several rows and stages their shared weights once; a block-mode
-    # block holds one row (see launch_config), so it reads them once without staging.
+    # A warp-mode block holds several rows and stages their shared weights in shared memory
+    # once; a block-mode block holds one row at a time and, when its row is in registers,
+    # keeps its part of the weights in registers across its rows.
     invariant = row_invariant_leaves(stage, layout)
     # a register row keeps no row cache: its staged leaves may have that shared memory too
     budget = BROADCAST_BYTES + (CACHE_BYTES if chunks else 0)
     staged = broadcast_leaves(stage, invariant, length, budget) if mode == "warp" else ()
+    held = held_leaves(stage, invariant, chunks * vector) if mode == "block" else ()
     shared = dict(
-        broadcast=staged, broadcast_length=length if staged else 0, invariant=invariant, math=math
+        broadcast=staged,
+        broadcast_length=length if staged else 0,
+        invariant=invariant,
+        math=math,
+        held=held,
+        threads=threads,
     )
-    groups = BLOCK // WARP if mode == "warp" else 1
+    groups = threads // WARP if mode == "warp" else 1
     staged_keys = frozenset(stage.leaves[i].key for i in staged)
     cache = 0 < layout.n_red <= cache_length(stage, groups, staged_keys)
     if chunks:  # the row lives in registers: no shared cache, no loops over it
@@ -335,6 +362,17 @@ def broadcast_leaves(stage: Stage, invariant: tuple, length: int, budget: int) -
     them fit ``budget`` bytes at ``length`` elements each."""
     size = sum(stage.leaves[i].dtype.itemsize for i in invariant) * length
     return invariant if invariant and size <= budget else ()
+
+
+def held_leaves(stage: Stage, invariant: tuple, per_thread: int) -> tuple:
+    """The row-invariant leaves a register row's threads load once and keep across rows, when
+    they and the row's kept values together fit twice the registers a row may use (a thread
+    holds ``per_thread`` elements of each); else none, and every row loads them again."""
+    if not per_thread or not invariant:
+        return ()
+    leaves = [stage.leaves[i] for i in invariant]
+    need = per_thread * (words(kept_values(stage)) + words(leaves))
+    return invariant if need <= 2 * ROW_REGISTERS else ()
 
 
 def register_chunks(stage: Stage, n_red: int, vector: int, lanes: int) -> int:
@@ -379,6 +417,21 @@ def row_keeping(stage: Stage, variant: Variant, n_red: int) -> str | None:
     )
 
 
+def invariant_reading(variant: Variant, n_kept: int, blocks: int) -> str | None:
+    """How a row kernel reads its row-invariant leaves (a norm's weight and bias), for
+    ``explain``; None when it has none."""
+    if not variant.invariant:
+        return None
+    leaves = f"{len(variant.invariant)} row-invariant input(s) (a (C,) weight or bias)"
+    if variant.reuses_invariants:
+        where = "staged in shared memory" if variant.broadcast else "held in registers"
+        return f"{leaves} read once per block, {where}: {blocks} block(s) for {n_kept} row(s)"
+    return (
+        f"{leaves} read again for every row: with the row they do not fit the block's "
+        "registers or shared memory"
+    )
+
+
 def launch_config(variant: Variant, n_kept: int, n_red: int):
     """(blocks, threads) of one launch."""
     kind = variant.kind
@@ -386,14 +439,13 @@ def launch_config(variant: Variant, n_kept: int, n_red: int):
         n = -(-n_kept // variant.vector)
         return max(1, min(-(-n // BLOCK), MAX_BLOCKS)), BLOCK
     if kind is StageKind.ROW:
-        if variant.mode == "block":
-            # a block per row, as hand-written kernels do for long rows: every block reads
-            # the row-invariant leaves (the norms' weights) once, however many rows there are
-            return max(1, n_kept), BLOCK
-        blocks = -(-n_kept // (BLOCK // WARP))
-        if variant.chunks:  # a warp per row, no loop over rows
-            return max(1, blocks), BLOCK
-        return max(1, min(blocks, MAX_BLOCKS)), BLOCK
+        threads = variant.threads
+        blocks = max(1, -(-n_kept // (threads // WARP if variant.mode == "warp" else 1)))
+        if variant.reuses_invariants:  # fewer blocks, each reading the weights for many rows
+            return min(blocks, REUSE_GRID_THREADS // threads), threads
+        if variant.mode == "block" or variant.chunks:  # a block (warp) per row
+            return blocks, threads
+        return min(blocks, MAX_BLOCKS), threads
     if kind is StageKind.COLUMN and variant.mode == "split":
         tiles, splits = column_grid(variant.vector, n_kept, n_red)
         return tiles * splits, column_block(variant.vector)
@@ -417,6 +469,7 @@ class Schedule:
     cache_length: int  # row elements each cache holds (per row of the block)
     resident: frozenset  # leaf keys a register row holds (read once)
     broadcast: frozenset  # leaf keys staged in shared memory once per block
+    held: frozenset  # leaf keys each thread loads once per block and keeps in registers
     invariant: frozenset  # leaf keys passed as 1-D rows (row-invariant)
     approx: frozenset  # keys of nodes written with hardware approximations
     approx_reciprocal: bool  # per-row float32 reciprocals with rcp.approx
@@ -431,7 +484,7 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
     passes = plan_passes(stage, online, variant.mode == "split")
     if variant.kind is StageKind.FULL:
         assert len(passes) <= 1 or not passes[1].reductions, "full stages reduce once"
-    rows = BLOCK // WARP if variant.mode == "warp" else 1
+    rows = variant.threads // WARP if variant.mode == "warp" else 1
     broadcast = frozenset(stage.leaves[i].key for i in variant.broadcast)
     cached = frozenset(n.key for n in cached_leaves(stage, broadcast) if variant.cache)
     reductions = [r for p in passes for r in p.reductions]
@@ -455,6 +508,7 @@ def schedule(stage: Stage, variant: Variant) -> Schedule:
         cache_length(stage, rows, broadcast) if cached else 0,
         frozenset(n.key for n in stage.leaves) if variant.chunks else frozenset(),
         broadcast,
+        frozenset(stage.leaves[i].key for i in variant.held),
         frozenset(stage.leaves[i].key for i in variant.invariant),
         approximated(stage) if variant.math == "fast" else frozenset(),
         variant.math == "fast",
@@ -477,12 +531,13 @@ def predicted_bytes(sched: Schedule, n_kept: int, n_red: int, blocks: int) -> in
     if stage.kind is StageKind.ELEMENTWISE:
         total += sum(n.dtype.itemsize for n in leaves.values()) * elements
     else:
-        for key in sched.broadcast:  # each block reads the row once
+        once = sched.broadcast | sched.held
+        for key in once:  # each block reads the row once
             total += leaves[key].dtype.itemsize * n_red * blocks
         seen: set = set()
         for p in sched.passes:
             for key in pass_leaves(p.targets):
-                if key in sched.broadcast:
+                if key in once:
                     continue
                 kept = key in sched.cached or key in sched.resident
                 if not kept or key not in seen:

@@ -25,7 +25,7 @@ from .lower import (
     vector_element,
 )
 from .plan import StageKind
-from .schedule import Schedule, parameters
+from .schedule import BLOCK, Schedule, parameters
 
 
 class _Source:
@@ -168,7 +168,9 @@ class KernelWriter:
             s(f"{name} = {literal(value)}")
         s("")
         s("")
-        s("@cuda.jit")
+        # past 256 threads a block could ask for more registers than an SM has: ptxas is
+        # told the block's size, so it keeps to 65,536 / threads registers a thread
+        s(f"@cuda.jit(launch_bounds={self.v.threads})" if self.v.threads > BLOCK else "@cuda.jit")
         s(f"def {self.name}({', '.join(self.params())}):")
         with s.block():
             getattr(self, f"write_{self.v.kind}")()

@@ -1,7 +1,7 @@
 """Layer norm over rows too long to keep on chip: hand-written, x read twice.
 
-Why hand-written: up to 32 KiB per row (8,192 float32) the composer keeps the row in registers
-or shared memory, and its three passes (mean, variance of ``x - mean``, output) read x once.
+Why hand-written: up to 16,384 float32 or float16 per row (8,192 float64) the composer keeps
+the row in registers, and its three passes (mean, variance of ``x - mean``, output) read x once.
 Past that, each pass would read x again: three reads. This kernel computes the mean and the
 variance in one pass with Welford's algorithm in Chan's parallel form, which is as stable as the
 two-pass formula, then writes the output in a second pass: two reads of x, one write of y, and

@@ -7,9 +7,9 @@ The composer already makes the best kernel for these, so no hand-written kernel 
   a block per row, the row kept on chip between passes when it fits (else the normaliser is
   computed online in the maximum's pass), one reciprocal per row.
 - **layer norm, RMS norm** over the last axis: one kernel per call, the row kept on chip
-  between the statistics pass and the write pass when it fits (8,192 float32 per row for a
-  block), one ``rsqrt`` per row, the weight and bias read as broadcast rows: the minimum
-  traffic (x read once, y written once).
+  between the statistics pass and the write pass when it fits (16,384 float32 per row for a
+  block of 512), one ``rsqrt`` per row, the weight and bias read as broadcast rows once per
+  block: the minimum traffic (x read once, y written once).
 - **reductions** (sum, mean, max, min, var, std, argmax, argmin): a warp or a block per row
   for trailing axes; for leading axes, rows split across blocks (16-byte loads of adjacent
   columns, several rows in flight per thread, per-block partials folded in order by the last

@@ -5,11 +5,11 @@ to keep on chip."""
 from __future__ import annotations
 
 import builtins
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
-from .._fusion.schedule import CACHE_BYTES
 from .._runtime import arrays
 from .._runtime.launch import KernelLaunch, Unused, View
 from ..kernels import layer_norm_long as _layer_norm_long
@@ -76,8 +76,8 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     (computed in float32, rounded once), float32 or float64. The statistics never round the
     mean (a constant row gives 0); a NaN or an infinity makes its row NaN, as NumPy's formula.
     One kernel, the row read once when it fits on chip, one ``rsqrt`` per row; longer rows
-    (over 32 KiB) go to a hand-written kernel that reads them twice (Welford's one-pass
-    statistics, then the output).
+    (past 16,384 float32 or float16, 8,192 float64) go to a hand-written kernel that reads
+    them twice (Welford's one-pass statistics, then the output).
     """
     a = array_arg(x, "x", COMPOSED_FLOATS, "layer_norm")
     if not a.shape:
@@ -91,17 +91,20 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
         _definitions.layer_norm(w is not None, b is not None), (a, *filter(None, (w, b)), eps)
     )
     rows = _layer_norm_long.rows_view(a)
-    long_rows = a.dtype in FLOATS and not _on_chip(a.shape[-1], a.dtype)
+    long_rows = a.dtype in FLOATS and not _on_chip(a.shape[-1], np.dtype(a.dtype))
     # (bfloat16 rows of any length: the composer's kernel)
     if rows is not None and long_rows:
         return _LayerNormLong(a, rows, w, b, eps, fused)
     return fused
 
 
-def _on_chip(n: int, dtype) -> bool:
-    """Whether the composer keeps a row of ``n`` elements on chip (then its fused layer norm
-    reads x once); past this the hand-written kernel reads x twice instead of three times."""
-    return n * np.dtype(dtype).itemsize <= CACHE_BYTES
+@functools.lru_cache(maxsize=256)
+def _on_chip(n: int, dtype: np.dtype) -> bool:
+    """Whether the composer keeps a layer norm's row of ``n`` elements on chip (then its fused
+    layer norm reads x once: 16,384 float32 or float16, 8,192 float64), as its plan for one
+    such row says; past this the hand-written kernel reads x twice instead of three times."""
+    (stage,) = _definitions.layer_norm(False, False).explain(np.empty((1, n), dtype), 1e-5).stages
+    return "kept on chip" in stage
 
 
 def rms_norm(x, weight=None, eps=1e-6):
@@ -202,8 +205,8 @@ class _LayerNormLong(HandWritten):
             self.predicted_bytes(),
             self.fused.explain().bytes_unfused,
             [
-                f"rows of {n} {self.x.dtype} are past the {CACHE_BYTES} bytes "
-                "the composer keeps on chip: Welford's one-pass statistics read x twice, "
+                f"rows of {n} {self.x.dtype} are longer than the composer keeps on chip: "
+                "Welford's one-pass statistics read x twice, "
                 "where the composer's three passes would read it three times"
             ],
         )

@@ -124,7 +124,7 @@ def _library_signatures() -> dict:
         "linear": ops.linear._plan(x, w, np.zeros(32, np.float32), "gelu"),
         "attention": ops.attention._plan(h, h, h, causal=True),
         "cross_entropy": ops.cross_entropy._plan(logits, targets, reduction="none"),
-        "layer_norm_long": ops.layer_norm._plan(np.zeros((2, 8193), np.float32)),
+        "layer_norm_long": ops.layer_norm._plan(np.zeros((2, 16385), np.float32)),
         "transpose": ops.transpose._plan(x),
     }
     for name, plan in plans.items():

@@ -29,9 +29,12 @@ RTOL = {"float16": 1e-2, "bfloat16": 4e-2, "float32": 1e-4}
 ROWS = 3
 # The ways a row kernel keeps a row, for the patterns that reuse one value of the first pass
 # (var, layer norm...) and the one that reuses two (centred_product): in registers (8 to 1000
-# by a warp, 2056 and 8192 by a block; centred_product to 512), in shared memory between passes
-# (centred_product: 600 by a warp, 4104 by a block with one row input), and read again by each pass
-# (centred_product at 1000 with three row inputs, 12000 by a block)
+# by a warp, 2056 by a block of 256, 4104 to 12000 by a block of 512; centred_product to 512
+# by a warp), in shared memory between passes (centred_product: 600 by a warp; for these
+# patterns, whose column operand takes cache room too, a block's registers hold every row its
+# cache would, so test_fusion_kernels covers that cache with a chain of one leaf), and read
+# again by each pass (centred_product at 1000 with three row inputs by a warp, at 12000 by a
+# block)
 WIDTHS = (8, 40, 512, 600, 1000, 2056, 4104, 8192, 12000)
 EPS = 1e-5
 
@@ -191,23 +194,24 @@ def test_row_chains_match_numpy(case):
 
 
 @pytest.mark.parametrize(
-    "width, inputs, pattern, variant",
+    "width, inputs, operands, pattern, variant",
     [
-        (8, 1, "var", "registers"),
-        (1000, 3, "var", "registers"),
-        (8192, 2, "var", "registers"),
-        (600, 2, "centred_product", "kept on chip between passes"),
-        (4104, 1, "centred_product", "kept on chip between passes"),
-        (1000, 3, "centred_product", None),
-        (12000, 2, "var", None),
+        (8, 1, BUG["operands"], "var", "registers"),
+        (1000, 3, BUG["operands"], "var", "registers"),
+        (4104, 2, BUG["operands"], "var", "registers"),
+        (12000, 2, BUG["operands"], "var", "registers"),
+        (600, 2, BUG["operands"], "centred_product", "kept on chip between passes"),
+        (1000, 3, BUG["operands"], "centred_product", None),
+        (12000, 3, BUG["operands"], "centred_product", None),
     ],
 )
-def test_the_widths_cover_every_row_variant(width, inputs, pattern, variant):
+def test_the_widths_cover_every_row_variant(width, inputs, operands, pattern, variant):
     case = dict(BUG, pattern=pattern, dtype="float16", width=width, inputs=inputs, side="host")
-    fn, _, args = build(case)
+    fn, _, args = build(case | {"operands": operands})
     (stage,) = tt.fuse(fn).explain(*args).stages
     mode = "warp" if width <= 1024 else "block"
     assert f"rows reduced by a {mode}" in stage, stage
+    assert f"of {512 if width > 4096 else 256} threads" in stage, stage
     if variant is None:
         assert "kept on chip" not in stage, stage
     else:
@@ -233,13 +237,15 @@ def _split(fn):
 
 @pytest.mark.sim_only(reason="the profiler measures traffic in the simulator only")
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-@pytest.mark.parametrize("rows, width", [(16, 768), (2, 8192)])
+@pytest.mark.parametrize("rows, width", [(16, 768), (12, 2056), (6, 8192)])
 @pytest.mark.parametrize("fn", [residual_layer_norm, bias_gelu_residual_layer_norm])
 def test_residual_layer_norm_reads_each_row_once(fn, rows, width, dtype):
     """Issue 40, item 2: a layer norm of a residual sum keeps the sum, not its inputs, in
     registers, so each row input is read once and the result written once; the only bytes past
-    that minimum are the weights (and bias) each block reads once. Never more than the same
-    chain split at its reductions."""
+    that minimum are the weights (and bias) each block reads once, for all its rows (staged in
+    shared memory by a warp-mode block, held in registers by a block-mode one, whose grid of
+    at most 8 blocks of 256, or 4 of 512, in the simulator then loops over the rows). Never
+    more than the same chain split at its reductions."""
     dt = DTYPES[dtype]
     rng = np.random.default_rng(width)
     x, r = (rng.standard_normal((rows, width)).astype(dt) for _ in range(2))
@@ -255,6 +261,7 @@ def test_residual_layer_norm_reads_each_row_once(fn, rows, width, dtype):
     (stage,) = report.stages
     blocks = int(stage.rsplit("; ", 1)[1].split()[0])
     assert "in registers" in stage and "stay in registers" in report.reasons[0], report
+    assert f"read once per block, {'staged' if width <= 1024 else 'held'} in" in report.reasons[1]
     assert moved == report.bytes_fused == minimum + (blocks - 1) * weights
     elementwise, n = _split(fn)[0]
     h = np.zeros((rows, width), dt)

@@ -310,7 +310,7 @@ def test_a_kept_call_consults_no_tuner_until_it_is_cleared(monkeypatch, op):
 @pytest.mark.parametrize("op", ["cross_entropy", "transpose", "layer_norm_long"])
 def test_hand_written_ops_refuse_an_out_that_repeats_memory(op):
     """Every hand-written op, as the matmul ops and attention did: its threads would race."""
-    x = np.ones((4, 8200 if op == "layer_norm_long" else 6), np.float32)
+    x = np.ones((4, 16400 if op == "layer_norm_long" else 6), np.float32)
     call = {
         "cross_entropy": (ops.cross_entropy, (x, np.zeros(4, np.int64)), (4,), (0,)),
         "transpose": (ops.transpose, (x,), (6, 4), (0, 4)),

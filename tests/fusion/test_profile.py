@@ -107,7 +107,7 @@ def _hand_written_calls():
     a, b = dev(16, 16), dev(16, 16)
     q = dev(1, 1, 16, 16, dtype=np.float16)
     logits, targets = dev(4, 16), cuda.to_device(np.array([0, 3, 15, 7], np.int64))
-    long_row = dev(1, 4097, dtype=np.float64)
+    long_row = dev(1, 8193, dtype=np.float64)
     return [
         ("matmul_", ops.matmul, (a, b), {}),
         ("flash_attention", ops.attention, (q, q, q), {}),

@@ -270,12 +270,12 @@ def test_each_argument_is_read_once(monkeypatch, side):
     assert [reads.count(id(a)) for a in args] == [1, 1, 1]
 
 
-# Rows past 32 KiB (8,192 float32, 16,384 float16, 4,096 float64): the hand-written Welford
-# kernel, x read twice. (shape, dtype, weight, bias)
+# Rows longer than the composer keeps on chip (16,384 float32 or float16, 8,192 float64): the
+# hand-written Welford kernel, x read twice. (shape, dtype, weight, bias)
 LONG_ROWS = [
-    ((3, 8193), np.float32, True, True),  # rows after the first not 16-byte aligned
-    ((2, 8200), np.float32, True, False),
-    ((2, 2, 4097), np.float64, False, True),  # leading axes merged into rows
+    ((2, 16385), np.float32, True, True),  # rows after the first not 16-byte aligned
+    ((1, 16392), np.float32, True, False),
+    ((2, 1, 8193), np.float64, False, True),  # leading axes merged into rows
     ((1, 16392), np.float16, True, True),
 ]
 
@@ -315,14 +315,15 @@ def test_layer_norm_of_long_rows_reads_x_twice(shape, dtype, with_w, with_b, sid
 
 
 def test_layer_norm_picks_the_hand_written_kernel_only_past_the_on_chip_row():
-    cases = [(8192, np.float32, "fused_row"), (8193, np.float32, "layer_norm_long"),
-             (16384, np.float16, "fused_row"), (4097, np.float64, "layer_norm_long")]  # fmt: skip
+    cases = [(16384, np.float32, "fused_row"), (16385, np.float32, "layer_norm_long"),
+             (16384, np.float16, "fused_row"), (16385, np.float16, "layer_norm_long"),
+             (8192, np.float64, "fused_row"), (8193, np.float64, "layer_norm_long")]  # fmt: skip
     for n, dtype, kernel in cases:
         x = np.zeros((2, n), dtype)
         assert ex_kernel(ops.layer_norm.explain(x)).startswith(kernel), (n, dtype)
     # leading axes that cannot be merged into rows: the composer's kernel, which takes any
     # strides (it reads such rows three times), still right
-    x = np.random.default_rng(6).standard_normal((2, 3, 8200)).astype(np.float32)
+    x = np.random.default_rng(6).standard_normal((2, 3, 16400)).astype(np.float32)
     view = x.transpose(1, 0, 2)
     assert ex_kernel(ops.layer_norm.explain(view)).startswith("fused_row")
     np.testing.assert_allclose(ops.layer_norm(view), layer_norm_ref(view), **NORM_TOL[np.float32])
@@ -354,7 +355,7 @@ def test_float16_rows_of_large_magnitude_are_computed_in_float32(side):
 
 
 # A warp per row, a block per row with the row in registers, the hand-written long-row kernel.
-ROW_LENGTHS = [1000, 4096, 9000]
+ROW_LENGTHS = [1000, 4096, 16400]
 
 
 @pytest.mark.parametrize("n", ROW_LENGTHS)
@@ -421,9 +422,9 @@ def test_layer_norm_of_long_strided_rows(side):
     """Rows that step evenly but not contiguously: a device x is read where it is, a host x
     from its contiguous device copy, with the copy's strides (x's own lie past the copy)."""
     rng = np.random.default_rng(8)
-    base = (rng.standard_normal((3, 2 * 8200)) * 2 - 1).astype(np.float32)
+    base = (rng.standard_normal((2, 2 * 16400)) * 2 - 1).astype(np.float32)
     x = base[:, ::2]
-    w = rng.standard_normal(8200).astype(np.float32)
+    w = rng.standard_normal(16400).astype(np.float32)
     placed, ws = on(side, base, w)
     xs = placed[:, ::2]
     ex = ops.layer_norm.explain(xs, ws)
