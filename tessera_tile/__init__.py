@@ -18,6 +18,7 @@ if _config.SIMULATED:
 import importlib as _importlib  # noqa: E402
 
 from . import fusion  # noqa: E402 - after the simulator, which fused kernels may run in
+from ._fusion.autodiff import grad, vjp  # noqa: E402 - gradients of fused functions
 from ._runtime.arrays import host_to_device as to_device  # noqa: E402 - bfloat16 too, unlike numba's
 from ._runtime.cache import CacheWarning  # noqa: E402 - what the persistent caches warn of
 from .autotune import autotune  # noqa: E402 - the function; the module stays importable by name
@@ -105,6 +106,8 @@ __all__ = [
     "CacheWarning",
     "fusion",
     "fuse",
+    "vjp",
+    "grad",
     "autotune",
     "profile",
     "to_device",

@@ -123,6 +123,9 @@ class Call:
         """Shapes, by node key, of every node of every stage for this call."""
         known = {i: a.shape for i, a in enumerate(self.args) if a.is_array}
         shapes = planner.propagate_shapes(program.trace.nodes, known)
+        # a mean's count may come from a value the program never computes (in a gradient)
+        counted = [source for source, _ in program.trace.counts.values()]
+        planner.propagate_shapes(ir.walk(counted), known, shapes)
         for k, node in enumerate(program.trace.outputs):
             known[("out", k)] = shapes[node.key]
         for stage in program.plan.stages:  # temps get their shapes from the stage writing them

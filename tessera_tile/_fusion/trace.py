@@ -325,6 +325,14 @@ def count(x: Traced, axis) -> Traced:
     return Traced(count_node)
 
 
+def counted(node: Node) -> int:
+    """The number a COUNT leaf of the current trace stands for, read from its source's shape
+    (so the trace serves calls of these shapes only, as reading a shape does)."""
+    source, axes = _tracing.current.counts[id(node)]
+    _tracing.current.reads_shapes = True
+    return int(np.prod([source.shape[a] for a in axes], dtype=np.int64))
+
+
 def _result(node: Node, operands) -> Traced:
     """A function of scalars alone gives a NumPy scalar, which is strong (NEP 50): ``np.exp(1.0)``
     is float64 whatever it later meets."""
@@ -416,6 +424,7 @@ __all__ = [
     "binary",
     "cast_results",
     "count",
+    "counted",
     "reduce",
     "ternary",
     "trace",

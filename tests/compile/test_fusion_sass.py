@@ -330,3 +330,26 @@ def test_residual_layer_norms_move_at_most_1_1x_their_minimum_on_a_gpu(dtype):
             assert report.kernels == 1
             if rows > 64:
                 assert ratio <= 1.1, (fn.__name__, rows, width, ratio)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("name", ["residual_layer_norm", "bias_gelu_linear"])
+def test_backward_kernels_compile_cleanly(name, arch):
+    """The kernels of ``tt.vjp``'s pullback (the composer plans them as any fused function):
+    no spills, no local memory, no float64 instruction in float32 gradients."""
+    from tessera_tile._fusion.autodiff import Pullback
+
+    x, v, w = np.zeros((64, 768), np.float32), np.zeros(768, np.float32), np.zeros((768, 256))
+    fn, args, cotangent = {
+        "residual_layer_norm": (residual_layer_norm, (x, x, v, v), x),
+        "bias_gelu_linear": (lambda x, w, b: tt.gelu(x @ w + b), (x, w.astype(x.dtype), v[:256]),
+                             x[:, :256]),
+    }[name]  # fmt: skip
+    pullback = Pullback(tt.fuse(fn), args, {}, single=True)
+    reports = pullback.backward.inspect(*args, cotangent, arch=arch)
+    for report in reports:
+        print(report)
+        assert report.registers * report.block <= 65536
+        assert report.spill_stores == 0 and report.spill_loads == 0
+        assert not report.uses_local_memory
+        assert not float64_ops(report), float64_ops(report)

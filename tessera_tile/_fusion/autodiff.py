@@ -1,0 +1,382 @@
+"""Reverse-mode differentiation of fused functions: ``tt.vjp`` and ``tt.grad``.
+
+The pullback is itself a fused function, so the composer plans, fuses and explains it like any
+other: its body replays ``fn`` on its traced arguments (the forward values the gradients need
+are recomputed inside the backward kernels, never stored by the forward call), then walks the
+forward graph from the outputs back to the inputs, adding each node's cotangent into its
+operands' by the rules of :data:`RULES`.
+
+* Cotangents are computed in float32 (float64 where the value is float64): float16 and bfloat16
+  gradients are accumulated in float32 and rounded once, to the primal's dtype.
+* Broadcasting: an operand's cotangent is summed over the axes it was broadcast along.
+* Ties and kinks follow PyTorch: ``max``/``min`` reductions share the cotangent evenly among
+  the elements equal to the result, ``maximum``/``minimum`` give half to each side of a tie,
+  ``abs`` and ``relu`` have derivative 0 at 0, ``x ** y`` has no ``y`` gradient where
+  ``x == 0`` and ``y >= 0``.
+* Not differentiated (an error names them): ``prod``, ``argmax``-style and boolean results
+  feeding float values are fine (they have no gradient), but a reduction without ``keepdims``
+  over axes other than the leading ones whose result is used inside the function (the IR has no
+  reshape to put its axes back); such a reduction as a result of ``fn`` is fine (its cotangent
+  is reshaped before the backward call). Use ``keepdims=True`` inside.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+
+import numpy as np
+
+from .. import fusion
+from .. import tile_ir as ir
+from ..tile_ir import Op
+from . import lower
+from .trace import Traced, binary, counted, matmul, reduce, swapaxes, ternary, trace, unary
+
+__all__ = ["grad", "vjp"]
+
+SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+LN2 = math.log(2)
+
+
+def vjp(fn, *primals, **kwargs):
+    """``(outputs, pullback)``: ``outputs = fn(*primals, **kwargs)``, and
+    ``pullback(cotangents)`` (one array per output, of its shape; a tuple for several) returns
+    one cotangent per positional argument: an array of the primal's shape and dtype for a float
+    array, None for anything else (integer and boolean arrays, Python numbers). ``fn``: a
+    ``@tt.fuse`` function or a plain one (fused here); keyword arguments are passed through,
+    not differentiated. Works on host, device and CuPy arrays; the pullback's kernels run on
+    the side of the arguments."""
+    fused = fn if isinstance(fn, fusion.FusedFunction) else fusion.fuse(fn)
+    outputs = fused(*primals, **kwargs)
+    return outputs, Pullback(fused, primals, kwargs, not isinstance(outputs, tuple))
+
+
+class Pullback:
+    """``pullback(cotangents)``: the cotangents of ``vjp``'s primals; ``explain(cotangents)``:
+    the backward fused function's plan, as ``FusedFunction.explain`` gives it."""
+
+    def __init__(self, fused, primals: tuple, kwargs: dict, single: bool):
+        self.primals, self.kwargs, self.single = primals, kwargs, single
+        stand_ins = tuple(_stand_in(v) for v in (*primals, *kwargs.values()))
+        made = _make_backward(fused, len(primals), tuple(kwargs), stand_ins)
+        self.backward, self.reshapes, self.outputs = made
+
+    def _arguments(self, cotangents) -> tuple:
+        cts = (cotangents,) if self.single else tuple(cotangents)
+        if len(cts) != self.outputs:
+            raise ValueError(f"the pullback takes {self.outputs} cotangent(s), got {len(cts)}")
+        cts = tuple(_as_shape(c, self.reshapes.get(k)) for k, c in enumerate(cts))
+        return (*self.primals, *cts)
+
+    def __call__(self, cotangents) -> tuple:
+        grads = self.backward(*self._arguments(cotangents), **self.kwargs)
+        grads = list(grads) if isinstance(grads, tuple) else [grads]
+        return tuple(grads.pop(0) if _differentiable(p) else None for p in self.primals)
+
+    def explain(self, cotangents):
+        return self.backward.explain(*self._arguments(cotangents), **self.kwargs)
+
+
+def grad(fn, argnums=0):
+    """The gradient of ``fn`` (one result of shape ``()``) with respect to the positional
+    argument ``argnums`` (an int, or a tuple of them for a tuple of gradients)."""
+
+    @functools.wraps(fn)
+    def gradient(*args, **kwargs):
+        out, pullback = vjp(fn, *args, **kwargs)
+        if isinstance(out, tuple) or np.shape(out) != ():
+            raise TypeError("tt.grad needs a function with one result of shape (); use tt.vjp")
+        grads = pullback(1.0)
+        return tuple(grads[i] for i in argnums) if isinstance(argnums, tuple) else grads[argnums]
+
+    return gradient
+
+
+# --------------------------------------------------------------------------------------------
+# the backward fused function of one signature
+
+
+def _differentiable(value) -> bool:
+    stand_in = _stand_in(value)
+    return stand_in[0] == "array" and lower.is_float(stand_in[1])
+
+
+def _as_shape(cotangent, shape):
+    return cotangent if shape is None else cotangent.reshape(shape)
+
+
+def _stand_in(value) -> tuple:
+    """What the trace of a call needs of an argument: an array's dtype and shape, a number's
+    type (its value is the call's, not the kernel's)."""
+    shape = getattr(value, "shape", ())
+    if len(shape) and hasattr(value, "dtype"):
+        return ("array", np.dtype(value.dtype), tuple(shape))
+    return (
+        "scalar",
+        type(value)(0) if isinstance(value, bool | int | float | np.generic) else value,
+    )
+
+
+@functools.lru_cache(maxsize=128)
+def _make_backward(fused, n, keywords, stand_ins):
+    """The backward fused function of ``fused`` for one signature, the shapes its cotangents
+    take (an output reduced without ``keepdims``: with its axes kept), and how many there are."""
+    forward = trace(fused.fn, list(stand_ins), keywords)
+    reshapes = {
+        k: _kept_shape(o)
+        for k, o in enumerate(forward.outputs)
+        if o.op in ir.REDUCE and not o.arg[1] and _needs_axes(o)
+    }
+    differentiable = [
+        i for i, s in enumerate(stand_ins[:n]) if s[0] == "array" and lower.is_float(s[1])
+    ]
+    n_out = len(forward.outputs)
+    names = [f"p{i}" for i in range(n)] + [f"c{k}" for k in range(n_out)]
+
+    def backward(*args, **kw):
+        primals, cts = args[:n], args[n:]
+        result = fused.fn(*primals, **kw)
+        outs = (result,) if forward.single else tuple(result)
+        return _pull(outs, cts, [primals[i] for i in differentiable], set(reshapes))
+
+    params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in names]
+    params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY) for k in keywords]
+    backward.__signature__ = inspect.Signature(params)
+    backward.__name__ = backward.__qualname__ = f"{fused.__name__}_backward"
+    return fusion.fuse(backward, math=fused.math, precision=fused.precision), reshapes, n_out
+
+
+def _needs_axes(node) -> bool:
+    """Whether a reduction without keepdims dropped axes other than leading ones: its cotangent
+    then cannot broadcast back against its operand."""
+    axes = node.arg[0]
+    return tuple(axes) != tuple(range(len(axes))) and len(axes) != node.srcs[0].ndim
+
+
+def _kept_shape(node) -> tuple:
+    shape = list(node.srcs[0].shape)
+    for a in node.arg[0]:
+        shape[a] = 1
+    return tuple(shape)
+
+
+# --------------------------------------------------------------------------------------------
+# the reverse walk
+
+
+def _acc(dtype) -> np.dtype:
+    """The dtype cotangents of a value of ``dtype`` are accumulated in."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def _pull(outs, cts, wrt, kept_outputs: set) -> tuple:
+    """The cotangents of ``wrt`` (traced leaves) given those of ``outs``."""
+    grads: dict[int, Traced] = {}  # id(node) -> cotangent, in the accumulation dtype
+    lifted: set[int] = set()  # nodes whose cotangent has their reduced axes kept
+
+    def add(node, g):
+        if not lower.is_float(node.dtype) or g is None:
+            return
+        g = _unbroadcast(g, node.shape)
+        prior = grads.get(id(node))
+        grads[id(node)] = g if prior is None else prior + g
+
+    for k, (o, ct) in enumerate(zip(outs, cts, strict=True)):
+        node = o.node
+        if not lower.is_float(node.dtype):
+            continue
+        g = _cast(ct, _acc(node.dtype))
+        if k in kept_outputs:  # its cotangent keeps the reduced axes (see _make_backward)
+            prior = grads.get(id(node))
+            grads[id(node)] = g if prior is None else prior + g
+            lifted.add(id(node))
+        else:
+            add(node, g)
+    for node in reversed(ir.walk([o.node for o in outs])):
+        g = grads.get(id(node))
+        if g is None or node.op in ir.LEAF or node.op in ir.GENERATED:
+            continue
+        dropped = node.op in ir.REDUCE and not node.arg[1] and _needs_axes(node)
+        if dropped and (id(node) not in lifted or any(_uses(node, outs))):
+            raise NotImplementedError(
+                f"tt.vjp: {node.op.name.lower()} over axes {list(node.arg[0])} without "
+                "keepdims is used inside the function; write it with keepdims=True"
+            )
+        rule = RULES.get(node.op)
+        if rule is None:
+            raise NotImplementedError(f"tt.vjp: no gradient for {node.op.name.lower()}")
+        for src, contribution in zip(node.srcs, rule(node, g), strict=True):
+            add(src, contribution)
+    results = []
+    for leaf in wrt:
+        g = grads.get(id(leaf.node))
+        results.append(_zeros(leaf) if g is None else _cast(g, leaf.dtype))
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+def _uses(node, outs):
+    """Nodes of the forward graph that take ``node`` as an operand."""
+    return (n for n in ir.walk([o.node for o in outs]) if any(s is node for s in n.srcs))
+
+
+def _unbroadcast(g: Traced, shape: tuple) -> Traced:
+    """``g`` summed over the axes ``shape`` was broadcast along."""
+    gshape = g.shape
+    lead = len(gshape) - len(shape)
+    ones = tuple(i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1)
+    if ones:
+        g = reduce(Op.SUM, g, tuple(lead + i for i in ones), True)
+    if lead > 0:
+        g = reduce(Op.SUM, g, tuple(range(lead)), False)
+    return g
+
+
+def _cast(g, dtype):
+    dtype = np.dtype(dtype)
+    if not isinstance(g, Traced):
+        return g
+    return g if g.dtype == dtype else unary(Op.CAST, g, arg=ir.dtype_arg(dtype))
+
+
+def _zeros(leaf: Traced) -> Traced:
+    """An array of zeros of the leaf's shape and dtype (``0 * x`` would carry its NaN)."""
+    return _cast(ternary(Op.WHERE, unary(Op.ISNAN, leaf), 0.0, 0.0), leaf.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# the rules: (node, cotangent of node) -> one cotangent (or None) per operand
+
+
+def _v(node) -> Traced | int:
+    """A forward value; a mean's count as the number it is (GEMM prologues take numbers)."""
+    return counted(node) if node.op is Op.COUNT else Traced(node)
+
+
+def _where(c, a, b):
+    return ternary(Op.WHERE, c, a, b)
+
+
+def _sign_mask(a, g):
+    return _where(binary(Op.GT, a, 0), g, _where(binary(Op.LT, a, 0), -g, 0.0))
+
+
+def _gelu(node, g):
+    a = _v(node.srcs[0])
+    cdf = 0.5 * (1.0 + unary(Op.ERF, a * (1 / math.sqrt(2))))
+    pdf = unary(Op.EXP, -0.5 * a * a) * (1 / math.sqrt(2 * math.pi))
+    return (g * (cdf + a * pdf),)
+
+
+def _gelu_tanh(node, g):
+    a = _v(node.srcs[0])
+    t = unary(Op.TANH, SQRT_2_OVER_PI * (a + 0.044715 * a * a * a))
+    inner = SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * a * a)
+    return (g * (0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * inner),)
+
+
+def _silu(node, g):
+    a = _v(node.srcs[0])
+    s = unary(Op.SIGMOID, a)
+    return (g * s * (1.0 + a * (1.0 - s)),)
+
+
+def _pow(node, g):
+    a, b, y = _v(node.srcs[0]), _v(node.srcs[1]), _v(node)
+    da = g * b * binary(Op.POW, a, b - 1)
+    # PyTorch's rule: no exponent gradient where the base is 0 and the exponent >= 0
+    zero = binary(Op.AND, binary(Op.EQ, a, 0), binary(Op.GE, b, 0))
+    db = _where(zero, 0.0, g * y * unary(Op.LOG, a))
+    return da, db
+
+
+def _extreme(compare: Op):
+    def rule(node, g):
+        a, b = _v(node.srcs[0]), _v(node.srcs[1])
+        wins, tie = binary(compare, a, b), binary(Op.EQ, a, b)
+        half = 0.5 * g
+        return _where(wins, g, _where(tie, half, 0.0)), _where(
+            binary(compare, b, a), g, _where(tie, half, 0.0)
+        )
+
+    return rule
+
+
+# A reduction's cotangent broadcasts back against its operand as it is: it kept the reduced
+# axes (keepdims, or a result of fn reshaped by the pullback), or they were leading ones.
+
+
+def _reduce_extreme(node, g):
+    """PyTorch's ``amax``/``amin`` rule: the cotangent shared evenly among the elements equal to
+    the result (a NaN result: NaN gradient)."""
+    a = _v(node.srcs[0])
+    axes = node.arg[0]
+    hit = unary(
+        Op.CAST, binary(Op.EQ, a, reduce(node.op, a, axes, True)), arg=ir.dtype_arg(g.dtype)
+    )
+    return (hit * g / reduce(Op.SUM, hit, axes, True),)
+
+
+def _mod(node, g):
+    """NumPy's remainder ``a - floor(a / b) * b``, differentiated as PyTorch does."""
+    a, b = _v(node.srcs[0]), _v(node.srcs[1])
+    return g, -g * unary(Op.FLOOR, a / b)
+
+
+def _matmul(node, g):
+    a, b = _v(node.srcs[0]), _v(node.srcs[1])
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise NotImplementedError("tt.vjp: matmul of 1-D operands")
+    return matmul(g, swapaxes(b, -1, -2)), matmul(swapaxes(a, -1, -2), g)
+
+
+def _no_gradient(node, g):
+    return (None,) * len(node.srcs)
+
+
+RULES = {
+    Op.NEG: lambda n, g: (-g,),
+    Op.ABS: lambda n, g: (_sign_mask(_v(n.srcs[0]), g),),
+    Op.EXP: lambda n, g: (g * _v(n),),
+    Op.EXP2: lambda n, g: (g * _v(n) * LN2,),
+    Op.LOG: lambda n, g: (g / _v(n.srcs[0]),),
+    Op.LOG2: lambda n, g: (g / (_v(n.srcs[0]) * LN2),),
+    Op.LOG1P: lambda n, g: (g / (1.0 + _v(n.srcs[0])),),
+    Op.EXPM1: lambda n, g: (g * (_v(n) + 1.0),),
+    Op.SQRT: lambda n, g: (g / (2.0 * _v(n)),),
+    Op.RSQRT: lambda n, g: (-0.5 * g * _v(n) * _v(n) * _v(n),),
+    Op.SIN: lambda n, g: (g * unary(Op.COS, _v(n.srcs[0])),),
+    Op.COS: lambda n, g: (-g * unary(Op.SIN, _v(n.srcs[0])),),
+    Op.TANH: lambda n, g: (g * (1.0 - _v(n) * _v(n)),),
+    Op.ERF: lambda n, g: (
+        g * (2 / math.sqrt(math.pi)) * unary(Op.EXP, -_v(n.srcs[0]) * _v(n.srcs[0])),
+    ),
+    Op.SIGMOID: lambda n, g: (g * _v(n) * (1.0 - _v(n)),),
+    Op.SQUARE: lambda n, g: (2.0 * g * _v(n.srcs[0]),),
+    Op.RELU: lambda n, g: (_where(binary(Op.GT, _v(n.srcs[0]), 0), g, 0.0),),
+    Op.GELU: _gelu,
+    Op.GELU_TANH: _gelu_tanh,
+    Op.SILU: _silu,
+    Op.CAST: lambda n, g: (g,),
+    Op.ADD: lambda n, g: (g, g),
+    Op.SUB: lambda n, g: (g, -g),
+    Op.MUL: lambda n, g: (g * _v(n.srcs[1]), g * _v(n.srcs[0])),
+    Op.TRUEDIV: lambda n, g: (g / _v(n.srcs[1]), -g * _v(n) / _v(n.srcs[1])),
+    Op.POW: _pow,
+    Op.MAXIMUM: _extreme(Op.GT),
+    Op.MINIMUM: _extreme(Op.LT),
+    Op.WHERE: lambda n, g: (None, _where(_v(n.srcs[0]), g, 0.0), _where(_v(n.srcs[0]), 0.0, g)),
+    Op.SUM: lambda n, g: (g,),
+    Op.MOD: _mod,
+    Op.MAX: _reduce_extreme,
+    Op.MIN: _reduce_extreme,
+    Op.MATMUL: _matmul,
+    Op.SWAPAXES: lambda n, g: (swapaxes(g, *n.arg),),
+    **{
+        op: _no_gradient
+        for op in {Op.FLOOR, Op.CEIL, Op.FLOORDIV, Op.ISNAN, Op.ISINF, Op.ISFINITE, Op.INVERT}
+        | ir.BINARY - {Op.ADD, Op.SUB, Op.MUL, Op.TRUEDIV, Op.POW, Op.MAXIMUM, Op.MINIMUM, Op.MOD}
+        | {Op.ARGMAX, Op.ARGMIN, Op.ANY, Op.ALL}
+    },
+}

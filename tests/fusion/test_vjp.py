@@ -1,0 +1,227 @@
+"""Gradients of fused functions (``tt.vjp``, ``tt.grad``) against NumPy.
+
+Reference: central finite differences (step 1e-6) of a float64 NumPy twin of each function at
+the same inputs, contracted with the same cotangent: accurate to about 1e-9 here. Tolerances
+per primal dtype, relative to the largest reference magnitude: float32 1e-4 (a few float32
+roundings of the recomputed forward values and the cotangents); float16 1e-2 and bfloat16 4e-2
+(the forward values are recomputed in the primal's dtype, as the forward rounds them; the
+cotangents are accumulated in float32 and rounded once).
+"""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import back, on
+
+import tessera_tile as tt
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float16): 1e-2, BF16: 4e-2}
+erf = np.vectorize(math.erf)
+
+
+def sigmoid(v):
+    return 1 / (1 + np.exp(-v))
+
+
+def layer_norm(x, w, b, T=tt):  # noqa: N803 - the namespace: tt, or NumPy for the twin
+    d = x - T.mean(x, axis=-1, keepdims=True)
+    return d / T.sqrt(T.mean(d * d, axis=-1, keepdims=True) + 1e-5) * w + b
+
+
+def softmax(x, T=tt):  # noqa: N803
+    e = T.exp(x - T.max(x, axis=-1, keepdims=True))
+    return e / T.sum(e, axis=-1, keepdims=True)
+
+
+def medley(x, T=tt):  # noqa: N803 - one of each unary op
+    a = T.abs(x) + 1
+    return (
+        T.exp2(x) + T.log1p(a) + T.expm1(x) + T.sqrt(a) + 1 / T.sqrt(x * x + 1) + T.sin(x)
+        - T.cos(x) + T.square(x) + T.log2(a) + T.tanh(x)
+    )  # fmt: skip
+
+
+# name: (fused function, NumPy float64 twin, argument shapes)
+CASES = {
+    "layer_norm": (layer_norm, lambda x, w, b: layer_norm(x, w, b, np), [(4, 40), (40,), (40,)]),
+    "softmax": (softmax, lambda x: softmax(x, np), [(4, 24)]),
+    "bias_gelu": (
+        lambda x, b: tt.gelu(x + b),
+        lambda x, b: 0.5 * (x + b) * (1 + erf((x + b) / np.sqrt(2))),
+        [(4, 24), (24,)],
+    ),
+    "gelu_tanh_silu": (
+        lambda x: tt.gelu(x, approximate="tanh") * tt.silu(x),
+        lambda x: (
+            0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))) * x * sigmoid(x)
+        ),
+        [(4, 16)],
+    ),  # fmt: skip
+    "row_sum_result": (
+        lambda x, w: tt.sum(x * w, axis=-1),
+        lambda x, w: (x * w).sum(-1),
+        [(4, 24), (24,)],
+    ),  # fmt: skip
+    "row_max_result": (lambda x: tt.max(x, axis=-1), lambda x: x.max(-1), [(4, 24)]),
+    "mean_of_all": (lambda x: tt.mean(x * x), lambda x: (x * x).mean(), [(4, 24)]),
+    "column_sum": (lambda x: tt.sum(tt.tanh(x), axis=0), lambda x: np.tanh(x).sum(0), [(4, 24)]),
+    "column_broadcast": (lambda x, s: x * s - s, lambda x, s: x * s - s, [(4, 8), (4, 1)]),
+    "matmul_silu": (
+        lambda x, w: tt.silu(x @ w),
+        lambda x, w: (x @ w) * sigmoid(x @ w),
+        [(8, 16), (16, 8)],
+    ),  # fmt: skip
+    "pow_div": (
+        lambda x, y: (tt.abs(x) + 1) ** y / (y + 3),
+        lambda x, y: (np.abs(x) + 1) ** y / (y + 3),
+        [(4, 8), (4, 8)],
+    ),  # fmt: skip
+    "where_sigmoid": (
+        lambda x, y: tt.where(x > 0, x * y, tt.sigmoid(y)),
+        lambda x, y: np.where(x > 0, x * y, sigmoid(y)),
+        [(4, 8), (4, 8)],
+    ),
+    "logsumexp": (
+        lambda x: tt.logsumexp(x, axis=-1, keepdims=True) * 2,
+        lambda x: np.log(np.exp(x).sum(-1, keepdims=True)) * 2,
+        [(4, 24)],
+    ),
+    "maximum_minimum": (
+        lambda x, y: tt.maximum(x, y) - 2 * tt.minimum(x, y * 0.5),
+        lambda x, y: np.maximum(x, y) - 2 * np.minimum(x, y * 0.5),
+        [(4, 8), (8,)],
+    ),  # fmt: skip
+    "medley": (medley, lambda x: medley(x, np), [(3, 8)]),
+}
+
+
+def finite_differences(twin, args, cotangent, i, step=1e-6):
+    """d<twin(args), cotangent>/d args[i], by central differences in float64."""
+    out = np.zeros_like(args[i])
+    for j in np.ndindex(args[i].shape):
+        up, down = [a.copy() for a in args], [a.copy() for a in args]
+        up[i][j] += step
+        down[i][j] -= step
+        out[j] = ((twin(*up) - twin(*down)) * cotangent).sum() / (2 * step)
+    return out
+
+
+def check(fn, twin, args, side, seed=0):
+    rng = np.random.default_rng(seed)
+    copies = [a.copy() for a in args]
+    outputs, pullback = tt.vjp(fn, *on(side, *args))
+    y = np.asarray(back(outputs, side) if np.ndim(twin(*args)) else outputs)
+    cotangent = rng.standard_normal(y.shape).astype(y.dtype)
+    grads = pullback(on(side, cotangent)[0] if cotangent.ndim else cotangent)
+    wide = [a.astype(np.float64) for a in args]
+    for i, (got, a) in enumerate(zip(grads, args, strict=True)):
+        got = back(got, side)
+        assert got.dtype == a.dtype and got.shape == a.shape, (got.dtype, got.shape)
+        want = finite_differences(twin, wide, cotangent.astype(np.float64), i)
+        rtol = RTOL[a.dtype]
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=rtol * scale)
+    for a, copy in zip(args, copies, strict=True):
+        np.testing.assert_array_equal(a, copy)  # inputs are never modified
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gradients_match_finite_differences(name, side):
+    fn, twin, shapes = CASES[name]
+    rng = np.random.default_rng(len(name))
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    check(fn, twin, args, side)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["layer_norm", "bias_gelu"])
+def test_16_bit_gradients_are_accumulated_in_float32_and_rounded_once(name, dtype, side):
+    fn, twin, shapes = CASES[name]
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    check(fn, twin, args, side)
+
+
+def test_ties_and_kinks_follow_pytorch(side):
+    """max shares its cotangent among the tied elements, maximum gives half to each side of a
+    tie, relu and abs have derivative 0 at 0."""
+    x = np.array([[1.0, 3.0, 3.0, 2.0], [0.0, -1.0, 0.0, 5.0]], np.float32)
+    y = np.array([1.0, 0.0, 3.0, 2.0], np.float32)
+    g = np.ones((2, 4), np.float32)
+
+    def fn(x, y):
+        return tt.max(x, axis=-1, keepdims=True) + tt.maximum(x, y) + tt.relu(x) + tt.abs(x)
+
+    _, pullback = tt.vjp(fn, *on(side, x, y))
+    dx, dy = (back(d, side) for d in pullback(on(side, g)[0]))
+    top = 4 * np.array([[0, 0.5, 0.5, 0], [0, 0, 0, 1]])  # the max's cotangent: 4 per row
+    wins = np.array([[0.5, 1, 0.5, 0.5], [0, 0, 0, 1]])
+    kinks = np.where(x > 0, 2.0, np.where(x < 0, -1.0, 0.0))
+    # max's share is a division (by the number of ties), rcp.approx under math="fast": 2**-22
+    np.testing.assert_allclose(dx, top + wins + kinks, rtol=2**-22)
+    np.testing.assert_array_equal(dy, (1 - wins).sum(0))
+
+
+def test_arguments_without_gradients_get_none(side):
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    k = np.arange(12, dtype=np.int32).reshape(3, 4)
+    mask = x > 0
+    outputs, pullback = tt.vjp(
+        lambda x, k, m, s: tt.where(m, x * k, x) * s, *on(side, x, k, mask), 2.0
+    )
+    dx, dk, dm, ds = pullback(on(side, np.ones((3, 4), np.float32))[0])
+    assert dk is None and dm is None and ds is None
+    np.testing.assert_array_equal(back(dx, side), np.where(mask, k, 1.0) * 2)
+
+
+def test_an_argument_the_result_does_not_depend_on_gets_zeros(side):
+    x = np.full((2, 3), np.nan, np.float32)  # zeros, not 0 * NaN
+    _, pullback = tt.vjp(lambda x, y: y * 2, *on(side, x, np.ones((2, 3), np.float32)))
+    dx, dy = (back(d, side) for d in pullback(on(side, np.ones((2, 3), np.float32))[0]))
+    np.testing.assert_array_equal(dx, np.zeros((2, 3)))
+    np.testing.assert_array_equal(dy, np.full((2, 3), 2.0))
+
+
+def test_grad_of_a_scalar_loss():
+    rng = np.random.default_rng(4)
+    x, w, t = (rng.standard_normal(s).astype(np.float32) for s in ((8, 6), (6, 3), (8, 3)))
+
+    def loss(x, w, t):
+        return tt.mean(tt.square(x @ w - t))
+
+    dw = tt.grad(loss, argnums=1)(x, w, t)
+    want = 2 * x.astype(np.float64).T @ (x @ w - t) / t.size
+    np.testing.assert_allclose(dw, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    dx, dt = tt.grad(loss, argnums=(0, 2))(x, w, t)
+    np.testing.assert_allclose(dt, -2 * (x @ w - t) / t.size, rtol=1e-4, atol=1e-6)
+    assert dx.shape == x.shape
+    with pytest.raises(TypeError, match="shape"):
+        tt.grad(lambda x: x * 2)(x)
+
+
+def test_what_is_not_differentiated_says_so():
+    """A reduction without keepdims over trailing axes, used inside the function: its cotangent
+    cannot be broadcast back (the IR has no reshape); prod has no rule yet."""
+    x = np.ones((2, 8), np.float32)
+    inner = tt.vjp(lambda x, b: tt.sum(x, axis=-1) + b, x, np.ones(2, np.float32))[1]
+    with pytest.raises(NotImplementedError, match="keepdims=True"):
+        inner(np.ones(2, np.float32))
+    prod = tt.vjp(lambda x: tt.prod(x, axis=-1, keepdims=True), x)[1]
+    with pytest.raises(NotImplementedError, match="no gradient for prod"):
+        prod(np.ones((2, 1), np.float32))
+    two = tt.vjp(lambda x: (x * 2, x + 1), x)[1]
+    with pytest.raises(ValueError, match="2 cotangent"):
+        two((x,))
+
+
+def test_the_pullback_is_a_fused_function_and_explains_itself():
+    x, w = np.zeros((16, 64), np.float32), np.zeros(64, np.float32)
+    y, pullback = tt.vjp(layer_norm, x, w, w)
+    report = pullback.explain(y)
+    # dx by rows; dw and db summed over the rows by one column kernel, in fewer bytes than a
+    # kernel per op
+    assert report.kernels == len(report.stages) and report.bytes_fused < report.bytes_unfused
+    assert "2 output(s)" in [s for s in report.stages if "column" in s][0], report
