@@ -30,6 +30,7 @@ import numpy as np
 
 from .. import fusion
 from .. import tile_ir as ir
+from .._runtime import arrays
 from ..tile_ir import Op
 from . import lower
 from .trace import Traced, binary, counted, matmul, reduce, swapaxes, ternary, trace, unary
@@ -59,21 +60,24 @@ class Pullback:
 
     def __init__(self, fused, primals: tuple, kwargs: dict, single: bool):
         self.primals, self.kwargs, self.single = primals, kwargs, single
-        stand_ins = tuple(_stand_in(v) for v in (*primals, *kwargs.values()))
-        made = _make_backward(fused, len(primals), tuple(kwargs), stand_ins)
-        self.backward, self.reshapes, self.outputs = made
+        call = fused._call(primals, kwargs)  # the arguments read as the forward reads them
+        stand_ins = tuple(map(_stand_in, call.stand_ins()))
+        n = len(primals)
+        self.differentiable = [s[0] == "array" and lower.is_float(s[1]) for s in stand_ins[:n]]
+        made = _make_backward(fused, n, call.keywords, stand_ins)
+        self.backward, self.kept_axes, self.outputs = made
 
     def _arguments(self, cotangents) -> tuple:
         cts = (cotangents,) if self.single else tuple(cotangents)
         if len(cts) != self.outputs:
             raise ValueError(f"the pullback takes {self.outputs} cotangent(s), got {len(cts)}")
-        cts = tuple(_as_shape(c, self.reshapes.get(k)) for k, c in enumerate(cts))
+        cts = tuple(_as_shape(c, self.kept_axes.get(k)) for k, c in enumerate(cts))
         return (*self.primals, *cts)
 
     def __call__(self, cotangents) -> tuple:
         grads = self.backward(*self._arguments(cotangents), **self.kwargs)
         grads = list(grads) if isinstance(grads, tuple) else [grads]
-        return tuple(grads.pop(0) if _differentiable(p) else None for p in self.primals)
+        return tuple(grads.pop(0) if d else None for d in self.differentiable)
 
     def explain(self, cotangents):
         return self.backward.explain(*self._arguments(cotangents), **self.kwargs)
@@ -98,34 +102,37 @@ def grad(fn, argnums=0):
 # the backward fused function of one signature
 
 
-def _differentiable(value) -> bool:
-    stand_in = _stand_in(value)
-    return stand_in[0] == "array" and lower.is_float(stand_in[1])
+def _as_shape(cotangent, axes):
+    """``cotangent`` with size-1 axes put back at ``axes`` (a reduction's, for an output reduced
+    without keepdims): a view, on the host or the device (any array fused functions take)."""
+    if axes is None:
+        return cotangent
+    rec = arrays.read(cotangent, "cotangent", scalars=False)
+    if rec.kind == arrays.HOST:
+        return np.expand_dims(cotangent, axes)
+    shape, strides = list(rec.shape), list(rec.strides)
+    for a in sorted(axes):
+        shape.insert(a, 1)
+        strides.insert(a, 0)
+    return arrays.view(arrays.device_handle(rec), tuple(shape), tuple(strides))
 
 
-def _as_shape(cotangent, shape):
-    return cotangent if shape is None else cotangent.reshape(shape)
-
-
-def _stand_in(value) -> tuple:
-    """What the trace of a call needs of an argument: an array's dtype and shape, a number's
-    type (its value is the call's, not the kernel's)."""
-    shape = getattr(value, "shape", ())
-    if len(shape) and hasattr(value, "dtype"):
-        return ("array", np.dtype(value.dtype), tuple(shape))
-    return (
-        "scalar",
-        type(value)(0) if isinstance(value, bool | int | float | np.generic) else value,
-    )
+def _stand_in(stand_in: tuple) -> tuple:
+    """A call's stand-in with a number's value replaced by its type's zero: the trace reads
+    only its type, and the backward is then made once for all values."""
+    kind, value = stand_in[0], stand_in[1]
+    if kind == "scalar" and isinstance(value, bool | int | float | np.generic):
+        return (kind, type(value)(0))
+    return stand_in
 
 
 @functools.lru_cache(maxsize=128)
 def _make_backward(fused, n, keywords, stand_ins):
-    """The backward fused function of ``fused`` for one signature, the shapes its cotangents
-    take (an output reduced without ``keepdims``: with its axes kept), and how many there are."""
+    """The backward fused function of ``fused`` for one signature, the axes its cotangents get
+    back (an output reduced without ``keepdims``), and how many cotangents there are."""
     forward = trace(fused.fn, list(stand_ins), keywords)
-    reshapes = {
-        k: _kept_shape(o)
+    kept_axes = {  # outputs reduced without keepdims: their cotangents get the axes back
+        k: tuple(o.arg[0])
         for k, o in enumerate(forward.outputs)
         if o.op in ir.REDUCE and not o.arg[1] and _needs_axes(o)
     }
@@ -139,13 +146,13 @@ def _make_backward(fused, n, keywords, stand_ins):
         primals, cts = args[:n], args[n:]
         result = fused.fn(*primals, **kw)
         outs = (result,) if forward.single else tuple(result)
-        return _pull(outs, cts, [primals[i] for i in differentiable], set(reshapes))
+        return _pull(outs, cts, [primals[i] for i in differentiable], set(kept_axes))
 
     params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in names]
     params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY) for k in keywords]
     backward.__signature__ = inspect.Signature(params)
     backward.__name__ = backward.__qualname__ = f"{fused.__name__}_backward"
-    return fusion.fuse(backward, math=fused.math, precision=fused.precision), reshapes, n_out
+    return fusion.fuse(backward, math=fused.math, precision=fused.precision), kept_axes, n_out
 
 
 def _needs_axes(node) -> bool:
@@ -153,13 +160,6 @@ def _needs_axes(node) -> bool:
     then cannot broadcast back against its operand."""
     axes = node.arg[0]
     return tuple(axes) != tuple(range(len(axes))) and len(axes) != node.srcs[0].ndim
-
-
-def _kept_shape(node) -> tuple:
-    shape = list(node.srcs[0].shape)
-    for a in node.arg[0]:
-        shape[a] = 1
-    return tuple(shape)
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import back, on
+from helpers import Interface, back, on
 
 import tessera_tile as tt
 
@@ -225,3 +225,22 @@ def test_the_pullback_is_a_fused_function_and_explains_itself():
     # kernel per op
     assert report.kernels == len(report.stages) and report.bytes_fused < report.bytes_unfused
     assert "2 output(s)" in [s for s in report.stages if "column" in s][0], report
+
+
+def test_any_cuda_array_interface_object_is_taken():
+    """Arguments and cotangents that are nothing but ``__cuda_array_interface__`` (CuPy's
+    kind): the gradients are those of the same call on device arrays, a reduced result's
+    cotangent included (viewed with its axes put back, never copied)."""
+    rng = np.random.default_rng(6)
+    x, w = (
+        rng.standard_normal((4, 24)).astype(np.float32),
+        rng.standard_normal(24).astype(np.float32),
+    )
+    g = rng.standard_normal(4).astype(np.float32)
+    fn = CASES["row_sum_result"][0]
+    want = [d.copy_to_host() for d in tt.vjp(fn, *on("device", x, w))[1](on("device", g)[0])]
+    wrapped = (Interface(a) for a in on("device", x, w))
+    _, pullback = tt.vjp(fn, *wrapped)
+    got = pullback(Interface(on("device", g)[0]))
+    for d, ref in zip(got, want, strict=True):
+        np.testing.assert_array_equal(back(d, "device"), ref)
