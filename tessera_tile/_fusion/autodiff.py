@@ -22,6 +22,7 @@ operands' by the rules of :data:`RULES`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -48,7 +49,10 @@ def vjp(fn, *primals, **kwargs):
     array, None for anything else (integer and boolean arrays, Python numbers). ``fn``: a
     ``@tt.fuse`` function or a plain one (fused here); keyword arguments are passed through,
     not differentiated. Works on host, device and CuPy arrays; the pullback's kernels run on
-    the side of the arguments."""
+    the side of the arguments. ``fn`` may also be a prebuilt op (``ops.softmax``...) that runs
+    a fused definition: see ``PrebuiltOp.vjp``."""
+    if not isinstance(fn, fusion.FusedFunction) and hasattr(fn, "vjp"):
+        return fn.vjp(*primals, **kwargs)  # a prebuilt op differentiates itself
     fused = fn if isinstance(fn, fusion.FusedFunction) else fusion.fuse(fn)
     outputs = fused(*primals, **kwargs)
     return outputs, Pullback(fused, primals, kwargs, not isinstance(outputs, tuple))
@@ -187,7 +191,7 @@ def _pull(outs, cts, wrt, kept_outputs: set) -> tuple:
         node = o.node
         if not lower.is_float(node.dtype):
             continue
-        g = _cast(ct, _acc(node.dtype))
+        g = _strong(_cast(ct, _acc(node.dtype)))
         if k in kept_outputs:  # its cotangent keeps the reduced axes (see _make_backward)
             prior = grads.get(id(node))
             grads[id(node)] = g if prior is None else prior + g
@@ -204,6 +208,8 @@ def _pull(outs, cts, wrt, kept_outputs: set) -> tuple:
                 f"tt.vjp: {node.op.name.lower()} over axes {list(node.arg[0])} without "
                 "keepdims is used inside the function; write it with keepdims=True"
             )
+        if node.op in ir.CONTRACT | ir.VIEW:  # a reduction's cotangent, still broadcast
+            g = _broadcast_to(g, _v(node))
         rule = RULES.get(node.op)
         if rule is None:
             raise NotImplementedError(f"tt.vjp: no gradient for {node.op.name.lower()}")
@@ -212,7 +218,7 @@ def _pull(outs, cts, wrt, kept_outputs: set) -> tuple:
     results = []
     for leaf in wrt:
         g = grads.get(id(leaf.node))
-        results.append(_zeros(leaf) if g is None else _cast(g, leaf.dtype))
+        results.append(_zeros(leaf) if g is None else _cast(_broadcast_to(g, leaf), leaf.dtype))
     return results[0] if len(results) == 1 else tuple(results)
 
 
@@ -222,15 +228,31 @@ def _uses(node, outs):
 
 
 def _unbroadcast(g: Traced, shape: tuple) -> Traced:
-    """``g`` summed over the axes ``shape`` was broadcast along."""
+    """``g`` summed over the axes ``shape`` was broadcast along. A ``g`` that broadcasts to
+    ``shape`` (a reduction's cotangent) stays as it is: it is made full where it must be."""
     gshape = g.shape
     lead = len(gshape) - len(shape)
-    ones = tuple(i for i, n in enumerate(shape) if n == 1 and gshape[lead + i] != 1)
+    ones = tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and lead + i >= 0 and gshape[lead + i] != 1
+    )
     if ones:
-        g = reduce(Op.SUM, g, tuple(lead + i for i in ones), True)
+        g = reduce(Op.SUM, g, ones, True)
     if lead > 0:
         g = reduce(Op.SUM, g, tuple(range(lead)), False)
     return g
+
+
+def _broadcast_to(g: Traced, like: Traced) -> Traced:
+    """``g`` as an array of ``like``'s shape (both branches of a ``where`` are ``g``)."""
+    if tuple(g.shape) == tuple(like.shape):
+        return g
+    return ternary(Op.WHERE, unary(Op.ISNAN, like), g, g)
+
+
+def _strong(g: Traced) -> Traced:
+    """A cotangent passed as a Python number, made a value of its dtype: NumPy 2's weak
+    promotion would let it take a float16 operand's dtype, or float64 against itself."""
+    return Traced(dataclasses.replace(g.node, weak=False)) if g.node.weak else g
 
 
 def _cast(g, dtype):

@@ -9,7 +9,7 @@ import inspect as _pyinspect
 from dataclasses import dataclass
 
 from .. import fusion
-from .._fusion import runtime
+from .._fusion import autodiff, runtime
 from .._runtime import arrays, target
 from ..kernels._calls import HandWritten, Ready, argument_positions
 
@@ -88,8 +88,44 @@ class PrebuiltOp:
         with target.planning_for(arch):
             return self._plan(*args, **kwargs).inspect(target.current().name)
 
+    def vjp(self, *args, **kwargs):
+        """``tt.vjp`` of this op, where it dispatches to a fused definition (softmax,
+        log_softmax, the norms on rows kept on chip, the reductions): the definition
+        differentiated, one cotangent per positional argument (None where it is no float
+        array). The hand-written kernels have no gradient yet."""
+        plan = self._plan(*args, **kwargs)
+        if not isinstance(plan, Fused):
+            raise NotImplementedError(
+                f"tt.vjp: ops.{self.__name__} runs a hand-written kernel for these arguments; "
+                "its gradient is not written yet"
+            )
+        outputs, pullback = autodiff.vjp(plan.fn, *plan.args)
+
+        def op_pullback(cotangents):
+            grads = pullback(cotangents)
+            return tuple(_gradient_of(a, plan.args, grads) for a in args)
+
+        op_pullback.explain = pullback.explain
+        return outputs, op_pullback
+
     def __repr__(self) -> str:
         return f"<tessera_tile op {self.__name__}{self.__signature__}>"
+
+
+def _gradient_of(arg, fused_args: tuple, grads: tuple):
+    """The cotangent of an op's argument: of the fused arguments read from it (summed where it
+    was passed twice, as weight and bias)."""
+    found = [
+        g for a, g in zip(fused_args, grads, strict=True)
+        if g is not None and type(a) is arrays.Arg and a.value is arg
+    ]  # fmt: skip
+    total = found[0] if found else None
+    for g in found[1:]:
+        total = _add(total, g)
+    return total
+
+
+_add = fusion.fuse(lambda a, b: a + b)
 
 
 def _key(args: tuple, kwargs: dict) -> tuple[tuple | None, tuple | list]:

@@ -244,3 +244,45 @@ def test_any_cuda_array_interface_object_is_taken():
     got = pullback(Interface(on("device", g)[0]))
     for d, ref in zip(got, want, strict=True):
         np.testing.assert_array_equal(back(d, "device"), ref)
+
+
+def test_reduced_cotangents_are_broadcast_back():
+    """A full or leading-axis reduction's cotangent is broadcast back before a matmul takes it
+    and where an argument's gradient is returned."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    w = np.linspace(-1, 1, 8, dtype=np.float32).reshape(4, 2)
+    dx, dw = tt.grad(lambda x, w: tt.sum(x @ w), argnums=(0, 1))(x, w)
+    np.testing.assert_allclose(dx, np.ones((3, 2)) @ w.T, rtol=1e-6)
+    np.testing.assert_allclose(dw, x.T @ np.ones((3, 2)), rtol=1e-6)
+    dx = tt.grad(lambda x: tt.sum(tt.sum(x, axis=0) * 2))(x)
+    np.testing.assert_array_equal(dx, np.full((3, 4), 2.0))
+
+
+OPS = {  # op name: (arguments' shapes, float64 NumPy twin)
+    "softmax": ([(4, 24)], lambda x: softmax(x, np)),
+    "log_softmax": ([(4, 24)], lambda x: np.log(softmax(x, np))),
+    "layer_norm": ([(4, 24), (24,), (24,)], lambda x, w, b: layer_norm(x, w, b, np)),
+    "rms_norm": (
+        [(4, 24), (24,)],
+        lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w,
+    ),
+    "sum": ([(4, 24)], lambda x: x.sum()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_prebuilt_ops_that_run_a_fused_definition_are_differentiated(name, side):
+    from tessera_tile import ops
+
+    shapes, twin = OPS[name]
+    rng = np.random.default_rng(7)
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    check(getattr(ops, name), twin, args, side)
+
+
+def test_prebuilt_ops_on_hand_written_kernels_say_they_have_no_gradient_yet():
+    from tessera_tile import ops
+
+    x = np.ones((16, 16), np.float32)
+    with pytest.raises(NotImplementedError, match="ops.matmul runs a hand-written kernel"):
+        tt.vjp(ops.matmul, x, x)
