@@ -64,11 +64,23 @@ class Pullback:
 
     def __init__(self, fused, primals: tuple, kwargs: dict, single: bool):
         self.primals, self.kwargs, self.single = primals, kwargs, single
-        call = fused._call(primals, kwargs)  # the arguments read as the forward reads them
-        stand_ins = tuple(map(_stand_in, call.stand_ins()))
+        if fusion.on_dask(primals, kwargs):  # lazy arrays: their dtype and shape
+            keywords, stand_ins = (
+                tuple(kwargs),
+                [
+                    ("array", np.dtype(v.dtype), tuple(v.shape))
+                    if hasattr(v, "dask")
+                    else ("scalar", v)
+                    for v in (*primals, *kwargs.values())
+                ],
+            )
+        else:  # the arguments read as the forward reads them
+            call = fused._call(primals, kwargs)
+            keywords, stand_ins = call.keywords, call.stand_ins()
+        stand_ins = tuple(map(_stand_in, stand_ins))
         n = len(primals)
         self.differentiable = [s[0] == "array" and lower.is_float(s[1]) for s in stand_ins[:n]]
-        made = _make_backward(fused, n, call.keywords, stand_ins)
+        made = _make_backward(fused, n, keywords, stand_ins)
         self.backward, self.kept_axes, self.outputs = made
 
     def _arguments(self, cotangents) -> tuple:
@@ -111,6 +123,8 @@ def _as_shape(cotangent, axes):
     without keepdims): a view, on the host or the device (any array fused functions take)."""
     if axes is None:
         return cotangent
+    if fusion.on_dask((cotangent,), {}):
+        return np.expand_dims(cotangent, axes)
     rec = arrays.read(cotangent, "cotangent", scalars=False)
     if rec.kind == arrays.HOST:
         return np.expand_dims(cotangent, axes)
