@@ -13,11 +13,12 @@ operands' by the rules of :data:`RULES`.
   the elements equal to the result, ``maximum``/``minimum`` give half to each side of a tie,
   ``abs`` and ``relu`` have derivative 0 at 0, ``x ** y`` has no ``y`` gradient where
   ``x == 0`` and ``y >= 0``.
-* Not differentiated (an error names them): ``prod``, ``argmax``-style and boolean results
-  feeding float values are fine (they have no gradient), but a reduction without ``keepdims``
-  over axes other than the leading ones whose result is used inside the function (the IR has no
-  reshape to put its axes back); such a reduction as a result of ``fn`` is fine (its cotangent
-  is reshaped before the backward call). Use ``keepdims=True`` inside.
+* No gradient flows through comparisons, ``where``'s condition, ``floor``, ``ceil``, ``//``
+  and the index and boolean reductions.
+* Not differentiated yet (an error names them): ``prod``; attention; a reduction without
+  ``keepdims`` over axes other than the leading ones whose result the function uses again (the
+  IR has no reshape to put its axes back: write ``keepdims=True``). Such a reduction as a
+  result of ``fn`` is fine: the pullback views its cotangent with the axes put back.
 """
 
 from __future__ import annotations
@@ -65,15 +66,8 @@ class Pullback:
     def __init__(self, fused, primals: tuple, kwargs: dict, single: bool):
         self.primals, self.kwargs, self.single = primals, kwargs, single
         if fusion.on_dask(primals, kwargs):  # lazy arrays: their dtype and shape
-            keywords, stand_ins = (
-                tuple(kwargs),
-                [
-                    ("array", np.dtype(v.dtype), tuple(v.shape))
-                    if hasattr(v, "dask")
-                    else ("scalar", v)
-                    for v in (*primals, *kwargs.values())
-                ],
-            )
+            keywords = tuple(kwargs)
+            stand_ins = [_lazy_stand_in(v) for v in (*primals, *kwargs.values())]
         else:  # the arguments read as the forward reads them
             call = fused._call(primals, kwargs)
             keywords, stand_ins = call.keywords, call.stand_ins()
@@ -133,6 +127,12 @@ def _as_shape(cotangent, axes):
         shape.insert(a, 1)
         strides.insert(a, 0)
     return arrays.view(arrays.device_handle(rec), tuple(shape), tuple(strides))
+
+
+def _lazy_stand_in(value) -> tuple:
+    if hasattr(value, "dask"):  # a Dask array
+        return ("array", np.dtype(value.dtype), tuple(value.shape))
+    return ("scalar", value)
 
 
 def _stand_in(stand_in: tuple) -> tuple:
