@@ -67,10 +67,11 @@ BROADCAST_BYTES = 8192
 MAX_BLOCKS = 8 if _config.SIMULATED else 4096
 # A row kernel whose blocks read row-invariant leaves (a norm's weight and bias) once, into
 # shared memory or registers, loops over rows in a grid of at most this many threads: two
-# blocks of 256 per SM of a 132-SM H100 or H200. Every block then serves many rows (16 at
-# 4,096 rows of 768: the weights' re-reads are 1/16 of a row input's bytes per weight), and
-# each thread still keeps 128 B or more of every row input in flight, where the bandwidth of
-# a memory-bound kernel needs about 22 KiB per SM (Little's law at 4.8 TB/s and about 600 ns).
+# blocks of 256 per SM of a 132-SM H100 or H200. Every block then serves many rows (about 16
+# at 4,096 rows of 768 or of 4,096: the weights' re-reads are 1/16 of a row input's bytes per
+# weight), and a register row's thread still has 64 B or more of each row input in flight
+# (32 KiB an SM), where a memory-bound kernel needs about 22 KiB an SM (Little's law at
+# 4.8 TB/s and about 600 ns).
 REUSE_GRID_THREADS = MAX_BLOCKS * BLOCK if _config.SIMULATED else 132 * 2 * BLOCK
 WIDE_ROW = 4096  # rows longer than this get a block of 2 * BLOCK threads (see choose_variant)
 MAX_FULL_BLOCKS = 4 if _config.SIMULATED else 1024
