@@ -39,6 +39,10 @@ from .trace import Traced, binary, counted, matmul, reduce, swapaxes, ternary, t
 
 __all__ = ["grad", "vjp"]
 
+RECOMPUTED = (
+    "the backward recomputes the forward values it needs in its own kernels: the forward call "
+    "stores nothing for it"
+)
 SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 LN2 = math.log(2)
 
@@ -90,7 +94,9 @@ class Pullback:
         return tuple(grads.pop(0) if d else None for d in self.differentiable)
 
     def explain(self, cotangents):
-        return self.backward.explain(*self._arguments(cotangents), **self.kwargs)
+        report = self.backward.explain(*self._arguments(cotangents), **self.kwargs)
+        report.reasons.insert(0, RECOMPUTED)
+        return report
 
 
 def grad(fn, argnums=0):

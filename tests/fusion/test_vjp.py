@@ -225,6 +225,7 @@ def test_the_pullback_is_a_fused_function_and_explains_itself():
     # kernel per op
     assert report.kernels == len(report.stages) and report.bytes_fused < report.bytes_unfused
     assert "2 output(s)" in [s for s in report.stages if "column" in s][0], report
+    assert report.reasons[0].startswith("the backward recomputes the forward values")
 
 
 def test_any_cuda_array_interface_object_is_taken():
