@@ -99,7 +99,16 @@ class PrebuiltOp:
                 f"tt.vjp: ops.{self.__name__} runs a hand-written kernel for these arguments; "
                 "its gradient is not written yet"
             )
-        outputs, pullback = autodiff.vjp(plan.fn, *plan.args)
+        if plan.backward is None:
+            outputs, pullback = autodiff.vjp(plan.fn, *plan.args)
+        else:  # the op's own backward, from its result
+            outputs = plan.run(None, None)
+
+            def pullback(cotangents):
+                grads = plan.backward(outputs, cotangents)
+                return grads if isinstance(grads, tuple) else (grads,)
+
+            pullback.explain = lambda cotangents: plan.backward.explain(outputs, cotangents)
 
         def op_pullback(cotangents):
             grads = pullback(cotangents)
@@ -161,6 +170,9 @@ class Fused:
 
     fn: object  # a FusedFunction
     args: tuple
+    # a FusedFunction of (result, cotangent) giving the cotangents of ``args``, written for
+    # speed; None: tt.vjp differentiates ``fn``
+    backward: object = None
 
     def run(self, out, stream):
         return self.fn(*self.args, out=out, stream=stream)

@@ -56,6 +56,36 @@ def softmax(axis: int) -> tt.FusedFunction:
     return tt.fuse(softmax)
 
 
+def accumulated(v):
+    """A value in the dtype gradients are accumulated in: float32, float64 for float64 (so a
+    16-bit gradient is rounded once, at the end)."""
+    return v if v.dtype == np.float64 else tt.astype(v, np.float32)
+
+
+@functools.cache
+def softmax_backward(axis: int) -> tt.FusedFunction:
+    """Softmax's gradient from its result ``y`` and the cotangent ``dy``:
+    ``y * (dy - sum(dy * y))`` over ``axis``, one row kernel reading each once."""
+
+    def softmax_backward(y, dy):
+        yc, g = accumulated(y), accumulated(dy)
+        return tt.astype(yc * (g - tt.sum(g * yc, axis=axis, keepdims=True)), y.dtype)
+
+    return tt.fuse(softmax_backward)
+
+
+@functools.cache
+def log_softmax_backward(axis: int) -> tt.FusedFunction:
+    """Log-softmax's gradient from its result ``y`` and the cotangent ``dy``:
+    ``dy - exp(y) * sum(dy)`` over ``axis``, one row kernel reading each once."""
+
+    def log_softmax_backward(y, dy):
+        yc, g = accumulated(y), accumulated(dy)
+        return tt.astype(g - tt.exp(yc) * tt.sum(g, axis=axis, keepdims=True), y.dtype)
+
+    return tt.fuse(log_softmax_backward)
+
+
 @functools.cache
 def log_softmax(axis: int) -> tt.FusedFunction:
     """Fused ``(x - max) - log(sum(exp(x - max)))`` over ``axis``."""

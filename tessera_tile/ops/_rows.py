@@ -42,7 +42,9 @@ def _softmax_plan(kind: str):
         a = array_arg(x, "x", COMPOSED_FLOATS, kind)
         if not a.shape:
             raise ValueError(f"x is 0-dimensional; {kind} needs at least one axis")
-        return Fused(getattr(_definitions, kind)(axis_index(axis, len(a.shape))), (a,))
+        axis = axis_index(axis, len(a.shape))
+        backward = getattr(_definitions, f"{kind}_backward")(axis)  # from y and dy
+        return Fused(getattr(_definitions, kind)(axis), (a,), backward)
 
     return plan
 
