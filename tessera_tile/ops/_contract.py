@@ -89,10 +89,11 @@ class PrebuiltOp:
             return self._plan(*args, **kwargs).inspect(target.current().name)
 
     def vjp(self, *args, **kwargs):
-        """``tt.vjp`` of this op, where it dispatches to a fused definition (softmax,
-        log_softmax, the norms on rows kept on chip, the reductions): the definition
-        differentiated, one cotangent per positional argument (None where it is no float
-        array). The hand-written kernels have no gradient yet."""
+        """``tt.vjp`` of this op, where it dispatches to a fused definition: the plan's own
+        backward where it has one (softmax, log_softmax: from the result), else the definition
+        differentiated (the norms on rows kept on chip, the reductions). One cotangent per
+        positional argument (None where it is no float array). The hand-written kernels have
+        no gradient yet."""
         plan = self._plan(*args, **kwargs)
         if not isinstance(plan, Fused):
             raise NotImplementedError(
