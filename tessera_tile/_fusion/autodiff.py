@@ -11,8 +11,8 @@ operands' by the rules of :data:`RULES`.
 * Broadcasting: an operand's cotangent is summed over the axes it was broadcast along.
 * Ties and kinks follow PyTorch: ``max``/``min`` reductions share the cotangent evenly among
   the elements equal to the result, ``maximum``/``minimum`` give half to each side of a tie,
-  ``abs`` and ``relu`` have derivative 0 at 0, ``x ** y`` has no ``y`` gradient where
-  ``x == 0`` and ``y >= 0``.
+  ``abs`` and ``relu`` have derivative 0 at 0 (at NaN, ``abs`` gives NaN and ``relu`` passes
+  the cotangent), ``x ** y`` has no ``y`` gradient where ``x == 0`` and ``y >= 0``.
 * No gradient flows through comparisons, ``where``'s condition, ``floor``, ``ceil``, ``//``
   and the index and boolean reductions.
 * Not differentiated yet (an error names them): ``prod``; attention; a reduction without
@@ -79,12 +79,14 @@ class Pullback:
         n = len(primals)
         self.differentiable = [s[0] == "array" and lower.is_float(s[1]) for s in stand_ins[:n]]
         made = _make_backward(fused, n, keywords, stand_ins)
-        self.backward, self.kept_axes, self.outputs = made
+        self.backward, self.kept_axes, self.results = made
 
     def _arguments(self, cotangents) -> tuple:
         cts = (cotangents,) if self.single else tuple(cotangents)
-        if len(cts) != self.outputs:
-            raise ValueError(f"the pullback takes {self.outputs} cotangent(s), got {len(cts)}")
+        if len(cts) != len(self.results):
+            raise ValueError(f"the pullback takes {len(self.results)} cotangent(s), got {len(cts)}")
+        for k, (c, result) in enumerate(zip(cts, self.results, strict=True)):
+            check_cotangent(k, c, *result)
         cts = tuple(_as_shape(c, self.kept_axes.get(k)) for k, c in enumerate(cts))
         return (*self.primals, *cts)
 
@@ -103,8 +105,14 @@ def grad(fn, argnums=0):
     """The gradient of ``fn`` (one result of shape ``()``) with respect to the positional
     argument ``argnums`` (an int, or a tuple of them for a tuple of gradients)."""
 
+    positions = argnums if isinstance(argnums, tuple) else (argnums,)
+    if not positions or not all(isinstance(i, int) and not isinstance(i, bool) for i in positions):
+        raise TypeError(f"argnums must be an int or a non-empty tuple of ints, got {argnums!r}")
+
     @functools.wraps(fn)
     def gradient(*args, **kwargs):
+        if not all(-len(args) <= i < len(args) for i in positions):
+            raise ValueError(f"argnums {argnums!r} is out of range for {len(args)} argument(s)")
         out, pullback = vjp(fn, *args, **kwargs)
         if isinstance(out, tuple) or np.shape(out) != ():
             raise TypeError("tt.grad needs a function with one result of shape (); use tt.vjp")
@@ -116,6 +124,21 @@ def grad(fn, argnums=0):
 
 # --------------------------------------------------------------------------------------------
 # the backward fused function of one signature
+
+
+def check_cotangent(k: int, cotangent, shape: tuple, dtype: np.dtype) -> None:
+    """A cotangent has its result's shape (a number for a result of shape ``()``) and, for a
+    float result, a float or Python-number dtype: TypeError or ValueError before any launch
+    (broadcasting one would differentiate another function)."""
+    if fusion.on_dask((cotangent,), {}):
+        got_shape, got_dtype = tuple(cotangent.shape), np.dtype(cotangent.dtype)
+    else:
+        rec = arrays.read(cotangent, f"cotangent {k}")
+        got_shape, got_dtype = rec.shape, rec.dtype
+    if got_shape != shape:
+        raise ValueError(f"cotangent {k} has shape {got_shape}; result {k} has shape {shape}")
+    if lower.is_float(dtype) and got_dtype is not None and not lower.is_float(got_dtype):
+        raise TypeError(f"cotangent {k} has dtype {got_dtype}; result {k} is {dtype}")
 
 
 def _as_shape(cotangent, axes):
@@ -136,7 +159,7 @@ def _as_shape(cotangent, axes):
 
 
 def _lazy_stand_in(value) -> tuple:
-    if hasattr(value, "dask"):  # a Dask array
+    if fusion.on_dask((value,), {}):
         return ("array", np.dtype(value.dtype), tuple(value.shape))
     return ("scalar", value)
 
@@ -153,7 +176,7 @@ def _stand_in(stand_in: tuple) -> tuple:
 @functools.lru_cache(maxsize=128)
 def _make_backward(fused, n, keywords, stand_ins):
     """The backward fused function of ``fused`` for one signature, the axes its cotangents get
-    back (an output reduced without ``keepdims``), and how many cotangents there are."""
+    back (an output reduced without ``keepdims``), and each result's (shape, dtype)."""
     forward = trace(fused.fn, list(stand_ins), keywords)
     kept_axes = {  # outputs reduced without keepdims: their cotangents get the axes back
         k: tuple(o.arg[0])
@@ -176,7 +199,8 @@ def _make_backward(fused, n, keywords, stand_ins):
     params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY) for k in keywords]
     backward.__signature__ = inspect.Signature(params)
     backward.__name__ = backward.__qualname__ = f"{fused.__name__}_backward"
-    return fusion.fuse(backward, math=fused.math, precision=fused.precision), kept_axes, n_out
+    results = tuple((o.shape, o.dtype) for o in forward.outputs)
+    return fusion.fuse(backward, math=fused.math, precision=fused.precision), kept_axes, results
 
 
 def _needs_axes(node) -> bool:
@@ -197,33 +221,27 @@ def _acc(dtype) -> np.dtype:
 
 def _pull(outs, cts, wrt, kept_outputs: set) -> tuple:
     """The cotangents of ``wrt`` (traced leaves) given those of ``outs``."""
+    order = ir.walk([o.node for o in outs])
+    operands = {id(s) for n in order for s in n.srcs}  # nodes another node uses
     grads: dict[int, Traced] = {}  # id(node) -> cotangent, in the accumulation dtype
-    lifted: set[int] = set()  # nodes whose cotangent has their reduced axes kept
 
-    def add(node, g):
+    def add(node, g, kept_axes: bool = False):
         if not lower.is_float(node.dtype) or g is None:
             return
-        g = _unbroadcast(g, node.shape)
+        if not kept_axes:  # (a result's cotangent given with its reduced axes kept is as is)
+            g = _unbroadcast(g, node.shape)
         prior = grads.get(id(node))
         grads[id(node)] = g if prior is None else prior + g
 
     for k, (o, ct) in enumerate(zip(outs, cts, strict=True)):
-        node = o.node
-        if not lower.is_float(node.dtype):
-            continue
-        g = _strong(_cast(ct, _acc(node.dtype)))
-        if k in kept_outputs:  # its cotangent keeps the reduced axes (see _make_backward)
-            prior = grads.get(id(node))
-            grads[id(node)] = g if prior is None else prior + g
-            lifted.add(id(node))
-        else:
-            add(node, g)
-    for node in reversed(ir.walk([o.node for o in outs])):
+        if lower.is_float(o.node.dtype):
+            add(o.node, _strong(_cast(ct, _acc(o.node.dtype))), k in kept_outputs)
+    for node in reversed(order):
         g = grads.get(id(node))
         if g is None or node.op in ir.LEAF or node.op in ir.GENERATED:
             continue
         dropped = node.op in ir.REDUCE and not node.arg[1] and _needs_axes(node)
-        if dropped and (id(node) not in lifted or any(_uses(node, outs))):
+        if dropped and id(node) in operands:
             raise NotImplementedError(
                 f"tt.vjp: {node.op.name.lower()} over axes {list(node.arg[0])} without "
                 "keepdims is used inside the function; write it with keepdims=True"
@@ -240,11 +258,6 @@ def _pull(outs, cts, wrt, kept_outputs: set) -> tuple:
         g = grads.get(id(leaf.node))
         results.append(_zeros(leaf) if g is None else _cast(_broadcast_to(g, leaf), leaf.dtype))
     return results[0] if len(results) == 1 else tuple(results)
-
-
-def _uses(node, outs):
-    """Nodes of the forward graph that take ``node`` as an operand."""
-    return (n for n in ir.walk([o.node for o in outs]) if any(s is node for s in n.srcs))
 
 
 def _unbroadcast(g: Traced, shape: tuple) -> Traced:
@@ -300,8 +313,9 @@ def _where(c, a, b):
     return ternary(Op.WHERE, c, a, b)
 
 
-def _sign_mask(a, g):
-    return _where(binary(Op.GT, a, 0), g, _where(binary(Op.LT, a, 0), -g, 0.0))
+def _sign(a):
+    """PyTorch's ``sgn``: 1, -1, 0 at 0, NaN at NaN (``a * 0``)."""
+    return _where(binary(Op.GT, a, 0), 1.0, _where(binary(Op.LT, a, 0), -1.0, a * 0.0))
 
 
 def _gelu(node, g):
@@ -379,7 +393,7 @@ def _no_gradient(node, g):
 
 RULES = {
     Op.NEG: lambda n, g: (-g,),
-    Op.ABS: lambda n, g: (_sign_mask(_v(n.srcs[0]), g),),
+    Op.ABS: lambda n, g: (g * _sign(_v(n.srcs[0])),),
     Op.EXP: lambda n, g: (g * _v(n),),
     Op.EXP2: lambda n, g: (g * _v(n) * LN2,),
     Op.LOG: lambda n, g: (g / _v(n.srcs[0]),),
@@ -396,7 +410,8 @@ RULES = {
     ),
     Op.SIGMOID: lambda n, g: (g * _v(n) * (1.0 - _v(n)),),
     Op.SQUARE: lambda n, g: (2.0 * g * _v(n.srcs[0]),),
-    Op.RELU: lambda n, g: (_where(binary(Op.GT, _v(n.srcs[0]), 0), g, 0.0),),
+    # PyTorch's threshold rule: 0 where x <= 0, so a NaN passes the cotangent
+    Op.RELU: lambda n, g: (_where(binary(Op.LE, _v(n.srcs[0]), 0), 0.0, g),),
     Op.GELU: _gelu,
     Op.GELU_TANH: _gelu_tanh,
     Op.SILU: _silu,

@@ -51,7 +51,8 @@ COLUMN_BLOCK = (32, 8)  # a column stage of several passes: a block spans every 
 # blocks (4 per SM of a 132-SM H100), while every thread keeps COLUMN_SPLIT_ITERATIONS
 # unrolled iterations to amortise the partials.
 COLUMN_UNROLL = 4
-COLUMN_TARGET_BLOCKS = 4 if _config.SIMULATED else 528
+GPU_SMS = 132  # the SMs of the largest parts (H100, H200) that grids are sized to fill
+COLUMN_TARGET_BLOCKS = 4 if _config.SIMULATED else 4 * GPU_SMS
 COLUMN_SPLIT_ITERATIONS = 1 if _config.SIMULATED else 2
 WARP_ROW_MAX = 1024  # rows up to this long get a warp each, longer rows a block
 ROW_REGISTERS = 32  # 4-byte registers per lane that may hold a row's leaves (as Triton's BLOCK)
@@ -72,7 +73,7 @@ MAX_BLOCKS = 8 if _config.SIMULATED else 4096
 # weight), and a register row's thread still has 64 B or more of each row input in flight
 # (32 KiB an SM), where a memory-bound kernel needs about 22 KiB an SM (Little's law at
 # 4.8 TB/s and about 600 ns).
-REUSE_GRID_THREADS = MAX_BLOCKS * BLOCK if _config.SIMULATED else 132 * 2 * BLOCK
+REUSE_GRID_THREADS = MAX_BLOCKS * BLOCK if _config.SIMULATED else GPU_SMS * 2 * BLOCK
 WIDE_ROW = 4096  # rows longer than this get a block of 2 * BLOCK threads (see choose_variant)
 MAX_FULL_BLOCKS = 4 if _config.SIMULATED else 1024
 

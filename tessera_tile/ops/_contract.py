@@ -104,8 +104,10 @@ class PrebuiltOp:
             outputs, pullback = autodiff.vjp(plan.fn, *plan.args)
         else:  # the op's own backward, from its result
             outputs = plan.run(None, None)
+            result = arrays.read(outputs, "the result")
 
             def pullback(cotangents):
+                autodiff.check_cotangent(0, cotangents, result.shape, result.dtype)
                 grads = plan.backward(outputs, cotangents)
                 return grads if isinstance(grads, tuple) else (grads,)
 

@@ -332,21 +332,32 @@ def test_residual_layer_norms_move_at_most_1_1x_their_minimum_on_a_gpu(dtype):
                 assert ratio <= 1.1, (fn.__name__, rows, width, ratio)
 
 
+BACKWARD = ["residual_layer_norm", "bias_gelu_linear", "softmax", "log_softmax", "softmax_16_bit"]
+
+
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("name", ["residual_layer_norm", "bias_gelu_linear"])
+@pytest.mark.parametrize("name", BACKWARD)
 def test_backward_kernels_compile_cleanly(name, arch):
-    """The kernels of ``tt.vjp``'s pullback (the composer plans them as any fused function):
+    """The kernels of ``tt.vjp``'s pullbacks: a fused function's (the composer plans them as
+    any fused function), and softmax's and log_softmax's own (one row kernel from y and dy):
     no spills, no local memory, no float64 instruction in float32 gradients."""
     from tessera_tile._fusion.autodiff import Pullback
 
     x, v, w = np.zeros((64, 768), np.float32), np.zeros(768, np.float32), np.zeros((768, 256))
-    fn, args, cotangent = {
-        "residual_layer_norm": (residual_layer_norm, (x, x, v, v), x),
-        "bias_gelu_linear": (lambda x, w, b: tt.gelu(x @ w + b), (x, w.astype(x.dtype), v[:256]),
-                             x[:, :256]),
-    }[name]  # fmt: skip
-    pullback = Pullback(tt.fuse(fn), args, {}, single=True)
-    reports = pullback.backward.inspect(*args, cotangent, arch=arch)
+    y16 = np.zeros((64, 512), np.float16)
+    if name in ("residual_layer_norm", "bias_gelu_linear"):
+        fn, args, cotangent = {
+            "residual_layer_norm": (residual_layer_norm, (x, x, v, v), x),
+            "bias_gelu_linear": (lambda x, w, b: tt.gelu(x @ w + b),
+                                 (x, w.astype(x.dtype), v[:256]), x[:, :256]),
+        }[name]  # fmt: skip
+        backward = Pullback(tt.fuse(fn), args, {}, single=True).backward
+        args = (*args, cotangent)
+    else:  # from the result y and the cotangent dy
+        kind = name.removesuffix("_16_bit")
+        backward = getattr(norms, f"{kind}_backward")(1)
+        args = (y16, y16) if name.endswith("16_bit") else (x[:, :512], x[:, :512])
+    reports = backward.inspect(*args, arch=arch)
     for report in reports:
         print(report)
         assert report.registers * report.block <= 65536

@@ -13,9 +13,10 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import Interface, back, on
+from helpers import Interface, back, counting_launches, on
 
 import tessera_tile as tt
+from tessera_tile import sim
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 RTOL = {np.dtype(np.float32): 1e-4, np.dtype(np.float16): 1e-2, BF16: 4e-2}
@@ -185,21 +186,86 @@ def test_an_argument_the_result_does_not_depend_on_gets_zeros(side):
     np.testing.assert_array_equal(dy, np.full((2, 3), 2.0))
 
 
-def test_grad_of_a_scalar_loss():
+def test_grad_of_a_scalar_loss(side):
     rng = np.random.default_rng(4)
     x, w, t = (rng.standard_normal(s).astype(np.float32) for s in ((8, 6), (6, 3), (8, 3)))
 
     def loss(x, w, t):
         return tt.mean(tt.square(x @ w - t))
 
-    dw = tt.grad(loss, argnums=1)(x, w, t)
+    dw = back(tt.grad(loss, argnums=1)(*on(side, x, w, t)), side)
     want = 2 * x.astype(np.float64).T @ (x @ w - t) / t.size
     np.testing.assert_allclose(dw, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-    dx, dt = tt.grad(loss, argnums=(0, 2))(x, w, t)
+    dx, dt = back(tt.grad(loss, argnums=(0, 2))(*on(side, x, w, t)), side)
     np.testing.assert_allclose(dt, -2 * (x @ w - t) / t.size, rtol=1e-4, atol=1e-6)
     assert dx.shape == x.shape
     with pytest.raises(TypeError, match="shape"):
-        tt.grad(lambda x: x * 2)(x)
+        tt.grad(lambda x: x * 2)(*on(side, x))
+
+
+def test_bad_cotangents_and_argnums_are_refused_before_any_launch(side):
+    from tessera_tile import ops
+
+    x = np.ones((4, 24), np.float32)
+    pullbacks = [tt.vjp(tt.exp, *on(side, x))[1], tt.vjp(ops.softmax, *on(side, x))[1]]
+    with counting_launches() as counted:
+        for pullback in pullbacks:
+            with pytest.raises(ValueError, match=r"cotangent 0 has shape \(24,\)"):
+                pullback(on(side, np.ones(24, np.float32))[0])  # would broadcast
+            with pytest.raises(TypeError, match="cotangent 0 has dtype int32"):
+                pullback(on(side, np.ones((4, 24), np.int32))[0])
+        with pytest.raises(TypeError, match="argnums"):
+            tt.grad(tt.sum, argnums=[0])
+        with pytest.raises(ValueError, match="out of range"):
+            tt.grad(tt.sum, argnums=1)(*on(side, x))
+    assert counted.launches == 0
+
+
+def test_a_device_pullback_copies_nothing_through_the_host():
+    x, w = on("device", *(np.ones(s, np.float32) for s in ((4, 24), (24,))))
+    y, pullback = tt.vjp(CASES["layer_norm"][0], x, w, w)
+    pullback(y)  # compile outside the count
+    with sim.transfers() as counts:
+        pullback(y)
+    assert counts["to_device"] == 0 and counts["copy_to_host"] == 0, counts
+
+
+def test_nan_and_infinities_give_pytorchs_gradients(side):
+    """exp, sqrt, abs and relu at NaN, +-inf, 0 and 1, with a cotangent of 1: PyTorch's values
+    (abs: sgn(NaN) = NaN; relu: 0 where x <= 0, so NaN passes the cotangent)."""
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, 1.0], np.float32)
+    wants = {
+        "exp": (tt.exp, [np.nan, np.inf, 0.0, 1.0, np.e]),
+        "sqrt": (tt.sqrt, [np.nan, 0.0, np.nan, np.inf, 0.5]),
+        "abs": (tt.abs, [np.nan, 1.0, -1.0, 0.0, 1.0]),
+        "relu": (tt.relu, [1.0, 1.0, 0.0, 0.0, 1.0]),
+    }
+    for name, (fn, want) in wants.items():
+        _, pullback = tt.vjp(fn, *on(side, x))
+        with np.errstate(invalid="ignore"):
+            (dx,) = pullback(on(side, np.ones(5, np.float32))[0])
+        np.testing.assert_allclose(back(dx, side), want, rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float16, BF16], ids=["float32", "float16", "bfloat16"]
+)
+def test_magnitudes_across_the_dtype_range(dtype):
+    """A weighted row sum at magnitudes from near the smallest normal to near the largest finite
+    value of the dtype: dx = dy * w and dw = sum(dy * x), each one rounding from float32."""
+    info = ml_dtypes.finfo(dtype)
+    exponents = np.linspace(np.log2(float(info.tiny)) + 2, np.log2(float(info.max)) - 4, 8)
+    x = (2.0**exponents).reshape(2, 4).astype(dtype)
+    w = (2.0 ** -exponents[:4] * 3).astype(dtype)  # x * w stays finite
+    dy = np.array([0.5, -2.0], dtype)
+    _, pullback = tt.vjp(lambda x, w: tt.sum(x * w, axis=-1), x, w)
+    dx, dw = pullback(dy)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    np.testing.assert_allclose(
+        dx.astype(np.float64), dy64[:, None] * w64, rtol=RTOL[np.dtype(dtype)]
+    )
+    np.testing.assert_allclose(dw.astype(np.float64), (dy64[:, None] * x64).sum(0),
+                               rtol=RTOL[np.dtype(dtype)])  # fmt: skip
 
 
 def test_what_is_not_differentiated_says_so():
