@@ -118,9 +118,9 @@ CASES = {
 w512 = np.zeros(512, np.float32)
 STAGED = {
     "layer_norm_weights_512_row_cache": (norms.layer_norm(True, True), (f32[:, :512], w512, w512)),
-    "layer_norm_weights_513_scalar": (
+    "layer_norm_weights_129_scalar": (
         norms.layer_norm(True, True),
-        (np.zeros((64, 513), np.float32), np.zeros(513, np.float32), np.zeros(513, np.float32)),
+        (np.zeros((64, 129), np.float32), np.zeros(129, np.float32), np.zeros(129, np.float32)),
     ),
     "layer_norm_weights_float16": (
         norms.layer_norm(True, True),
