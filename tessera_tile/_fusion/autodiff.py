@@ -100,6 +100,10 @@ class Pullback:
         report.reasons.insert(0, RECOMPUTED)
         return report
 
+    def inspect(self, cotangents, arch: str | None = None) -> list:
+        """Offline compile reports of the backward's kernels (``FusedFunction.inspect``)."""
+        return self.backward.inspect(*self._arguments(cotangents), arch=arch, **self.kwargs)
+
 
 def grad(fn, argnums=0):
     """The gradient of ``fn`` (one result of shape ``()``) with respect to the positional

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import tile_ir as ir
 from .._runtime import config as _config
-from .._runtime.target import VECTOR_BYTES
+from .._runtime.target import GPU_SMS, VECTOR_BYTES
 from ..tile_ir import Node, Op
 from . import lower
 from .passes import (
@@ -51,7 +51,6 @@ COLUMN_BLOCK = (32, 8)  # a column stage of several passes: a block spans every 
 # blocks (4 per SM of a 132-SM H100), while every thread keeps COLUMN_SPLIT_ITERATIONS
 # unrolled iterations to amortise the partials.
 COLUMN_UNROLL = 4
-GPU_SMS = 132  # the SMs of the largest parts (H100, H200) that grids are sized to fill
 COLUMN_TARGET_BLOCKS = 4 if _config.SIMULATED else 4 * GPU_SMS
 COLUMN_SPLIT_ITERATIONS = 1 if _config.SIMULATED else 2
 WARP_ROW_MAX = 1024  # rows up to this long get a warp each, longer rows a block

@@ -27,6 +27,7 @@ from . import config as _config
 
 STATIC_SHARED = 48 * 1024  # bytes of static shared memory per block, on every architecture
 VECTOR_BYTES = 16  # the widest access a thread makes (128 bits: ld.v4.b32, a cp.async chunk)
+GPU_SMS = 132  # the SMs of the largest parts (H100, H200) that grids are sized to fill
 
 
 @dataclass(frozen=True)

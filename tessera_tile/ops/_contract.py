@@ -12,6 +12,7 @@ from .. import fusion
 from .._fusion import autodiff, runtime
 from .._runtime import arrays, target
 from ..kernels._calls import HandWritten, Ready, argument_positions
+from . import _backward
 
 MAX_READY = 256  # calls an op keeps (by key; bounded)
 
@@ -75,50 +76,61 @@ class PrebuiltOp:
             raise TypeError(f"{self.__name__} does not take Dask arrays")
         return on_chunks(*args, **kwargs)
 
-    def explain(self, *args, arch: str | None = None, **kwargs):
+    def explain(self, *args, arch: str | None = None, backward: bool = False, **kwargs):
         """What the call would do, without running it (see the class docstring): for where
         kernels run now, or for ``arch`` (``"sm_90"``: what a GPU of compute capability 9.0
-        runs, the warpgroup-MMA kernels)."""
+        runs, the warpgroup-MMA kernels); ``backward=True``: what its pullback would do for a
+        contiguous cotangent (see :meth:`vjp`)."""
         with target.planning_for(arch):
-            return self._plan(*args, **kwargs).explain()
+            plan = self._plan(*args, **kwargs)
+            return (self._backward_stand_in(plan) if backward else plan).explain()
 
-    def inspect(self, *args, arch: str | None = None, **kwargs) -> list:
-        """Offline compile reports of the kernels the call would launch: the kernels
-        :meth:`explain` plans for the same ``arch``, compiled for it."""
+    def inspect(self, *args, arch: str | None = None, backward: bool = False, **kwargs) -> list:
+        """Offline compile reports of the kernels the call (``backward=True``: its pullback)
+        would launch: the kernels :meth:`explain` plans for the same ``arch``, compiled for it."""
         with target.planning_for(arch):
-            return self._plan(*args, **kwargs).inspect(target.current().name)
+            plan = self._plan(*args, **kwargs)
+            plan = self._backward_stand_in(plan) if backward else plan
+            return plan.inspect(target.current().name)
 
     def vjp(self, *args, **kwargs):
-        """``tt.vjp`` of this op, where it dispatches to a fused definition: the plan's own
-        backward where it has one (softmax, log_softmax: from the result), else the definition
-        differentiated (the norms on rows kept on chip, the reductions). One cotangent per
-        positional argument (None where it is no float array). The hand-written kernels have
-        no gradient yet."""
-        plan = self._plan(*args, **kwargs)
+        """``tt.vjp`` of this op, where it dispatches to a fused definition: its own backward
+        where it has one (softmax, log_softmax: from the result; layer_norm, rms_norm:
+        hand-written kernels reading x and dy once), else the definition differentiated by the
+        composer (the reductions); see ``ops._backward``. One cotangent per positional argument
+        (None where it is no float array). The other hand-written kernels have no gradient
+        yet."""
+        plan = self._differentiable(self._plan(*args, **kwargs))
+        outputs = plan.run(None, None)
+        result = arrays.read(outputs, "the result")
+
+        def backward(cotangents):
+            autodiff.check_cotangent(0, cotangents, result.shape, result.dtype)
+            return _backward.planned(plan, outputs, cotangents)
+
+        def pullback(cotangents):
+            grads = backward(cotangents).grads()
+            return tuple(_gradient_of(a, plan.args, grads) for a in args)
+
+        pullback.explain = lambda cotangents: backward(cotangents).explain()
+        return outputs, pullback
+
+    def _differentiable(self, plan) -> Fused:
+        plan = getattr(plan, "fused", plan)  # a hand-written forward's fused definition
         if not isinstance(plan, Fused):
             raise NotImplementedError(
                 f"tt.vjp: ops.{self.__name__} runs a hand-written kernel for these arguments; "
                 "its gradient is not written yet"
             )
-        if plan.backward is None:
-            outputs, pullback = autodiff.vjp(plan.fn, *plan.args)
-        else:  # the op's own backward, from its result
-            outputs = plan.run(None, None)
-            result = arrays.read(outputs, "the result")
+        return plan
 
-            def pullback(cotangents):
-                autodiff.check_cotangent(0, cotangents, result.shape, result.dtype)
-                grads = plan.backward(outputs, cotangents)
-                return grads if isinstance(grads, tuple) else (grads,)
-
-            pullback.explain = lambda cotangents: plan.backward.explain(outputs, cotangents)
-
-        def op_pullback(cotangents):
-            grads = pullback(cotangents)
-            return tuple(_gradient_of(a, plan.args, grads) for a in args)
-
-        op_pullback.explain = pullback.explain
-        return outputs, op_pullback
+    def _backward_stand_in(self, plan):
+        """The backward of ``plan`` for a stand-in result and cotangent."""
+        plan = self._differentiable(plan)
+        (shape, dtype), *_ = autodiff.Pullback(plan.fn, plan.args, {}, True).results
+        like = next(a for a in plan.args if type(a) is arrays.Arg and a.is_array)
+        result = _backward.stand_in(shape, dtype, like)
+        return _backward.planned(plan, result, result)
 
     def __repr__(self) -> str:
         return f"<tessera_tile op {self.__name__}{self.__signature__}>"
@@ -173,8 +185,8 @@ class Fused:
 
     fn: object  # a FusedFunction
     args: tuple
-    # a FusedFunction of (result, cotangent) giving the cotangents of ``args``, written for
-    # speed; None: tt.vjp differentiates ``fn``
+    # the op's own backward (``ops._backward``), written for speed; None: the composer
+    # differentiates ``fn``
     backward: object = None
 
     def run(self, out, stream):

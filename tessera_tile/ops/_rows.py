@@ -23,6 +23,7 @@ from ..kernels._calls import (
     eps_value,
 )
 from . import _definitions
+from ._backward import FromResult, NormBackward
 from ._contract import Fused, PrebuiltOp
 
 
@@ -43,7 +44,7 @@ def _softmax_plan(kind: str):
         if not a.shape:
             raise ValueError(f"x is 0-dimensional; {kind} needs at least one axis")
         axis = axis_index(axis, len(a.shape))
-        backward = getattr(_definitions, f"{kind}_backward")(axis)  # from y and dy
+        backward = FromResult(getattr(_definitions, f"{kind}_backward")(axis))  # from y, dy
         return Fused(getattr(_definitions, kind)(axis), (a,), backward)
 
     return plan
@@ -89,9 +90,10 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
         for v, name in ((weight, "weight"), (bias, "bias"))
     )
     eps = eps_value(eps)
-    fused = Fused(
-        _definitions.layer_norm(w is not None, b is not None), (a, *filter(None, (w, b)), eps)
-    )
+    definition = _definitions.layer_norm(w is not None, b is not None)
+    present = tuple(name for name, p in (("weight", w), ("bias", b)) if p is not None)
+    backward = NormBackward("layer", definition, present)
+    fused = Fused(definition, (a, *filter(None, (w, b)), eps), backward)
     rows = _layer_norm_long.rows_view(a)
     long_rows = a.dtype in FLOATS and not _on_chip(a.shape[-1], np.dtype(a.dtype))
     # (bfloat16 rows of any length: the composer's kernel)
@@ -120,7 +122,9 @@ def rms_norm(x, weight=None, eps=1e-6):
     if not a.shape:
         raise ValueError("x is 0-dimensional; rms_norm normalises over the last axis")
     params = [] if weight is None else [_row_param(weight, "weight", a, "rms_norm")]
-    return Fused(_definitions.rms_norm(weight is not None), (a, *params, eps_value(eps)))
+    definition = _definitions.rms_norm(weight is not None)
+    backward = NormBackward("rms", definition, ("weight",) if params else ())
+    return Fused(definition, (a, *params, eps_value(eps)), backward)
 
 
 @dataclass

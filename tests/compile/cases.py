@@ -35,6 +35,9 @@ FLASH_ANY = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, :]")
 FLASH_BF16 = "void({0}, {0}, {0}, {0}, float32)".format("uint16[:, :, ::1]")  # bfloat16 bits
 F16_MM = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
 BF16_MM = "void(uint16[:, :, ::1], uint16[:, :, ::1], float32[::1], uint16[:, :, ::1])"  # bits
+# the norms' backward: 16-byte loads of x and dy, stores of dx, butterflies over warps
+NB_VECTOR = {"LDG.E.128": 2, "STG.E.128": 1, "SHFL.BFLY": 10}
+NB_SCALAR = {"LD.E.64": 8, "SHFL.BFLY": 10}  # strided rows: numba loads them generically
 ATT = "tessera_tile.kernels.attention.simt"
 ATT_ALIGNED = "void(" + "float32[:, :, ::1], " * 4 + "float32)"
 ATT_STRIDED = "void(" + "float32[:, :, :], " * 4 + "float32)"
@@ -193,6 +196,36 @@ CASES = [
         "void(float64[:, :], float64[::1], float64[::1], float64[:, ::1], float64)",
         budget={"sm_80": 50, "sm_90": 48},
         opcodes={"SHFL": 10, "LDG.E.128": 3, "STG.E.128": 1},
+    ),
+    *(
+        Case(
+            "tessera_tile.kernels.norm_backward",
+            name,
+            "void({0}[:, {2}], {0}[:, {2}], {0}[::1], {0}[:, ::1], {1}[:, :, ::1], float64)".format(
+                dtype, "float64" if dtype == "float64" else "float32", layout
+            ),
+            budget=budget,
+            block=block,
+            opcodes=opcodes,
+        )
+        for name, dtype, layout, block, budget, opcodes in (
+            ("layer_f32_768", "float32", "::1", 256, {"sm_80": 84, "sm_90": 84}, NB_VECTOR),
+            ("layer_f16_4096", "float16", "::1", 512, {"sm_80": 84, "sm_90": 84}, NB_VECTOR),
+            ("layer_f64_1000", "float64", ":", 256, {"sm_80": 104, "sm_90": 104}, NB_SCALAR),
+            ("rms_f32_4096", "float32", "::1", 512, {"sm_80": 64, "sm_90": 64}, NB_VECTOR),
+        )
+    ),
+    Case(
+        "tessera_tile.kernels.norm_backward",
+        "fold2_f32",
+        "void(float32[:, :, ::1], float32[::1], float32[::1])",
+        budget={"sm_80": 34, "sm_90": 34},
+    ),
+    Case(
+        "tessera_tile.kernels.norm_backward",
+        "fold1_f16",
+        "void(float32[:, :, ::1], float16[::1], float16[::1])",
+        budget={"sm_80": 32, "sm_90": 32},
     ),
     Case(
         "tessera_tile.kernels.transpose",
