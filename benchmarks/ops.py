@@ -116,6 +116,13 @@ def sass() -> None:
             "cross_entropy 4096 x 1024 none",
             ops.cross_entropy.inspect(x1k, t, reduction="none"),
         ),  # fmt: skip
+        ("", "softmax backward 4096 x 1024", ops.softmax.inspect(x1k, backward=True)),
+        (
+            "",
+            "layer_norm backward 4096 x 4096 (w, b)",
+            ops.layer_norm.inspect(x4k, w4k, w4k, backward=True),
+        ),
+        ("", "rms_norm backward 4096 x 4096 (w)", ops.rms_norm.inspect(x4k, w4k, backward=True)),
         ("transpose", "transpose 4096 x 1024", ops.transpose.inspect(x1k)),
         ("", "sum axis=-1 4096 x 1024", ops.sum.inspect(x1k, axis=-1)),
     ]
@@ -135,6 +142,9 @@ def sass() -> None:
         "layer_norm 4096 x 4096 (w, b)": f"{row_loop(ln):.2f} ({row_loop(ln8k):.2f})",
         "rms_norm 4096 x 4096 (w)": f"{row_loop(rms):.2f} ({row_loop(rms8k):.2f})",
     }
+    # the norms' backward: its row loop over the 8 elements a thread holds
+    for label, reports in ((r[1], r[2]) for r in runs if "norm backward" in r[1]):
+        per_element[label] = f"{row_loop(reports[0], 8):.2f}"
     keys = ("LDG", "STG", "SHFL", "MUFU", "BAR", "LDS", "STS")
     table = Table(title="prebuilt ops compiled offline for sm_90 (float32; static SASS)")
     cols = ("op", "regs", "spills", "smem B", "instr", "instr/elem", "occupancy", "key opcodes",
