@@ -94,30 +94,31 @@ class PrebuiltOp:
             return plan.inspect(target.current().name)
 
     def vjp(self, *args, **kwargs):
-        """``tt.vjp`` of this op, where it dispatches to a fused definition: its own backward
-        where it has one (softmax, log_softmax: from the result; layer_norm, rms_norm:
-        hand-written kernels reading x and dy once), else the definition differentiated by the
-        composer (the reductions); see ``ops._backward``. One cotangent per positional argument
-        (None where it is no float array). The other hand-written kernels have no gradient
-        yet."""
+        """``tt.vjp`` of this op: its result and a pullback. The call's plan differentiates
+        itself (``gradient_run`` keeps what its backward needs, ``gradient_plan`` plans the
+        backward for a cotangent): softmax and log_softmax from the result, layer_norm and
+        rms_norm and cross_entropy by hand-written kernels, the reductions by the composer's
+        differentiation of their definition (``ops._backward``). One cotangent per positional
+        argument (None where it is no float array). The other hand-written kernels have no
+        gradient yet."""
         plan = self._differentiable(self._plan(*args, **kwargs))
-        outputs = plan.run(None, None)
+        outputs, saved = plan.gradient_run()
         result = arrays.read(outputs, "the result")
 
         def backward(cotangents):
             autodiff.check_cotangent(0, cotangents, result.shape, result.dtype)
-            return _backward.planned(plan, outputs, cotangents)
+            return plan.gradient_plan(saved, cotangents)
 
         def pullback(cotangents):
             grads = backward(cotangents).grads()
-            return tuple(_gradient_of(a, plan.args, grads) for a in args)
+            return tuple(_gradient_of(a, plan.gradient_args, grads) for a in args)
 
         pullback.explain = lambda cotangents: backward(cotangents).explain()
         return outputs, pullback
 
-    def _differentiable(self, plan) -> Fused:
+    def _differentiable(self, plan):
         plan = getattr(plan, "fused", plan)  # a hand-written forward's fused definition
-        if not isinstance(plan, Fused):
+        if not hasattr(plan, "gradient_run"):
             raise NotImplementedError(
                 f"tt.vjp: ops.{self.__name__} runs a hand-written kernel for these arguments; "
                 "its gradient is not written yet"
@@ -125,12 +126,11 @@ class PrebuiltOp:
         return plan
 
     def _backward_stand_in(self, plan):
-        """The backward of ``plan`` for a stand-in result and cotangent."""
+        """The backward of ``plan`` for stand-ins of what its forward keeps and of a
+        contiguous cotangent."""
         plan = self._differentiable(plan)
-        (shape, dtype), *_ = autodiff.Pullback(plan.fn, plan.args, {}, True).results
-        like = next(a for a in plan.args if type(a) is arrays.Arg and a.is_array)
-        result = _backward.stand_in(shape, dtype, like)
-        return _backward.planned(plan, result, result)
+        saved, cotangent = plan.gradient_stand_ins()
+        return plan.gradient_plan(saved, cotangent)
 
     def __repr__(self) -> str:
         return f"<tessera_tile op {self.__name__}{self.__signature__}>"
@@ -197,6 +197,24 @@ class Fused:
 
     def inspect(self, arch: str) -> list:
         return self.fn.inspect(*self.args, arch=arch)
+
+    # gradients (PrebuiltOp.vjp): the result is what the backward keeps
+    @property
+    def gradient_args(self) -> tuple:
+        return self.args
+
+    def gradient_run(self):
+        outputs = self.run(None, None)
+        return outputs, outputs
+
+    def gradient_plan(self, result, cotangent):
+        return _backward.planned(self, result, cotangent)
+
+    def gradient_stand_ins(self) -> tuple:
+        (shape, dtype), *_ = autodiff.Pullback(self.fn, self.args, {}, True).results
+        like = next(a for a in self.args if type(a) is arrays.Arg and a.is_array)
+        result = _backward.stand_in(shape, dtype, like)
+        return result, result
 
     def ready(self, op_args: tuple) -> Ready | None:
         """The fused function's launch plan for these arguments, each array record taken from

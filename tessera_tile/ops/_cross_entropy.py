@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass
 
@@ -11,6 +12,7 @@ from numba import from_dtype, types
 from .._runtime import arrays, launch
 from .._runtime.launch import KernelLaunch, Unused, View
 from ..kernels import cross_entropy as _cross_entropy
+from ..kernels import cross_entropy_backward as _backward_rows
 from ..kernels._calls import (
     COMPOSED_FLOATS,
     HandWritten,
@@ -19,9 +21,10 @@ from ..kernels._calls import (
     numba_type,
     view_dtype,
 )
-from ..tile_ir import storage_dtype
+from ..tile_ir import BFLOAT16, storage_dtype
 from . import _definitions
-from ._contract import PrebuiltOp
+from ._backward import stand_in
+from ._contract import PrebuiltOp, _cast_into
 
 REDUCTIONS = ("none", "mean", "sum")
 INTEGER_TARGETS = tuple(np.dtype(d) for d in ("int32", "int64"))
@@ -166,6 +169,172 @@ class _CrossEntropy(HandWritten):
         return Report(
             name, launches, stages, self.predicted_bytes(), self.unfused_bytes(), reasons, then
         )
+
+    # gradients (PrebuiltOp.vjp) ------------------------------------------------------------
+    @property
+    def gradient_args(self) -> tuple:
+        return self.logits, self.targets
+
+    def gradient_run(self):
+        """The loss, with each row's loss kept in the compute dtype (and the rows counted) for
+        the backward: the row kernel as for ``"mean"``, then the reduction or the cast."""
+        place = arrays.Placement(list(self.inputs().values()), [], None)
+        records = [place.device(r) for r in self.inputs().values()]
+        n = self.logits.shape[0]
+        loss, valid = place.temp((n,), self.compute), place.temp((n,), self.compute)
+        handles = [arrays.device_handle(r) for r in records] + [loss.value, valid.value]
+        counting = dataclasses.replace(self, reduction="mean")
+        launch.run(counting.launches(records, loss), handles, place.stream, self.label)
+        result = place.result(self.out_shape, self.dtype)
+        if self.reduction == "none":
+            _cast_into(loss.value, out=result.value, stream=place.stream)
+        else:
+            args = (loss.value, valid.value) if self.reduction == "mean" else (loss.value,)
+            self._reducer()(*args, out=result.value, stream=place.stream)
+        return place.finish(result.value), (loss, valid)
+
+    def gradient_plan(self, saved, cotangent):
+        return _CrossEntropyBackward(self, *saved, arrays.read(cotangent, "cotangent 0"))
+
+    def gradient_stand_ins(self) -> tuple:
+        n = (self.logits.shape[0],)
+        device = self.logits._replace(kind=arrays.DEVICE)
+        saved = (stand_in(n, self.compute, device), stand_in(n, self.compute, device))
+        return saved, stand_in(self.out_shape, self.dtype, self.logits)
+
+
+@dataclass
+class _CrossEntropyBackward(HandWritten):
+    """The logits' gradient: one row kernel (kernels/cross_entropy_backward.py), after, for
+    ``"mean"`` and ``"sum"``, a fused step making the rows' scale from the cotangent."""
+
+    forward: _CrossEntropy
+    loss: arrays.Arg  # each row's loss (compute dtype, on the device)
+    valid: arrays.Arg  # 1 for each row counted, else 0
+    cotangent: arrays.Arg
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.forward.logits.shape
+
+    @property
+    def dtype(self):
+        return self.forward.logits.dtype
+
+    def inputs(self) -> dict:
+        return {"logits": self.forward.logits, "targets": self.forward.targets}
+
+    @property
+    def kernel(self):
+        bits = self.forward.bits
+        return _backward_rows.kernel(None if bits is not None else self.dtype)
+
+    def grads(self) -> tuple:
+        """The logits' gradient (None for the targets), on the caller's side."""
+        inputs = list(self.inputs().values())
+        place = arrays.Placement([*inputs, self.cotangent], [], None)
+        records = [place.device(r) for r in inputs]
+        scale = self._scale(place)
+        result = place.result(self.out_shape, self.dtype)
+        handles = [*records, self.loss, scale, result]
+        launch.run(self.launches(handles), handles, place.stream, self.label)
+        return place.finish(result.value), None
+
+    def _scale(self, place) -> arrays.Arg:
+        """The rows' scale on the device: the cotangent of each row's loss (``"none"``) or
+        of the loss (``"sum"``, one element), or the fused ``g / rows counted`` (``"mean"``)."""
+        g = self.cotangent
+        if g.kind == arrays.SCALAR:
+            g = arrays.read(np.asarray(g.value, self.forward.compute), "cotangent 0")
+        g = place.device(g)
+        if g.dtype == BFLOAT16:  # the kernel reads float32 (numba has no bfloat16)
+            g = arrays.read(_definitions.cast("float32")(g.value, stream=place.stream), "scale")
+        if self.forward.reduction != "mean":
+            return g
+        scale = _definitions.mean_loss_scale(self.forward.compute.name)
+        return arrays.read(scale(g.value, self.valid.value, stream=place.stream), "scale")
+
+    def launches(self, records: list, result=None) -> list:
+        logits, targets, loss, scale = records[:4]
+        n = logits.shape[0]
+        if not n or not logits.shape[1]:
+            return []
+        bits = self.forward.bits
+        per_row = View(3) if scale.shape else View(3, (n,), (0,))  # a scalar for every row
+        params = (
+            View(0, dtype=bits), View(1), View(2), per_row, View(4, dtype=bits),
+            self.forward.ignore_index,
+        )  # fmt: skip
+        blocks = -(-n // _cross_entropy.WARPS_PER_BLOCK)
+        signature = self._signature(records)
+        return [KernelLaunch(self.kernel, blocks, _backward_rows.THREADS, params, signature)]
+
+    def _signature(self, records) -> tuple:
+        bits = self.forward.bits
+        logits = records[0] if bits is None else records[0]._replace(dtype=bits)
+        scale = records[3]
+        scale_type = types.Array(from_dtype(scale.dtype), 1, "C" if scale.shape else "A")
+        grad = types.Array(from_dtype(storage_dtype(self.dtype)), 2, "C")
+        loss = types.Array(from_dtype(self.forward.compute), 1, "C")
+        return numba_type(logits), numba_type(records[1]), loss, scale_type, grad, types.int64
+
+    def predicted_bytes(self) -> int:
+        """The logits read once and the gradient written once; per row its target, loss,
+        scale and ``x[target]``."""
+        n = self.forward.logits.shape[0]
+        itemsize = self.forward.logits.dtype.itemsize
+        per_row = self.forward.targets.dtype.itemsize + self.forward.compute.itemsize + itemsize
+        scale = self._scale_dtype.itemsize
+        per_row += scale if self.forward.reduction == "none" else 0
+        scalar = 0 if self.forward.reduction == "none" else scale
+        return 2 * self.forward.logits.size * itemsize + n * per_row + scalar
+
+    @property
+    def _scale_dtype(self) -> np.dtype:
+        """What the kernel reads each row's scale as: float32 for a bfloat16 cotangent."""
+        g = self.cotangent
+        if self.forward.reduction == "mean" or g.kind == arrays.SCALAR:
+            return self.forward.compute
+        return np.dtype(np.float32) if g.dtype == BFLOAT16 else g.dtype
+
+    def report(self) -> Report:
+        g = self.cotangent._replace(dtype=self._scale_dtype)
+        if self.forward.reduction != "none":
+            g = stand_in((), self._scale_dtype, self.forward.logits)
+        records = [*self.inputs().values(), self.loss, g]
+        launches = [
+            KernelLaunch(self.kernel, None, _backward_rows.THREADS, (), self._signature(records))
+        ]
+        name = self.kernel.py_func.__name__
+        n, c = self.forward.logits.shape
+        stages = [
+            f"{name}: hand-written, a warp per row, the logits read once, {n} rows of {c}: "
+            "(softmax - onehot(target)) * scale from each row's kept loss"
+        ]
+        then = []
+        if self.cotangent.dtype == BFLOAT16:
+            then.append((_definitions.cast("float32"), (self.cotangent,)))
+        if self.forward.reduction == "mean":
+            scale = _definitions.mean_loss_scale(self.forward.compute.name)
+            args = (np.zeros((), self.forward.compute), np.zeros(n, self.forward.compute))
+            then.append((scale, args))
+        reasons = [
+            "the forward kept each row's loss in "
+            f"{self.forward.compute}: lse = loss + x[target], so one pass writes the gradient"
+        ]
+        return Report(
+            name, launches, stages, self.predicted_bytes(), self.unfused_bytes(), reasons, then
+        )
+
+    def unfused_bytes(self) -> int:
+        """One kernel per op, as a chain of CuPy calls does it: m = max(x); e = exp(x - m);
+        p = e / sum(e); p[rows, t] -= 1; p * scale."""
+        n, c = self.forward.logits.shape
+        x, t = self.forward.logits.dtype.itemsize, self.forward.targets.dtype.itemsize
+        big = n * c * x
+        steps = [big + n * x, 2 * big + n * x, 2 * big, big + n * x, 2 * big + n * x]
+        steps += [n * t + 2 * n * x, 2 * big + n * x]
+        return int(np.sum(steps, dtype=np.int64))
 
 
 def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):

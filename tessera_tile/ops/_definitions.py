@@ -198,3 +198,24 @@ def reduce_losses(reduction: str, dtype: str) -> tt.FusedFunction:
         return tt.astype(tt.sum(loss), dtype)
 
     return tt.fuse(mean_loss if reduction == "mean" else sum_loss)
+
+
+@functools.cache
+def cast(dtype: str) -> tt.FusedFunction:
+    """Fused ``astype(v, dtype)`` (a bfloat16 cotangent for a kernel that reads float32)."""
+
+    def cast(v):
+        return tt.astype(v, dtype)
+
+    return tt.fuse(cast)
+
+
+@functools.cache
+def mean_loss_scale(dtype: str) -> tt.FusedFunction:
+    """The scale of every row's gradient for cross-entropy's ``"mean"``: the loss's cotangent
+    over the rows counted, ``g / sum(valid)``, as ``dtype``."""
+
+    def mean_loss_scale(g, valid):
+        return tt.astype(g, dtype) / tt.sum(valid)
+
+    return tt.fuse(mean_loss_scale)

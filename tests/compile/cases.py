@@ -35,6 +35,7 @@ FLASH_ANY = "void({0}, {0}, {0}, {0}, float32)".format("float16[:, :, :]")
 FLASH_BF16 = "void({0}, {0}, {0}, {0}, float32)".format("uint16[:, :, ::1]")  # bfloat16 bits
 F16_MM = "void(float16[:, :, ::1], float16[:, :, ::1], float32[::1], float16[:, :, ::1])"
 BF16_MM = "void(uint16[:, :, ::1], uint16[:, :, ::1], float32[::1], uint16[:, :, ::1])"  # bits
+EX2 = {"MUFU.EX2": 1}  # exp as ex2.approx
 # the norms' backward: 16-byte loads of x and dy, stores of dx, butterflies over warps
 NB_VECTOR = {"LDG.E.128": 2, "STG.E.128": 1, "SHFL.BFLY": 10}
 NB_SCALAR = {"LD.E.64": 8, "SHFL.BFLY": 10}  # strided rows: numba loads them generically
@@ -196,6 +197,22 @@ CASES = [
         "void(float64[:, :], float64[::1], float64[::1], float64[:, ::1], float64)",
         budget={"sm_80": 50, "sm_90": 48},
         opcodes={"SHFL": 10, "LDG.E.128": 3, "STG.E.128": 1},
+    ),
+    *(
+        Case(
+            "tessera_tile.kernels.cross_entropy_backward",
+            f"cross_entropy_backward_{name}",
+            f"void({dt}[:, ::1], int64[::1], {ct}[::1], {ct}[:], {dt}[:, ::1], int64)",
+            budget={"sm_80": regs, "sm_90": regs},
+            block=128,
+            opcodes={"LDG.E.128": 1, "STG.E.128": 1} | ({} if ct == "float64" else EX2),
+        )
+        for name, dt, ct, regs in (
+            ("f16", "float16", "float32", 52),
+            ("f32", "float32", "float32", 52),
+            ("f64", "float64", "float64", 72),
+            ("bf16", "uint16", "float32", 52),  # bfloat16 as its bits
+        )
     ),
     *(
         Case(

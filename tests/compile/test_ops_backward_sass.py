@@ -1,7 +1,7 @@
-"""Layer norm's and RMS norm's backward as a GPU plans and compiles it: the op's
+"""The prebuilt ops' backward as a GPU plans and compiles it: the op's
 ``inspect(..., backward=True)`` is the hand-written kernels of tessera_tile.kernels.norm_backward
-(their budgets: tests/compile/cases.py), and the bytes a GPU's grid moves against the minimum
-and against the composer's differentiation of the same definition."""
+and cross_entropy_backward (their budgets: tests/compile/cases.py), and the bytes a GPU's grid
+moves against the minimum and against the composer's differentiation of the same definition."""
 
 import sys
 from pathlib import Path
@@ -66,3 +66,22 @@ def test_the_ops_backward_inspected_is_the_hand_written_kernels(arch, record_pro
             f"instructions per element in its row loop, backward {row_loop(main, 8):.2f} "
             f"({main.registers} registers, 8 elements a thread)",
         )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cross_entropy_backward_inspected_is_one_row_kernel(arch, record_property):
+    """The logits' gradient: one row kernel reading the logits once (the mean adds its fused
+    scale), no spills, 16-byte accesses."""
+    x, t = np.zeros((4096, 32000), np.float16), np.zeros(4096, np.int64)
+    reports = ops.cross_entropy.inspect(x, t, arch=arch, backward=True)
+    main = reports[0]
+    assert main.name.startswith("cross_entropy_backward") and len(reports) == 2
+    for report in reports:
+        assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    assert main.count("LDG.E.128") >= 1 and main.count("STG.E.128") >= 1
+    loop = main.hottest_loop
+    record_property(
+        "resources",
+        f"{arch} cross_entropy backward float16 4096 x 32000: {main.registers} registers, "
+        f"{main.instructions_per_element(8, loop):.2f} instructions per logit in its chunk loop",
+    )
