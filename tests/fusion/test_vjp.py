@@ -75,6 +75,11 @@ CASES = {
         lambda x, w: (x @ w) * sigmoid(x @ w),
         [(8, 16), (16, 8)],
     ),  # fmt: skip
+    "linear_gelu": (
+        lambda x, w, b: tt.gelu(x @ w + b),
+        lambda x, w, b: 0.5 * (x @ w + b) * (1 + erf((x @ w + b) / np.sqrt(2))),
+        [(8, 16), (16, 8), (8,)],
+    ),  # fmt: skip
     "pow_div": (
         lambda x, y: (tt.abs(x) + 1) ** y / (y + 3),
         lambda x, y: (np.abs(x) + 1) ** y / (y + 3),
@@ -138,11 +143,18 @@ def test_gradients_match_finite_differences(name, side):
 
 
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
-@pytest.mark.parametrize("name", ["layer_norm", "bias_gelu"])
+@pytest.mark.parametrize("name", ["layer_norm", "bias_gelu", "linear_gelu"])
 def test_16_bit_gradients_are_accumulated_in_float32_and_rounded_once(name, dtype, side):
+    """(A float16 GEMM's cotangent is rounded to float16 before the backward GEMMs, as
+    PyTorch's 16-bit autograd does: within the same tolerances. A bfloat16 GEMM's backward
+    needs transposed operands, which its kernels do not take yet: NotImplementedError.)"""
     fn, twin, shapes = CASES[name]
     rng = np.random.default_rng(3)
     args = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    if name == "linear_gelu" and dtype == BF16:
+        with pytest.raises(NotImplementedError, match="bfloat16 matmul's backward"):
+            tt.vjp(fn, *on(side, *args))[1](on(side, np.ones((8, 8), dtype))[0])
+        return
     check(fn, twin, args, side)
 
 
