@@ -33,8 +33,11 @@ class PrebuiltOp:
     launches on its own arrays.
     """
 
-    def __init__(self, plan):
+    def __init__(self, plan, gradient=None):
         self._plan = plan
+        # (the op's arguments) -> a Fused definition of the same call that the composer
+        # differentiates, for ops whose plan has no gradient of its own
+        self._gradient = gradient
         self.__name__ = self.__qualname__ = plan.__name__
         self.__doc__ = plan.__doc__
         self.__module__ = "tessera_tile.ops"
@@ -82,15 +85,18 @@ class PrebuiltOp:
         runs, the warpgroup-MMA kernels); ``backward=True``: what its pullback would do for a
         contiguous cotangent (see :meth:`vjp`)."""
         with target.planning_for(arch):
-            plan = self._plan(*args, **kwargs)
-            return (self._backward_stand_in(plan) if backward else plan).explain()
+            if backward:
+                return self._backward_stand_in(args, kwargs).explain()
+            return self._plan(*args, **kwargs).explain()
 
     def inspect(self, *args, arch: str | None = None, backward: bool = False, **kwargs) -> list:
         """Offline compile reports of the kernels the call (``backward=True``: its pullback)
         would launch: the kernels :meth:`explain` plans for the same ``arch``, compiled for it."""
         with target.planning_for(arch):
-            plan = self._plan(*args, **kwargs)
-            plan = self._backward_stand_in(plan) if backward else plan
+            if backward:
+                plan = self._backward_stand_in(args, kwargs)
+            else:
+                plan = self._plan(*args, **kwargs)
             return plan.inspect(target.current().name)
 
     def vjp(self, *args, **kwargs):
@@ -101,7 +107,7 @@ class PrebuiltOp:
         differentiation of their definition (``ops._backward``). One cotangent per positional
         argument (None where it is no float array). The other hand-written kernels have no
         gradient yet."""
-        plan = self._differentiable(self._plan(*args, **kwargs))
+        plan = self._differentiable(args, kwargs)
         outputs, saved = plan.gradient_run()
         result = arrays.read(outputs, "the result")
 
@@ -116,7 +122,11 @@ class PrebuiltOp:
         pullback.explain = lambda cotangents: backward(cotangents).explain()
         return outputs, pullback
 
-    def _differentiable(self, plan):
+    def _differentiable(self, args, kwargs):
+        """The call's plan, as it differentiates itself."""
+        plan = self._plan(*args, **kwargs)  # the arguments checked as for a call
+        if self._gradient is not None:
+            plan = self._gradient(*args, **kwargs)
         plan = getattr(plan, "fused", plan)  # a hand-written forward's fused definition
         if not hasattr(plan, "gradient_run"):
             raise NotImplementedError(
@@ -125,10 +135,10 @@ class PrebuiltOp:
             )
         return plan
 
-    def _backward_stand_in(self, plan):
-        """The backward of ``plan`` for stand-ins of what its forward keeps and of a
+    def _backward_stand_in(self, args, kwargs):
+        """The backward of the call for stand-ins of what its forward keeps and of a
         contiguous cotangent."""
-        plan = self._differentiable(plan)
+        plan = self._differentiable(args, kwargs)
         saved, cotangent = plan.gradient_stand_ins()
         return plan.gradient_plan(saved, cotangent)
 

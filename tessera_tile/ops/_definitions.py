@@ -219,3 +219,40 @@ def mean_loss_scale(dtype: str) -> tt.FusedFunction:
         return tt.astype(g, dtype) / tt.sum(valid)
 
     return tt.fuse(mean_loss_scale)
+
+
+# --------------------------------------------------------------------------------------------
+# the matmul family, as the composer differentiates it (the ops run hand-written GEMMs)
+
+_ACTIVATIONS = {
+    None: lambda v: v,
+    "relu": tt.relu,
+    "gelu": tt.gelu,
+    "gelu_tanh": lambda v: tt.gelu(v, approximate="tanh"),
+    "silu": tt.silu,
+}
+
+
+@functools.cache
+def linear(activation, has_bias: bool, precision) -> tt.FusedFunction:
+    """Fused ``activation(x @ w [+ bias])``; arguments ``x, w, [bias]``."""
+    act = _ACTIVATIONS[activation]
+
+    def linear(x, w, *bias):
+        return act(x @ w + bias[0] if has_bias else x @ w)
+
+    return tt.fuse(linear, precision=precision)
+
+
+@functools.cache
+def mlp(activation, has_b1: bool, has_b2: bool, precision) -> tt.FusedFunction:
+    """Fused ``activation(x @ w1 [+ b1]) @ w2 [+ b2]``; arguments ``x, w1, [b1], w2, [b2]``."""
+    act = _ACTIVATIONS[activation]
+
+    def mlp(x, w1, *rest):
+        rest = list(rest)
+        h = x @ w1 + rest.pop(0) if has_b1 else x @ w1
+        y = act(h) @ rest.pop(0)
+        return y + rest.pop(0) if has_b2 else y
+
+    return tt.fuse(mlp, precision=precision)

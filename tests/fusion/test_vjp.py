@@ -8,6 +8,7 @@ roundings of the recomputed forward values and the cotangents); float16 1e-2 and
 cotangents are accumulated in float32 and rounded once).
 """
 
+import functools
 import math
 
 import ml_dtypes
@@ -346,6 +347,17 @@ OPS = {  # op name: (arguments' shapes, float64 NumPy twin)
         lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w,
     ),
     "sum": ([(4, 24)], lambda x: x.sum()),
+    "matmul": ([(2, 6, 8), (8, 5)], lambda a, b: a @ b),  # b broadcast over the batch
+    "linear": (
+        [(6, 8), (8, 5), (5,)],
+        lambda x, w, b: 0.5 * (x @ w + b) * (1 + erf((x @ w + b) / np.sqrt(2))),
+    ),  # (activation "gelu", passed below)
+    "mlp": (
+        [(6, 8), (8, 12), (12,), (12, 4), (4,)],
+        lambda x, w1, b1, w2, b2: (
+            (0.5 * (x @ w1 + b1) * (1 + erf((x @ w1 + b1) / np.sqrt(2)))) @ w2 + b2
+        ),
+    ),
 }
 
 
@@ -356,15 +368,19 @@ def test_prebuilt_ops_that_run_a_fused_definition_are_differentiated(name, side)
     shapes, twin = OPS[name]
     rng = np.random.default_rng(7)
     args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    check(getattr(ops, name), twin, args, side)
+    op = getattr(ops, name)
+    if name == "linear":
+        op = functools.partial(ops.linear, activation="gelu")
+        op.vjp = lambda *a: ops.linear.vjp(*a, activation="gelu")
+    check(op, twin, args, side)
 
 
 def test_prebuilt_ops_on_hand_written_kernels_say_they_have_no_gradient_yet():
     from tessera_tile import ops
 
     x = np.ones((16, 16), np.float32)
-    with pytest.raises(NotImplementedError, match="ops.matmul runs a hand-written kernel"):
-        tt.vjp(ops.matmul, x, x)
+    with pytest.raises(NotImplementedError, match="ops.transpose runs a hand-written kernel"):
+        tt.vjp(ops.transpose, x)
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
