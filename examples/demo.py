@@ -32,6 +32,7 @@ EXAMPLES = [
     "bf16_mlp_block",
     "algebraic_fusion",
     "dask_layer_norm",
+    "training_step",
 ]
 
 

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = (
     "README.md", "docs/fusion.md", "docs/inspect.md", "docs/architecture.md", "docs/attention.md",
     "docs/custom_kernels.md", "docs/distributed.md", "docs/matmul.md", "docs/ops.md",
-    "docs/simulator.md", "docs/tensor_cores.md", "docs/tuning.md",
+    "docs/simulator.md", "docs/tensor_cores.md", "docs/training.md", "docs/tuning.md",
 )  # fmt: skip
 MARKERS = {
     "# needs a GPU, or NUMBA_ENABLE_CUDASIM=1": "kernels",
