@@ -77,6 +77,36 @@ class _Transpose(HandWritten):
         )
         return Report(name, [launch], [stage], nbytes, nbytes)  # one op: nothing to fuse
 
+    # gradients (PrebuiltOp.vjp): x.T's cotangent is the result's, transposed back
+    @property
+    def gradient_args(self) -> tuple:
+        return (self.x,)
+
+    def gradient_run(self):
+        return self.run(None, None), None
+
+    def gradient_plan(self, saved, cotangent):
+        return _TransposedBack(cotangent)
+
+    def gradient_stand_ins(self) -> tuple:
+        return None, arrays.placeholder(self.out_shape, self.dtype)
+
+
+@dataclass(frozen=True)
+class _TransposedBack:
+    """The backward of ``transpose``: the same kernel on the cotangent."""
+
+    cotangent: object
+
+    def grads(self) -> tuple:
+        return (transpose(self.cotangent),)
+
+    def explain(self):
+        return transpose.explain(self.cotangent)
+
+    def inspect(self, arch: str) -> list:
+        return transpose.inspect(self.cotangent, arch=arch)
+
 
 def transpose(x):
     """``x.T`` of a 2-D array as a new C-contiguous array: float16, bfloat16, float32 or float64,

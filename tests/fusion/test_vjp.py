@@ -2,10 +2,10 @@
 
 Reference: central finite differences (step 1e-6) of a float64 NumPy twin of each function at
 the same inputs, contracted with the same cotangent: accurate to about 1e-9 here. Tolerances
-per primal dtype, relative to the largest reference magnitude: float64 1e-6, float32 1e-4 (a few float32
-roundings of the recomputed forward values and the cotangents); float16 1e-2 and bfloat16 4e-2
-(the forward values are recomputed in the primal's dtype, as the forward rounds them; the
-cotangents are accumulated in float32 and rounded once).
+per primal dtype, relative to the largest reference magnitude: float64 1e-6, float32 1e-4 (a
+few float32 roundings of the recomputed forward values and the cotangents); float16 1e-2 and
+bfloat16 4e-2 (the forward values are recomputed in the primal's dtype, as the forward rounds
+them; the cotangents are accumulated in float32 and rounded once).
 """
 
 import functools
@@ -348,6 +348,7 @@ OPS = {  # op name: (arguments' shapes, float64 NumPy twin)
         lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w,
     ),
     "sum": ([(4, 24)], lambda x: x.sum()),
+    "transpose": ([(5, 7)], lambda x: x.T),
     "matmul": ([(2, 6, 8), (8, 5)], lambda a, b: a @ b),  # b broadcast over the batch
     "linear": (
         [(6, 8), (8, 5), (5,)],
@@ -379,9 +380,9 @@ def test_prebuilt_ops_that_run_a_fused_definition_are_differentiated(name, side)
 def test_prebuilt_ops_on_hand_written_kernels_say_they_have_no_gradient_yet():
     from tessera_tile import ops
 
-    x = np.ones((16, 16), np.float32)
-    with pytest.raises(NotImplementedError, match="ops.transpose runs a hand-written kernel"):
-        tt.vjp(ops.transpose, x)
+    q = np.ones((2, 16, 16), np.float32)
+    with pytest.raises(NotImplementedError, match="ops.attention runs a hand-written kernel"):
+        tt.vjp(ops.attention, q, q, q)
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
