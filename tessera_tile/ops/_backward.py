@@ -95,18 +95,20 @@ class NormBackward:
     def planned(self, args, result, cotangent):
         x, *params, eps = args
         dy = arrays.read(cotangent, "cotangent 0", scalars=False)
-        composed = Composed(autodiff.Pullback(self.fn, args, {}, True), cotangent)
-        if x.dtype not in FLOATS or dy.dtype != x.dtype or dy.kind != x.kind:
-            return composed
-        x_rows, dy_rows = layer_norm_long.rows_view(x), layer_norm_long.rows_view(dy)
-        if x_rows is None or dy_rows is None:
-            return composed
-        (rows, n), _ = x_rows
-        views = ((x, x_rows), (dy, dy_rows), *_params(params))
-        found = norm_backward.shape(n, x.dtype, all(_vectors(r, rv, n) for r, rv in views))
-        if found is None:
-            return composed
-        return _NormBackwardCall(self, composed, x, dy, tuple(params), eps, rows, n, *found)
+        if x.dtype in FLOATS and dy.dtype == x.dtype and dy.kind == x.kind:
+            x_rows, dy_rows = layer_norm_long.rows_view(x), layer_norm_long.rows_view(dy)
+            if x_rows is not None and dy_rows is not None:
+                (rows, n), _ = x_rows
+                views = ((x, x_rows), (dy, dy_rows), *_params(params))
+                vector = all(_vectors(r, rv, n) for r, rv in views)
+                found = norm_backward.shape(n, x.dtype, vector)
+                if found is not None:
+                    return _NormBackwardCall(self, x, dy, tuple(params), eps, rows, n, *found)
+        return self.composed(args, cotangent)
+
+    def composed(self, args, cotangent) -> Composed:
+        """The composer's differentiation of the definition, for ``cotangent``."""
+        return Composed(autodiff.Pullback(self.fn, args, {}, True), cotangent)
 
 
 def _params(params) -> list:
@@ -135,7 +137,6 @@ class _NormBackwardCall(HandWritten):
     """One backward call: the row kernel, then the fold of its partials."""
 
     op: NormBackward
-    composed: Composed  # the composer's backward of the same call, for comparison
     x: arrays.Arg
     dy: arrays.Arg
     params: tuple  # records of the weight and bias present
@@ -242,7 +243,8 @@ class _NormBackwardCall(HandWritten):
     def report(self) -> Report:
         main, fold = self.kernels
         name = main.py_func.__name__
-        theirs = self.composed.explain()
+        args = (self.x, *self.params, self.eps)
+        theirs = self.op.composed(args, self.dy).explain()  # for comparison
         stages = [
             f"{name}: hand-written, {self.group} threads per row, {self.grid} block(s) of "
             f"{self.threads} looping over {self.rows} row(s) of {self.n}: dx, and the blocks' "

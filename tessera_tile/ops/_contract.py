@@ -119,7 +119,12 @@ class PrebuiltOp:
             grads = backward(cotangents).grads()
             return tuple(_gradient_of(a, plan.gradient_args, grads) for a in args)
 
+        def inspect(cotangents, arch: str | None = None) -> list:
+            with target.planning_for(arch):
+                return backward(cotangents).inspect(target.current().name)
+
         pullback.explain = lambda cotangents: backward(cotangents).explain()
+        pullback.inspect = inspect
         return outputs, pullback
 
     def _differentiable(self, args, kwargs):

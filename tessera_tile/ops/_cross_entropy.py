@@ -194,7 +194,10 @@ class _CrossEntropy(HandWritten):
         return place.finish(result.value), (loss, valid)
 
     def gradient_plan(self, saved, cotangent):
-        return _CrossEntropyBackward(self, *saved, arrays.read(cotangent, "cotangent 0"))
+        g = arrays.read(cotangent, "cotangent 0")
+        if g.is_array:
+            arrays.check_one_side([self.logits, g], ["logits", "cotangent 0"])
+        return _CrossEntropyBackward(self, *saved, g)
 
     def gradient_stand_ins(self) -> tuple:
         n = (self.logits.shape[0],)

@@ -40,14 +40,6 @@ def test_bf16_mlp_block_example_matches_numpy():
     assert example.run(tokens=33, width=36, hidden=24, seed=1) < example.BOUND  # 72-byte rows
 
 
-def test_training_step_example_matches_numpy():
-    """Every gradient of a layer norm, MLP and cross-entropy step against float64 central
-    differences, and SGD lowering the loss."""
-    example = load_example("training_step")
-    assert example.gradients_match() < example.RTOL
-    assert example.loss_falls() < example.RTOL
-
-
 @pytest.mark.parametrize(("rows", "cols"), [(0, 5), (1, 1), (64, 256), (70, 300), (129, 257)])
 def test_large_shared_tile_example_matches_numpy(rows, cols):
     """64 KiB of dynamic shared memory per block, opted in; panels straddling 64 x 256."""

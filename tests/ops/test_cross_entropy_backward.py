@@ -128,6 +128,13 @@ def test_a_device_target_outside_the_row_gives_a_nan_row():
     assert np.isnan(dx[2]).all() and np.isfinite(np.delete(dx, 2, axis=0)).all()
 
 
+def test_a_cotangent_on_the_other_side_is_refused():
+    x, t, rng = data(4, 16, np.float32, seed=8)
+    _, pullback = tt.vjp(ops.cross_entropy, x, t, reduction="none")
+    with pytest.raises((TypeError, ValueError), match="cotangent 0"):
+        pullback(on("device", rng.standard_normal(4).astype(np.float32))[0])
+
+
 def test_grad_of_the_mean_loss_and_inputs_unchanged():
     x, t, _ = data(8, 32, np.float32, seed=6, ignored=(0, 3))
     saved = x.copy(), t.copy()
