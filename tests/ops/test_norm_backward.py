@@ -12,6 +12,7 @@ float64 1e-12, float32 2e-6 (float32 sums over a row and over the rows), float16
 in float32 and rounded once: half an ulp is 4.9e-4 of a value).
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 from helpers import assert_close_rounded, back, on
@@ -183,6 +184,14 @@ def test_other_cotangents_and_dtypes_take_the_composers_backward():
     got = pullback(dy.astype(np.float64))
     for g, ref in zip(got, reference("layer", x, w, dy), strict=True):
         np.testing.assert_allclose(g, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    bf16 = [a.astype(ml_dtypes.bfloat16) for a in (x, w, b, dy)]
+    _, pullback = tt.vjp(ops.layer_norm, *bf16[:3])
+    assert "hand-written" not in " ".join(pullback.explain(bf16[3]).stages)
+    for g, ref in zip(
+        pullback(bf16[3]), reference("layer", bf16[0], bf16[1], bf16[3]), strict=False
+    ):
+        assert g.dtype == ml_dtypes.bfloat16  # rounded once: half an ulp is 3.9e-3
+        assert_close_rounded(g, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
     long = np.zeros((1, 8200), np.float32)
     _, pullback = tt.vjp(ops.rms_norm, long + 1)
     assert "hand-written" not in " ".join(pullback.explain(long).stages)
