@@ -46,6 +46,7 @@ from ..memory import load16, store16
 from ._named import NamedKernels
 
 GROUPS = (32, 64, 128, 256, 512)  # threads per row
+SLOTS = 5  # scratch slots of a row's sums: layer norm's mean, (s1, s2) and (a, b)
 BLOCK = 256  # threads per block (a group of 512: 512)
 # elements of a row per thread at most (float64: 4): with the thread's weight, its two
 # gradients' sums, x and dy they take about 80 registers (16 spilled in a block of 512)
@@ -122,29 +123,30 @@ def kernel(kind: str, dtype, threads: int, group: int, accesses: int, width: int
         at = slot * warps + warp - warp % group_warps + (cuda.threadIdx.x & 31) % group_warps
         return butterfly(scratch[at], group_warps)
 
+    # Each call site of a row's sums has slots of its own in the scratch (``slot``), so one
+    # barrier per sum is enough: a thread writes a site's slots again only in the next row,
+    # after the barriers of the row's other sites, which every reader of them passes first.
     @cuda.jit(device=True)
-    def group_sum1(a, scratch):
+    def group_sum1(a, scratch, slot):
         """The sum of ``a`` over the thread's group, in each of its threads (the same bits).
-        Every thread of the block calls it (a group of several warps meets at barriers)."""
+        Every thread of the block calls it (a group of several warps meets at a barrier)."""
         a = butterfly(a, 32)
         if group_warps == 1:
             return a
-        cuda.syncthreads()  # the previous sum's readers are done with the scratch
-        to_scratch(a, scratch, 0)
+        to_scratch(a, scratch, slot)
         cuda.syncthreads()
-        return from_scratch(scratch, 0)
+        return from_scratch(scratch, slot)
 
     @cuda.jit(device=True)
-    def group_sum(a, b, scratch):
-        """:func:`group_sum1` of two values, at the same barriers."""
+    def group_sum(a, b, scratch, slot):
+        """:func:`group_sum1` of two values (slots ``slot`` and ``slot + 1``), at one barrier."""
         a, b = butterfly(a, 32), butterfly(b, 32)
         if group_warps == 1:
             return a, b
+        to_scratch(a, scratch, slot)
+        to_scratch(b, scratch, slot + 1)
         cuda.syncthreads()
-        to_scratch(a, scratch, 0)
-        to_scratch(b, scratch, 1)
-        cuda.syncthreads()
-        return from_scratch(scratch, 0), from_scratch(scratch, 1)
+        return from_scratch(scratch, slot), from_scratch(scratch, slot + 1)
 
     name = f"{kind}_norm_backward_{dtype.name}_t{threads}_g{group}_c{accesses}_w{width}"
     name += "".join(f"_d{g}" for g in grads)
@@ -155,7 +157,7 @@ def kernel(kind: str, dtype, threads: int, group: int, accesses: int, width: int
     namespace = {
         "cuda": cuda, "ct": ct, "zero": zero, "load16": load16, "store16": store16,
         "group_sum": group_sum, "group_sum1": group_sum1, "inverse_sqrt": inverse_sqrt,
-        "SCRATCH": 2 * warps, "SUMS": max(len(grads), 1) * columns,
+        "SCRATCH": SLOTS * warps, "SUMS": max(len(grads), 1) * columns,
     }  # fmt: skip
     exec(compile(source, filename, "exec"), namespace)
     fn = namespace["norm_backward"]
@@ -219,23 +221,23 @@ def _source(kind, threads, group, accesses, width, grads) -> str:
     each("x{e} = ct(x{e})", 2)
     each("g{e} = ct(g{e})", 2)
     if kind == "layer":  # as the forward: the mean, then the corrected two-pass variance
-        s(f"mean = group_sum1({total('x{e}')}, scratch) * inv_n", 2)
+        s(f"mean = group_sum1({total('x{e}')}, scratch, 0) * inv_n", 2)
         for c, k in elems:  # an element past the row is 0, not -mean
             s(f"d{c}_{k} = x{c}_{k} - mean if ok{c} else zero", 2)
-        s(f"s1, s2 = group_sum({total('d{e}')}, {total('d{e} * d{e}')}, scratch)", 2)
+        s(f"s1, s2 = group_sum({total('d{e}')}, {total('d{e} * d{e}')}, scratch, 1)", 2)
         s("error = s1 * inv_n", 2)
         s("rstd = inverse_sqrt(s2 * inv_n - error * error + ct(eps))", 2)
         each("h{e} = (d{e} - error) * rstd", 2)
     else:
-        s(f"ss = group_sum1({total('x{e} * x{e}')}, scratch)", 2)
+        s(f"ss = group_sum1({total('x{e} * x{e}')}, scratch, 0)", 2)
         s("rstd = inverse_sqrt(ss * inv_n + ct(eps))", 2)
         each("h{e} = x{e} * rstd", 2)
     each("p{e} = g{e} * w{e}" if has_weight else "p{e} = g{e}", 2)
     if kind == "layer":
-        s(f"a, b = group_sum({total('p{e}')}, {total('p{e} * h{e}')}, scratch)", 2)
+        s(f"a, b = group_sum({total('p{e}')}, {total('p{e} * h{e}')}, scratch, 3)", 2)
         s("ma, mb = a * inv_n, b * inv_n", 2)
     else:  # RMS norm has no mean(g)
-        s(f"ma, mb = zero, group_sum1({total('p{e} * h{e}')}, scratch) * inv_n", 2)
+        s(f"ma, mb = zero, group_sum1({total('p{e} * h{e}')}, scratch, 1) * inv_n", 2)
     for c in range(accesses):
         vals = [f"rstd * (p{c}_{k} - ma - h{c}_{k} * mb)" for k in range(width)]
         s(f"if in{c}:", 2)
