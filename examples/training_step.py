@@ -125,8 +125,8 @@ def compile_reports(arch: str) -> list:
 
 def checks() -> list:
     return [
-        ("training_step: gradients vs central differences", gradients_match),
-        ("training_step: SGD steps lower the loss, each as float64's", loss_falls),
+        ("training_step gradients vs differences", gradients_match),
+        ("training_step SGD loss (float64's)", loss_falls),
     ]
 
 
