@@ -7,8 +7,9 @@ the blocks' column partials of both, and a small one folds the partials:
 
 ::
 
-    a group of G threads per row (32 to 512: the fewest that give each thread at most 16
-      elements of a row, 8 of float64), 256 / G groups per block of 256 (one group of 512);
+    a group of G threads per row (32 to 512, RMS norm 1,024: the fewest that give each thread
+      at most 8 elements of a row, 4 of float64), 256 / G groups per block of 256 (one group
+      of 512 or 1,024);
       grid = at most 512 threads per SM of the GPU, every block looping over rows
     thread t holds the same columns of every row: C accesses of W elements (16-byte loads where
       rows are contiguous and aligned, else W = 1), its elements of the weight loaded once
@@ -60,15 +61,23 @@ FULL_MASK = 0xFFFFFFFF
 GRID_THREADS = 2 * BLOCK if _config.SIMULATED else target.GPU_SMS * 2 * BLOCK
 
 
+# RMS norm's kernel fits a launch bound of 1,024 threads (60 registers, 0 spills on sm_80 and
+# sm_90 at 8 float32 a thread); layer norm's would spill (64 registers and 12 B), so its rows
+# stop at 4,096 elements a group of 512 holds.
+LARGEST_GROUP = {"layer": 512, "rms": 1024}
+
+
 @functools.lru_cache(maxsize=256)
-def shape(n: int, dtype, vector: bool) -> tuple[int, int, int, int] | None:
-    """``(threads, group, accesses, width)`` for rows of ``n`` elements of ``dtype``
+def shape(kind: str, n: int, dtype, vector: bool) -> tuple[int, int, int, int] | None:
+    """``(threads, group, accesses, width)`` for ``kind``'s rows of ``n`` elements of ``dtype``
     (``vector``: rows contiguous, 16-byte aligned, ``n`` a multiple of the 16-byte width); None
-    when a row does not fit the registers of a group of 512."""
+    when a row does not fit the registers of the largest group."""
     dtype = np.dtype(dtype)
     width = 16 // dtype.itemsize if vector else 1
     limit = ELEMENTS.get(dtype, MAX_ELEMENTS)
-    for group in GROUPS:
+    for group in (*GROUPS, 1024):
+        if group > LARGEST_GROUP[kind]:
+            break
         accesses = -(-n // (group * width))
         if accesses * width <= limit:
             return max(group, BLOCK), group, accesses, width
@@ -76,9 +85,11 @@ def shape(n: int, dtype, vector: bool) -> tuple[int, int, int, int] | None:
 
 
 def blocks(rows: int, threads: int, group: int) -> int:
-    """Blocks of the grid: a group per row at most, and at most ``GRID_THREADS`` threads."""
+    """Blocks of the grid: a group per row at most, and at most ``GRID_THREADS`` threads (but
+    a block of 1,024 on every SM)."""
     rows_at_once = threads // group
-    return max(1, min(-(-rows // rows_at_once), GRID_THREADS // threads))
+    cap = max(GRID_THREADS // threads, 1 if _config.SIMULATED else target.GPU_SMS)
+    return max(1, min(-(-rows // rows_at_once), cap))
 
 
 @functools.cache
@@ -300,21 +311,17 @@ def fold(dtype, grads: int):
 
 
 # Variants by name, for the compile tier (tests/compile/cases.py).
+def _named(kind: str, dtype, n: int, vector: bool, grads: tuple):
+    return kernel(kind, dtype, *shape(kind, n, dtype, vector), grads)
+
+
 NAMED = NamedKernels(
     __name__,
     {
-        "layer_f32_768": lambda: kernel(
-            "layer", np.float32, *shape(768, np.float32, True), ("weight", "bias")
-        ),
-        "layer_f16_4096": lambda: kernel(
-            "layer", np.float16, *shape(4096, np.float16, True), ("weight", "bias")
-        ),
-        "layer_f64_1000": lambda: kernel(
-            "layer", np.float64, *shape(1000, np.float64, False), ("weight",)
-        ),
-        "rms_f32_4096": lambda: kernel(
-            "rms", np.float32, *shape(4096, np.float32, True), ("weight",)
-        ),
+        "layer_f32_768": lambda: _named("layer", np.float32, 768, True, ("weight", "bias")),
+        "layer_f16_4096": lambda: _named("layer", np.float16, 4096, True, ("weight", "bias")),
+        "layer_f64_1000": lambda: _named("layer", np.float64, 1000, False, ("weight",)),
+        "rms_f32_8192": lambda: _named("rms", np.float32, 8192, True, ("weight",)),
         "fold2_f32": lambda: fold(np.float32, 2),
         "fold1_f16": lambda: fold(np.float16, 1),
     },

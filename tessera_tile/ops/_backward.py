@@ -86,7 +86,8 @@ class NormBackward:
     """Layer norm's (``kind="layer"``) or RMS norm's (``"rms"``) backward: the hand-written
     kernels where x is float16, float32 or float64, the cotangent an array of its dtype on its
     side, the leading axes of both merge into rows and a row fits the registers of a block
-    (8,192 elements, 4,096 float64); elsewhere the composer's differentiation."""
+    (4,096 elements, 2,048 float64; RMS norm twice that); elsewhere the composer's
+    differentiation."""
 
     kind: str
     fn: object  # the forward's fused definition
@@ -101,7 +102,7 @@ class NormBackward:
                 (rows, n), _ = x_rows
                 views = ((x, x_rows), (dy, dy_rows), *_params(params))
                 vector = all(_vectors(r, rv, n) for r, rv in views)
-                found = norm_backward.shape(n, x.dtype, vector)
+                found = norm_backward.shape(self.kind, n, x.dtype, vector)
                 if found is not None:
                     return _NormBackwardCall(self, x, dy, tuple(params), eps, rows, n, *found)
         return self.composed(args, cotangent)

@@ -89,6 +89,7 @@ CASES = [
     ("rms", np.float32, (4, 37), False, False),
     ("rms", np.float16, (5, 1000), True, False),
     ("rms", np.float64, (3, 256), True, False),
+    ("rms", np.float32, (2, 8192), True, False),  # a group of 1,024 threads
 ]
 
 
