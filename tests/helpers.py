@@ -241,3 +241,18 @@ class Interface:
                 "strides": host.strides,
             }
         self.__cuda_array_interface__ = {**cai, "version": 3, "stream": None, **extra}
+
+
+def expression_trees(leaves: list, unary, binary, max_leaves: int):
+    """A hypothesis strategy of expression trees: a leaf of ``leaves``, ``(name, tree)`` for a
+    name of ``unary`` or ``(name, tree, tree)`` for one of ``binary`` (each a dict by name)."""
+    from hypothesis import strategies as st
+
+    return st.recursive(
+        st.sampled_from(leaves),
+        lambda sub: st.one_of(
+            st.tuples(st.sampled_from(sorted(unary)), sub),
+            st.tuples(st.sampled_from(sorted(binary)), sub, sub),
+        ),
+        max_leaves=max_leaves,
+    )

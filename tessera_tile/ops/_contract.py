@@ -102,11 +102,12 @@ class PrebuiltOp:
     def vjp(self, *args, **kwargs):
         """``tt.vjp`` of this op: its result and a pullback. The call's plan differentiates
         itself (``gradient_run`` keeps what its backward needs, ``gradient_plan`` plans the
-        backward for a cotangent): softmax and log_softmax from the result, layer_norm and
-        rms_norm and cross_entropy by hand-written kernels, the reductions by the composer's
-        differentiation of their definition (``ops._backward``). One cotangent per positional
-        argument (None where it is no float array). The other hand-written kernels have no
-        gradient yet."""
+        backward for a cotangent): softmax and log_softmax from the result, layer_norm,
+        rms_norm and cross_entropy by hand-written kernels, transpose by its own kernel, the
+        reductions and the matmul family by the composer's differentiation of a fused
+        definition (``ops._backward``, the op's ``gradient`` hook). One cotangent per
+        positional argument (None where it is no float array). Attention has no gradient
+        yet."""
         plan = self._differentiable(args, kwargs)
         outputs, saved = plan.gradient_run()
         result = arrays.read(outputs, "the result")

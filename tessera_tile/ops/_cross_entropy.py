@@ -24,7 +24,7 @@ from ..kernels._calls import (
 from ..tile_ir import BFLOAT16, storage_dtype
 from . import _definitions
 from ._backward import stand_in
-from ._contract import PrebuiltOp, _cast_into
+from ._contract import PrebuiltOp
 
 REDUCTIONS = ("none", "mean", "sum")
 INTEGER_TARGETS = tuple(np.dtype(d) for d in ("int32", "int64"))
@@ -187,7 +187,7 @@ class _CrossEntropy(HandWritten):
         launch.run(counting.launches(records, loss), handles, place.stream, self.label)
         result = place.result(self.out_shape, self.dtype)
         if self.reduction == "none":
-            _cast_into(loss.value, out=result.value, stream=place.stream)
+            _definitions.cast(self.dtype)(loss.value, out=result.value, stream=place.stream)
         else:
             args = (loss.value, valid.value) if self.reduction == "mean" else (loss.value,)
             self._reducer()(*args, out=result.value, stream=place.stream)
@@ -251,7 +251,9 @@ class _CrossEntropyBackward(HandWritten):
             g = arrays.read(np.asarray(g.value, self.forward.compute), "cotangent 0")
         g = place.device(g)
         if g.dtype == BFLOAT16:  # the kernel reads float32 (numba has no bfloat16)
-            g = arrays.read(_definitions.cast("float32")(g.value, stream=place.stream), "scale")
+            g = arrays.read(
+                _definitions.cast(np.dtype(np.float32))(g.value, stream=place.stream), "scale"
+            )
         if self.forward.reduction != "mean":
             return g
         scale = _definitions.mean_loss_scale(self.forward.compute.name)
@@ -316,7 +318,7 @@ class _CrossEntropyBackward(HandWritten):
         ]
         then = []
         if self.cotangent.dtype == BFLOAT16:
-            then.append((_definitions.cast("float32"), (self.cotangent,)))
+            then.append((_definitions.cast(np.dtype(np.float32)), (self.cotangent,)))
         if self.forward.reduction == "mean":
             scale = _definitions.mean_loss_scale(self.forward.compute.name)
             args = (np.zeros((), self.forward.compute), np.zeros(n, self.forward.compute))

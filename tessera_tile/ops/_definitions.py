@@ -201,8 +201,9 @@ def reduce_losses(reduction: str, dtype: str) -> tt.FusedFunction:
 
 
 @functools.cache
-def cast(dtype: str) -> tt.FusedFunction:
-    """Fused ``astype(v, dtype)`` (a bfloat16 cotangent for a kernel that reads float32)."""
+def cast(dtype) -> tt.FusedFunction:
+    """Fused ``astype(v, dtype)``: cross-entropy's kept float32 losses as the result's dtype,
+    a bfloat16 cotangent as the float32 its backward kernel reads."""
 
     def cast(v):
         return tt.astype(v, dtype)

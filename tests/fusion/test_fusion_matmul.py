@@ -14,7 +14,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import SIDES, back, on
+from helpers import SIDES, back, expression_trees, on
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -480,15 +480,7 @@ LEAVES = ["p", "p", "p2", "bias", "residual", "scalar", 0.5, 3.0]  # p2 = x @ w2
 
 
 def trees():
-    leaf = st.sampled_from(LEAVES)
-    return st.recursive(
-        leaf,
-        lambda sub: st.one_of(
-            st.tuples(st.sampled_from(sorted(UNARY)), sub),
-            st.tuples(st.sampled_from(sorted(BINARY)), sub, sub),
-        ),
-        max_leaves=6,
-    )
+    return expression_trees(LEAVES, UNARY, BINARY, max_leaves=6)
 
 
 def count_ops(tree) -> int:
