@@ -33,7 +33,7 @@ import numpy as np
 from .. import fusion
 from .. import tile_ir as ir
 from .._runtime import arrays
-from ..tile_ir import BFLOAT16, Op
+from ..tile_ir import Op
 from . import lower
 from .trace import Traced, binary, counted, matmul, reduce, swapaxes, ternary, trace, unary
 
@@ -386,17 +386,13 @@ def _mod(node, g):
 
 def _matmul(node, g):
     """``dA = dC @ B^T``, ``dB = A^T @ dC``. For 16-bit operands the cotangent is rounded to
-    their dtype first (the backward GEMMs run on the same tensor-core kernels, accumulating in
-    float32, as PyTorch's float16 autograd does): a GEMM operand must be an argument's view or
-    a value of its own, not a cast of a transposed argument."""
+    their dtype first (the backward GEMMs run on the same tensor-core kernels, which read the
+    transposed operands in place, accumulating in float32, as PyTorch's 16-bit autograd does):
+    a GEMM operand must be an argument's view or a value of its own, not a cast of a transposed
+    argument."""
     a, b = _v(node.srcs[0]), _v(node.srcs[1])
     if len(a.shape) < 2 or len(b.shape) < 2:
         raise NotImplementedError("tt.vjp: matmul of 1-D operands")
-    if BFLOAT16 in (a.dtype, b.dtype):
-        raise NotImplementedError(
-            "tt.vjp: a bfloat16 matmul's backward multiplies by transposed operands, which the "
-            "bfloat16 kernels (tensor cores, contiguous last axes) do not take yet"
-        )
     if a.dtype == b.dtype and a.dtype != g.dtype and np.dtype(a.dtype).itemsize == 2:
         g = _rounded(g, a.dtype)
     return matmul(g, swapaxes(b, -1, -2)), matmul(swapaxes(a, -1, -2), g)

@@ -109,6 +109,9 @@ class TensorCoreConfig(NamedTuple):
     # two products of one A, ``a @ b`` and ``a @ b2`` (b2 the first of the epilogue's extras):
     # each A fragment feeds both, a second B ring and accumulator
     dual: bool = False
+    # operands read transposed (module .tc_staging): A as a (K, M) view, B as an (N, K) one
+    trans_a: bool = False
+    trans_b: bool = False
 
     @property
     def itemsize(self) -> int:
@@ -192,6 +195,18 @@ class TensorCoreConfig(NamedTuple):
             # B fragments are LDS.64 of 4 k-rows x 16 columns: conflict free when the
             # swizzle spreads each row's 8 chunks over a whole 128-byte line (matmul_tf32's doc)
             raise ValueError(f"tile_n must be at least 32 for TF32 tiles, got {self.tile_n}")
+        if self.tf32 and (self.trans_a or self.trans_b):
+            raise ValueError("TF32 tiles take each operand with its k axis as it usually lies")
+        transposed = [(self.tile_k, self.tile_m)] if self.trans_a else []
+        transposed += [(self.tile_n, self.tile_k)] if self.trans_b else []
+        for rows, cols in transposed:  # a transposed operand's staged tile (k rows for A)
+            chunks = cols // self.chunk
+            if chunks & (chunks - 1):
+                raise ValueError(
+                    f"a transposed operand's tile row of {cols} must be {self.chunk} times a "
+                    "power of two (swizzle)"
+                )
+            tile_copies(rows, chunks, self.threads)
         if self.shared_bytes > MAX_SHARED:
             what = "float32" if self.tf32 else "float16"
             raise ValueError(

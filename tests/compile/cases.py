@@ -295,6 +295,18 @@ CASES = [
         {"HMMA.16816.F32": 64, "LDSM": 16, "LDGSTS.E.BYPASS.128": 8},
         dynamic_shared=49152,
     ),  # fmt: skip
+    *(
+        Case(
+            "tessera_tile.kernels.matmul.tc",
+            f"matmul_tc_{side}t",
+            F16_MM,
+            {"sm_80": 232, "sm_90": 232},
+            128,
+            {"HMMA.16816.F32": 64, "LDSM": 16, "LDGSTS.E.BYPASS.128": 8},
+            dynamic_shared=49152,
+        )
+        for side in "ab"
+    ),  # the anchor reading A or B transposed
     Case(
         "tessera_tile.kernels.matmul.tc",
         "matmul_tc_8warps",

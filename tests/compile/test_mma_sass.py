@@ -120,6 +120,11 @@ MAIN_LOOPS = [
     (tc.matmul_tc_8warps, 256, 32, 2, 32 / 12, None),  # CUDA C++ 2.67, 2.4; Triton 2.67, 3.8
     (tc.matmul_tc_256x128x64, 256, 128, 4, 4.0, 2.2),  # the default at 4096^3 (sm_80, sm_90)
     (tc.matmul_tc_128x256, 256, 64, 2, 4.0, None),
+    # the anchor with A or B read transposed (ldmatrix.trans of A's k-major tile, plain
+    # ldmatrix of B's): measured 2.55 / 2.63 and 2.09 / 2.15 (sm_80 / sm_90); A's copies guard
+    # and address per k row
+    (tc.matmul_tc_at, 128, 64, 2, 4.0, 2.7),
+    (tc.matmul_tc_bt, 128, 64, 2, 4.0, 2.5),
 ]
 
 
@@ -127,7 +132,7 @@ MAIN_LOOPS = [
 @pytest.mark.parametrize(
     ("kernel", "threads", "per_tile", "k_steps", "floor", "ceiling"),
     MAIN_LOOPS,
-    ids=["4-warps", "8-warps", "256x128x64", "128x256"],
+    ids=["4-warps", "8-warps", "256x128x64", "128x256", "a-transposed", "b-transposed"],
 )
 def test_main_loop(kernel, threads, per_tile, k_steps, floor, ceiling, arch, record_property):
     report = inspect.compile(kernel, MATMUL_SIG, arch=arch, block=threads)

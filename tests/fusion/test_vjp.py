@@ -150,17 +150,31 @@ def test_gradients_match_finite_differences(name, side):
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("name", ["layer_norm", "bias_gelu", "linear_gelu"])
 def test_16_bit_gradients_are_accumulated_in_float32_and_rounded_once(name, dtype, side):
-    """(A float16 GEMM's cotangent is rounded to float16 before the backward GEMMs, as
-    PyTorch's 16-bit autograd does: within the same tolerances. A bfloat16 GEMM's backward
-    needs transposed operands, which its kernels do not take yet: NotImplementedError.)"""
+    """(A 16-bit GEMM's cotangent is rounded to its dtype before the backward GEMMs, as
+    PyTorch's 16-bit autograd does: within the same tolerances.)"""
     fn, twin, shapes = CASES[name]
     rng = np.random.default_rng(3)
     args = [rng.standard_normal(s).astype(dtype) for s in shapes]
-    if name == "linear_gelu" and dtype == BF16:
-        with pytest.raises(NotImplementedError, match="bfloat16 matmul's backward"):
-            tt.vjp(fn, *on(side, *args))[1](on(side, np.ones((8, 8), dtype))[0])
-        return
     check(fn, twin, args, side)
+
+
+@pytest.mark.sim_only(reason="the profiler, which names the kernels, exists only in the simulator")
+@pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["float16", "bfloat16"])
+def test_16_bit_backward_gemms_read_the_transposed_operands_on_tensor_cores(dtype):
+    """dx = dz @ w.T and dw = x.T @ dz read w and x in place: the tensor-core kernel's
+    transposed-B and transposed-A variants, no copy of either (their gradients against float64
+    are test_16_bit_gradients_are_accumulated_in_float32_and_rounded_once's)."""
+    rng = np.random.default_rng(5)
+    x, w, b = (rng.standard_normal(s).astype(dtype) for s in [(40, 24), (24, 32), (32,)])
+    _, pullback = tt.vjp(CASES["linear_gelu"][0], *on("device", x, w, b))
+    with sim.profile() as prof:
+        pullback(on("device", np.ones((40, 32), dtype))[0])
+    kernels = {name for name, _ in prof.traffic}
+    prefix = "matmul_bf16_" if dtype == BF16 else "matmul_tc_"
+    for suffix in ("_at", "_bt"):
+        assert any(k.startswith(prefix) and k.endswith(suffix) for k in kernels), kernels
+    gemms = [k for k in kernels if k.startswith("matmul_")]  # none on the SIMT kernel
+    assert all(k.startswith(prefix) for k in gemms), kernels
 
 
 def test_ties_and_kinks_follow_pytorch(side):

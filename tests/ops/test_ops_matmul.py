@@ -245,21 +245,23 @@ def test_float16_k_zero(side, config):
     np.testing.assert_array_equal(got, want.astype(np.float16))
 
 
-F16_VIEWS = {  # shapes of A and B, and the views taken of them: (33, 9) @ (9, 35)
-    "a sliced": ((33, 18), (9, 35), lambda a, b: (a[:, ::2], b)),
-    "b transposed": ((33, 9), (35, 9), lambda a, b: (a, transposed(b))),
-    "both": ((33, 18), (35, 9), lambda a, b: (a[:, ::2], transposed(b))),
+SIMT_READ = "inner axis is strided"  # the explained reason of the SIMT kernel's in-place read
+F16_VIEWS = {  # shapes of A and B, the views taken of them ((33, 9) @ (9, 35)), the reason
+    "a sliced": ((33, 18), (9, 35), lambda a, b: (a[:, ::2], b), SIMT_READ),
+    "b transposed": ((33, 9), (35, 9), lambda a, b: (a, transposed(b)), "w transposed in memory"),
+    "both": ((33, 18), (35, 9), lambda a, b: (a[:, ::2], transposed(b)), SIMT_READ),
 }
 
 
 @pytest.mark.parametrize("view", F16_VIEWS)
 @pytest.mark.parametrize("config", [None, TC_SMALL], ids=["default", "float16 tiles"])
-def test_float16_strided_operands_on_simt(side, view, config):
+def test_float16_strided_operands(side, view, config):
     """A float16 operand whose inner axis is strided (issue 19): the float32 SIMT kernel,
-    computed in float32 and rounded once. Device operands are read in place; host ones are
-    copied contiguously first, so they run on the tensor cores."""
+    computed in float32 and rounded once; the transpose of a row-major array (a backward
+    GEMM's w.T), the tensor-core kernel reading it transposed. Device operands are read in
+    place; host ones are copied contiguously first, so they run on the tensor cores."""
     rng = np.random.default_rng(16)
-    a_shape, b_shape, take = F16_VIEWS[view]
+    a_shape, b_shape, take, reason = F16_VIEWS[view]
     a_base, b_base, bias = (rand(rng, s, np.float16) for s in (a_shape, b_shape, 35))
     a, b = take(*on(side, a_base, b_base))
     a_np, b_np = take(a_base, b_base)
@@ -267,7 +269,7 @@ def test_float16_strided_operands_on_simt(side, view, config):
     got = back(ops.linear(a, b, d_bias, "silu", config=config), side)
     check(got, *reference(a_np, b_np, bias, "silu"), np.float16)
     reasons = " ".join(ops.linear.explain(a, b, d_bias, "silu", config=config).reasons)
-    assert ("inner axis is strided" in reasons) == (side == "device")
+    assert (reason in reasons) == (side == "device"), reasons
     assert "was given" not in reasons
 
 

@@ -87,11 +87,27 @@ def wgmma_config(config: TileConfig, dtype, has_bias: bool, dual: bool) -> wg.Wg
     return cfg
 
 
+def transposable(config: TileConfig, transposed: tuple[bool, bool]) -> TileConfig:
+    """``config``, or where its tiles cannot be staged transposed (a warp-specialised tile, or
+    a tile_m not 8 times a power of two) the mma.sync anchor tile of its warps and stages."""
+    try:
+        if config.num_warps == WARP_SPECIALISED:
+            raise ValueError
+        tc.TensorCoreConfig(
+            config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.num_stages,
+            trans_a=transposed[0], trans_b=transposed[1],
+        ).validate()  # fmt: skip
+        return config
+    except ValueError:
+        warps = 8 if config.num_warps == WARP_SPECIALISED else config.num_warps
+        return TileConfig(128, 128, 32, warps, config.num_stages, dtype="float16")
+
+
 def choose_kernel(
     dtype: np.dtype, config: TileConfig, activation, has_bias: bool, copy_a: int, copy_b: int,
     vector_store: bool, types: tuple, names: tuple[str, str] = ("a", "b"),
     tensor_rows: str | None = None, dual: bool = False, prologue: tuple = (None, None),
-    convert: bool = False,
+    convert: bool = False, transposed: tuple[bool, bool] = (False, False),
 ) -> KernelChoice:  # fmt: skip
     """The kernel and launch of one call.
 
@@ -109,6 +125,9 @@ def choose_kernel(
     by the mma.sync and SIMT kernels (not the wgmma kernel: a reason says so); ``convert``: an
     operand's array has another dtype than the operands (a prologue's cast), so the tiles are
     staged synchronously, converted in registers (``tensor_rows`` at most ``"contiguous"``).
+    ``transposed``: A and/or B are passed to the kernel transposed (a row-major ``x`` of
+    ``x.T @ dy``, ``w`` of ``dy @ w.T``; ``tensor_rows`` is about those views), which only the
+    mma.sync kernel reads (:mod:`.tc_staging`).
     """
     reasons = []
     simt_fallback = DUAL["float32"] if dual else SIMT_FALLBACK
@@ -155,9 +174,18 @@ def choose_kernel(
                 + ": the tensor-core kernel's synchronous variant, 8 warps, 2 stages"
             )  # fmt: skip
             config = TC_UNALIGNED
+        if any(transposed):
+            names_t = " and ".join(n for n, t in zip(names, transposed, strict=True) if t)
+            reasons.append(
+                f"{names_t} transposed in memory (the transpose of a row-major array): read in "
+                "place by the mma.sync kernel, each tile staged as it lies"
+            )
+            config = transposable(config, transposed)
         c = config
         signature = f"void({', '.join(types)})"
-        warpgroups = wgmma_config(c, dtype, has_bias, dual) if tensor_rows == "aligned" else None
+        warpgroups = None
+        if tensor_rows == "aligned" and not any(transposed):
+            warpgroups = wgmma_config(c, dtype, has_bias, dual)
         if warpgroups is not None and any(prologue):
             reasons.append(
                 "an operand prologue: the mma.sync kernel (the wgmma kernel's tensor cores read "
@@ -187,7 +215,7 @@ def choose_kernel(
         kernel = tc.tensor_core_matmul(
             c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
             async_copy=tensor_rows == "aligned", bf16=dtype == BFLOAT16, dual=dual,
-            prologue=prologue,
+            prologue=prologue, trans_a=transposed[0], trans_b=transposed[1],
         )  # fmt: skip
         return KernelChoice(
             kernel, config, config.threads, signature, tuple(reasons), ring_bytes(config)

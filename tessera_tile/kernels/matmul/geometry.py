@@ -21,7 +21,7 @@ from ...tile_ir import storage_dtype
 __all__ = [
     "MAX_GRID_YZ", "Geometry", "Matrix", "array_type", "as_matrix", "copy_bytes",
     "first_address", "geometry", "inner_contiguous", "layout", "matrix_view",
-    "rows_aligned",
+    "rows_aligned", "transpose",
 ]  # fmt: skip
 
 MAX_GRID_YZ = 65535
@@ -111,6 +111,13 @@ def matrix_view(array: int, mat: Matrix, index, z_count: int, z_stride: int, dty
     offset = sum(i * s for i, s in zip(index, mat.batch_strides, strict=True))
     shape = (z_count, mat.rows, mat.cols)
     return View(array, shape, (z_stride, mat.row_stride, mat.col_stride), offset, dtype)
+
+
+def transpose(mat: Matrix) -> Matrix:
+    """``mat`` with its rows and columns swapped (a view: the strides swap)."""
+    return Matrix(
+        mat.cols, mat.rows, mat.col_stride, mat.row_stride, mat.batch_strides, mat.itemsize
+    )
 
 
 def first_address(rec: arrays.Arg, mat: Matrix, index) -> int:

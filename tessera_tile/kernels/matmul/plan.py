@@ -46,6 +46,7 @@ from .geometry import (
     layout,
     matrix_view,
     rows_aligned,
+    transpose,
 )
 
 DTYPES = (np.dtype(np.float16), BFLOAT16, np.dtype(np.float32))
@@ -165,8 +166,9 @@ class Product(HandWritten):
         return arrays.placeholder(self.out_shape, self.dtype)
 
     def plan_launches(self, a: arrays.Arg, b: arrays.Arg, c: arrays.Arg):
-        """(geometry, matrices, and per launch: (index, z0, count, KernelChoice)), made once
-        per layout of the operands and config, then looked up."""
+        """(geometry, the matrices the kernels read (A and B transposed where the choice
+        reads them so), and per launch: (index, z0, count, KernelChoice)), made once per
+        layout of the operands and config, then looked up."""
         config = self.tile_config()
         key = (
             config, self.precision, self.activation, self.names[:2], self.batch, self.a_vector,
@@ -186,6 +188,18 @@ class Product(HandWritten):
         dual = [(b2, as_matrix(b2, self.batch, self.b_vector))] if b2 is not None else []
         extra_mats = self._extra_matrices()
         geo = geometry(self.batch, mats + [m for _, m in dual] + extra_mats)
+        # A or B transposed in memory (x.T, w.T of row-major arrays: a backward GEMM's) is read
+        # in place by the tensor-core kernel as its (K, M) / (N, K) transpose
+        transposed = (False, False)
+        if self.dtype.itemsize == 2 and config.dtype == "float16" and not dual:
+            swapped = [transpose(m) for m in mats[:2]]
+            if inner_contiguous(mats[2]) and all(
+                inner_contiguous(m) or inner_contiguous(t)
+                for m, t in zip(mats[:2], swapped, strict=True)
+            ):
+                transposed = tuple(not inner_contiguous(m) for m in mats[:2])
+                pairs = zip(mats[:2], swapped, transposed, strict=True)
+                mats[:2] = [t if flip else m for m, t, flip in pairs]
         z_extras = geo.z_strides[3 + len(dual) :]
         act = self.epilogue
         if act is None:
@@ -249,6 +263,7 @@ class Product(HandWritten):
                 bool(dual),
                 self.prologue,
                 convert,
+                transposed,
             )
             launches.append((index, z0, count, choice))
         return geo, mats, launches

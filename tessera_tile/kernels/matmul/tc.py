@@ -69,10 +69,7 @@ import functools
 from numba import boolean, cuda, float32, int32, uint16, uint32
 from numba.types import float16
 
-from ...memory import store16_shared
 from ...mma import (
-    ldmatrix_x4,
-    ldmatrix_x4_trans,
     load_f32x2_shared,
     mma_m16n8k8_tf32,
     mma_m16n8k16,
@@ -83,16 +80,16 @@ from ...mma import (
 )
 from ...pipeline import (
     SHARED_ALIGN,
-    cp_async_cg_16_zfill,
     cp_async_commit_group,
     cp_async_wait_group,
 )
 from .._named import NamedKernels
 from ..epilogue import ElementEpilogue, identity
-from ..tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, entry_point, tile_copies
+from ..tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, entry_point
 from .prologue import chunk_pass, name_of, on_load
 from .tc_epilogue import tensor_core_epilogue
 from .tc_plan import Plan, aligned_rows, check_operands, plan
+from .tc_staging import stage_functions, staging, sync_chunk
 
 __all__ = [
     "ANCHOR",
@@ -122,6 +119,8 @@ def tensor_core_matmul(
     bf16: bool = False,
     dual: bool = False,
     prologue: tuple = (None, None),
+    trans_a: bool = False,
+    trans_b: bool = False,
 ):
     """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` in
     float16 (or, with ``bf16``, bfloat16, every array its ``uint16`` bits) with float32
@@ -139,10 +138,14 @@ def tensor_core_matmul(
 
     ``prologue``: an :class:`~.prologue.ElementPrologue` (or None) for A and for B, applied to
     each element as its tile is staged (:mod:`.prologue`).
+
+    ``trans_a``/``trans_b``: the operand is passed transposed, A as ``(batch, K, M)`` and B as
+    ``(batch, N, K)``, each with a contiguous last axis (the transpose of a row-major array,
+    read in place: :mod:`.tc_staging`).
     """
     cfg = TensorCoreConfig(
         tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(async_copy),
-        bf16=bool(bf16), dual=bool(dual),
+        bf16=bool(bf16), dual=bool(dual), trans_a=bool(trans_a), trans_b=bool(trans_b),
     )  # fmt: skip
     cfg.validate(activation)
     return build_kernel(cfg, activation, prologue=tuple(prologue))
@@ -160,15 +163,14 @@ def build_kernel(
     warps_n = cfg.warps_n
     wm_tile, wn_tile = tile_m // cfg.warps_m, tile_n // warps_n
     mt, nt = wm_tile // 16, wn_tile // 8  # mma tiles per warp
-    nt2 = nt // 2  # ldmatrix.x4.trans per k16 step: the B fragments of two n8 tiles each
+    nt2 = nt // 2  # 16-column blocks of B per k16 step: the fragments of two n8 tiles each
     ksteps = tile_k // cfg.mma_k
     tf32 = cfg.tf32
     CHUNK = cfg.chunk  # noqa: N806 - tc_tiles.CHUNK's name, this element size's value
     elem = float32 if tf32 else (uint16 if cfg.bf16 else float16)
-    # B offsets: float16, one per ldmatrix.x4.trans; TF32, one per 16-column block modulo 2
-    # (its swizzle repeats every 32 columns and is the same in rows t and t + 4)
+    # TF32 B offsets: one per 16-column block modulo 2 (its swizzle repeats every 32 columns
+    # and is the same in rows t and t + 4)
     nb = min(nt2, 2)
-    b_off_shape = nb if tf32 else nt2
     frag_b = float32 if tf32 else uint32
     ahead = stages - 1
     lag = stages - 2
@@ -177,43 +179,24 @@ def build_kernel(
     act = identity if activation is None else activation.fn if extras else activation
     stores = not extras or activation.stores
     dual = cfg.dual
-    # Flat shared rings: stage s of A is sa[s * a_stage:], row-major tile_m x tile_k (swizzled).
+    # Flat shared rings of each operand's tile (module .tc_staging: k along the columns or
+    # the rows, as the operand lies in memory), one stage after another.
+    st_a = staging(cfg.trans_a, tile_m, tile_k, threads, CHUNK)
+    st_b = staging(not cfg.trans_b, tile_n, tile_k, threads, CHUNK)
     a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
     a_ring, b_ring = stages * a_stage, stages * b_stage
     acc2_shape = (mt, nt, 4) if dual else (1, 1, 1)  # the second product's accumulators
-    ck_a, ck_b = tile_k // CHUNK, tile_n // CHUNK  # chunks per shared row
-    cp_a, cp_b = tile_copies(tile_m, ck_a, threads), tile_copies(tile_k, ck_b, threads)
-    lines_a, period_a, shift_a = cp_a.lines, cp_a.period, 3 - cp_a.bits
-    lines_b, period_b, shift_b = cp_b.lines, cp_b.period, 3 - cp_b.bits
-    q_a, step_a, passes_a, exact_a = cp_a.per_row, cp_a.row_step, cp_a.passes, cp_a.exact
-    q_b, step_b, passes_b, exact_b = cp_b.per_row, cp_b.row_step, cp_b.passes, cp_b.exact
-    per_a, per_b = ck_a // q_a, ck_b // q_b  # chunks per thread and pass
+    passes_a, per_a, passes_b, per_b = st_a.copies.passes, st_a.per, st_b.copies.passes, st_b.per
+    q_a, q_b = st_a.copies.per_row, st_b.copies.per_row
+    n_off_a = mt if cfg.trans_a else ksteps
+    guards_a, guards_b, trans_a = st_a.guards, st_b.guards, cfg.trans_a
+    n_off_b = nb if tf32 else ksteps if cfg.trans_b else nt2
 
     # operand prologues (module .prologue): on the way into the tile where the staging is
     # synchronous, else a pass over each landed tile
     fn_a, fn_b = (p.fn if p else None for p in prologue)
     pass_a, pass_b = (chunk_pass(fn if async_copy else None, CHUNK) for fn in (fn_a, fn_b))
-    load_a, load_b = on_load(fn_a), on_load(fn_b)
     pro_a, pro_b = (async_copy and fn is not None for fn in (fn_a, fn_b))
-
-    store = store_bf16x2 if cfg.bf16 else store_f32x2 if tf32 else store_f16x2
-    epilogue = tensor_core_epilogue(
-        mt, nt, has_bias, async_copy, act, store, bf16=cfg.bf16, swapped=tf32, extras=extras,
-        stores=stores, dual=dual,
-    )  # fmt: skip
-
-    @cuda.jit(device=True)
-    def reverse3(v):
-        return ((v & 1) << 2) | (v & 2) | ((v >> 2) & 1)
-
-    @cuda.jit(device=True)
-    def chunk_a(r, c):
-        """Physical chunk of logical chunk ``c`` of A-tile row ``r`` (the module doc's swizzle)."""
-        return c ^ (reverse3((r // lines_a) % period_a) >> shift_a)
-
-    @cuda.jit(device=True)
-    def chunk_b_f16(r, c):
-        return c ^ (reverse3((r // lines_b) % period_b) >> shift_b)
 
     @cuda.jit(device=True)
     def chunk_b_tf32(r, c):
@@ -222,95 +205,30 @@ def build_kernel(
         banks once; rows t and t + 4 share the pattern, so one offset serves both."""
         return c ^ ((r & 3) << 1)
 
-    chunk_b = chunk_b_tf32 if tf32 else chunk_b_f16
+    chunk_a, targets_a, load_a, transform_a, offsets_a, block_a = stage_functions(
+        st_a, False, tile_k, n_off_a, async_copy, sync_chunk(elem, CHUNK, on_load(fn_a)), pass_a
+    )
+    chunk_b, targets_b, load_b, transform_b, offsets_b, block_b = stage_functions(
+        st_b, True, tile_k, n_off_b, async_copy, sync_chunk(elem, CHUNK, on_load(fn_b)), pass_b,
+        chunk_b_tf32 if tf32 else None,
+    )  # fmt: skip
 
-    def sync_chunk_f16(load):
-        @cuda.jit(device=True)
-        def chunk(dst, offset, src, bz, gr, gk):
-            """Guarded loads of single elements (any alignment), ``load`` on each, one 16-byte
-            shared store."""
-            rows = src.shape[1]
-            cols = src.shape[2]
-            ok = gr < rows
-            x0 = load(src[bz, gr, gk]) if ok and gk < cols else elem(0)
-            x1 = load(src[bz, gr, gk + 1]) if ok and gk + 1 < cols else elem(0)
-            x2 = load(src[bz, gr, gk + 2]) if ok and gk + 2 < cols else elem(0)
-            x3 = load(src[bz, gr, gk + 3]) if ok and gk + 3 < cols else elem(0)
-            x4 = load(src[bz, gr, gk + 4]) if ok and gk + 4 < cols else elem(0)
-            x5 = load(src[bz, gr, gk + 5]) if ok and gk + 5 < cols else elem(0)
-            x6 = load(src[bz, gr, gk + 6]) if ok and gk + 6 < cols else elem(0)
-            x7 = load(src[bz, gr, gk + 7]) if ok and gk + 7 < cols else elem(0)
-            store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
-
-        return chunk
-
-    def sync_chunk_f32(load):
-        @cuda.jit(device=True)
-        def chunk(dst, offset, src, bz, gr, gk):
-            rows = src.shape[1]
-            cols = src.shape[2]
-            ok = gr < rows
-            x0 = load(src[bz, gr, gk]) if ok and gk < cols else ZERO
-            x1 = load(src[bz, gr, gk + 1]) if ok and gk + 1 < cols else ZERO
-            x2 = load(src[bz, gr, gk + 2]) if ok and gk + 2 < cols else ZERO
-            x3 = load(src[bz, gr, gk + 3]) if ok and gk + 3 < cols else ZERO
-            store16_shared(dst, offset, (x0, x1, x2, x3))
-
-        return chunk
-
-    sync_chunk = sync_chunk_f32 if tf32 else sync_chunk_f16
-
-    def copy_chunk(load):
-        sync = sync_chunk(load)
-
-        @cuda.jit(device=True)
-        def copy(dst, offset, src, bz, gr, gk, ok):
-            """Chunk ``src[bz, gr, gk:gk + 8]`` -> ``dst[offset:offset + 8]``; zeros unless
-            ``ok`` (async) / outside ``src`` (sync)."""
-            if async_copy:
-                # Rows are 16-byte aligned here (aligned_rows): a chunk is all in or all out,
-                # and a copy of 0 source bytes reads nothing, so its address may lie outside src.
-                cp_async_cg_16_zfill(dst, offset, src, (bz, gr, gk), 16 if ok else 0)
-            else:
-                sync(dst, offset, src, bz, gr, gk)
-
-        return copy
-
-    copy_a, copy_b = copy_chunk(load_a), copy_chunk(load_b)
+    store = store_bf16x2 if cfg.bf16 else store_f32x2 if tf32 else store_f16x2
+    epilogue = tensor_core_epilogue(
+        mt, nt, has_bias, async_copy, act, store, bf16=cfg.bf16, swapped=tf32, extras=extras,
+        stores=stores, dual=dual,
+    )  # fmt: skip
 
     @cuda.jit(device=True, **INLINE)
-    def load_tile(
-        sa, sb, sb2, a, b, b2, bz, m0, n0, kt, stage, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r,
-        b_c,
-    ):  # fmt: skip
+    def load_tile(sa, sb, sb2, a, b, b2, bz, m0, n0, k, kt, stage, a_dst, a_ok, b_dst, b_ok,
+                  a_r, a_c, b_r, b_c):  # fmt: skip
         """This thread's chunks of k-tile ``kt`` of the A and B (and B2) panels into
         ``stage``."""
         k0 = kt * tile_k
-        k = a.shape[2]
-        # k-columns of this thread's first A chunk left in the tile: a 32-bit count, so the
-        # chunk guards below are one compare with a constant each.
-        left = int32(min(k - k0 - a_c * CHUNK, tile_k))
-        for p in range(passes_a):
-            if exact_a or a_r + p * step_a < tile_m:
-                for i in range(per_a):
-                    ka = k0 + (a_c + q_a * i) * CHUNK
-                    copy_a(
-                        sa, stage * a_stage + a_dst[p, i], a, bz, m0 + a_r + p * step_a, ka,
-                        a_ok[p] and left > q_a * CHUNK * i,
-                    )  # fmt: skip
-        for p in range(passes_b):
-            if exact_b or b_r + p * step_b < tile_k:
-                kb = k0 + b_r + p * step_b
-                for i in range(per_b):
-                    copy_b(
-                        sb, stage * b_stage + b_dst[p, i], b, bz, kb,
-                        n0 + (b_c + q_b * i) * CHUNK, b_ok[i] and kb < k,
-                    )  # fmt: skip
-                    if dual:  # B2 has B's shape and layout: the same chunks
-                        copy_b(
-                            sb2, stage * b_stage + b_dst[p, i], b2, bz, kb,
-                            n0 + (b_c + q_b * i) * CHUNK, b_ok[i] and kb < k,
-                        )  # fmt: skip
+        load_a(sa, stage * a_stage, a, bz, m0, k0, k, a_dst, a_ok, a_r, a_c)
+        load_b(sb, stage * b_stage, b, bz, n0, k0, k, b_dst, b_ok, b_r, b_c)
+        if dual:  # B2 has B's shape and layout: the same chunks
+            load_b(sb2, stage * b_stage, b2, bz, n0, k0, k, b_dst, b_ok, b_r, b_c)
 
     @cuda.jit(device=True)
     def commit():
@@ -324,21 +242,13 @@ def build_kernel(
         cuda.syncthreads()
 
     @cuda.jit(device=True, **INLINE)
-    def transform(sa, sb, k, kt, s, a_dst, b_dst, a_r, a_c, b_r):
+    def transform(sa, sb, k, kt, s, a_dst, b_dst, a_r, a_c, b_r, b_c):
         """The prologue on this thread's chunks of k-tile ``kt`` (landed in stage ``s``), the
         ones it copied (:mod:`.prologue`: chunks past K stay 0), then a barrier."""
-        left = int32(min(k - kt * tile_k, tile_k))  # k indices of this tile inside K
         if pro_a:
-            for p in range(passes_a):
-                if exact_a or a_r + p * step_a < tile_m:
-                    for i in range(per_a):  # K a multiple of CHUNK: all in or all out
-                        if (a_c + q_a * i) * CHUNK < left:
-                            pass_a(sa, s * a_stage + a_dst[p, i])
+            transform_a(sa, s * a_stage, k, kt * tile_k, a_dst, a_r, a_c)
         if pro_b:
-            for p in range(passes_b):
-                if (exact_b or b_r + p * step_b < tile_k) and b_r + p * step_b < left:
-                    for i in range(per_b):
-                        pass_b(sb, s * b_stage + b_dst[p, i])
+            transform_b(sb, s * b_stage, k, kt * tile_k, b_dst, b_r, b_c)
         cuda.syncthreads()
 
     mma = mma_m16n8k8_tf32 if tf32 else (mma_m16n8k16_bf16 if cfg.bf16 else mma_m16n8k16)
@@ -386,10 +296,11 @@ def build_kernel(
         multiply_tf32(fa, fb, acc)
 
     @cuda.jit(device=True, **INLINE)
+    @cuda.jit(device=True, **INLINE)
     def b_step_f16(sb, b_base, ks, fa, fb, acc, b_off):
-        """B fragments of one k16 step by ldmatrix.trans, then mt x nt mma."""
+        """B fragments of one k16 step (a 16-column block: two n8 tiles), then mt x nt mma."""
         for j in range(nt2):
-            f = ldmatrix_x4_trans(sb, b_base + b_off[j] + 16 * tile_n * ks)
+            f = block_b(sb, b_base, b_off, ks, j)
             fb[2 * j, 0] = f[0]
             fb[2 * j, 1] = f[1]
             fb[2 * j + 1, 0] = f[2]
@@ -404,47 +315,40 @@ def build_kernel(
         B fragments of the swapped mma), then B's fragments and their mma (dual: B2's too,
         on the same A fragments)."""
         for i in range(mt):
-            f = ldmatrix_x4(sa, a_base + a_off[ks] + 16 * tile_k * i)
+            f = block_a(sa, a_base, a_off, ks, i)
             for q in range(4):
                 fa[i, q] = f[q]
         b_step(sb, b_base, ks, fa, fb, acc, b_off)
         if dual:
             b_step(sb2, b_base, ks, fa, fb, acc2, b_off)
 
-    # This lane's B offsets in a stage (the swizzle repeats every 8 rows, so the k-step terms
-    # are constants added to these).
     @cuda.jit(device=True)
-    def b_offsets_tf32(lane, wn0, b_off):
-        # lane (g, t) reads k-rows t and t + 4 (+ 8 ks), columns wn0 + 16 blk + 2g, + 1
+    def offsets_tf32(lane, wm0, wn0, a_off, b_off):
+        # A (swapped mma): rows lane % 8 + 8 (lane // 16), chunk 2 ks + lane // 8 % 2, so that
+        # the 4 matrices are k 0-3 and 4-7 of rows 0-7, then of rows 8-15.
+        r = wm0 + lane % 8 + 8 * (lane // 16)
+        for ks in range(ksteps):
+            a_off[ks] = r * tile_k + chunk_a(r, 2 * ks + lane // 8 % 2) * CHUNK
+        # B: lane (g, t) reads k-rows t and t + 4 (+ 8 ks), columns wn0 + 16 blk + 2g, + 1
         # (+ 32 per two blocks: 8 chunks, above the bits the swizzle's XOR changes)
         g = lane >> 2
-        r = lane & 3
+        t = lane & 3
         for blk in range(nb):
             col = wn0 + 16 * blk + 2 * g
-            b_off[blk] = r * tile_n + chunk_b(r, col // CHUNK) * CHUNK + col % CHUNK
-
-    @cuda.jit(device=True)
-    def b_offsets_f16(lane, wn0, b_off):
-        # ldmatrix.x4.trans rows lane % 8 + 8 (lane // 8 % 2) (+ 16 ks), chunk
-        # (wn0 + 16 j) / 8 + lane // 16
-        r = lane % 8 + 8 * (lane // 8 % 2)
-        for j in range(nt2):
-            b_off[j] = r * tile_n + chunk_b(r, wn0 // CHUNK + 2 * j + lane // 16) * CHUNK
-
-    b_offsets = b_offsets_tf32 if tf32 else b_offsets_f16
+            b_off[blk] = t * tile_n + chunk_b(t, col // CHUNK) * CHUNK + col % CHUNK
 
     @cuda.jit(device=True, **INLINE)
-    def tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, kt, tiles, s, fa, fb, acc, acc2, a_off,
+    def tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, k, kt, tiles, s, fa, fb, acc, acc2, a_off,
                   b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c):  # fmt: skip
         """k-tile ``kt`` (in stage ``s``, a constant): wait for it, refill the stage tile
         ``kt - 1`` used with tile ``kt + stages - 1``, multiply tile ``kt``."""
         wait_tile()  # tile kt landed; every warp is done with kt - 1
         if int32(kt + ahead) < tiles:
-            load_tile(sa, sb, sb2, a, b, b2, bz, m0, n0, kt + ahead, (s + ahead) % stages,
+            load_tile(sa, sb, sb2, a, b, b2, bz, m0, n0, k, kt + ahead, (s + ahead) % stages,
                       a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
         commit()
         if pro_a or pro_b:
-            transform(sa, sb, a.shape[2], kt, s, a_dst, b_dst, a_r, a_c, b_r)
+            transform(sa, sb, k, kt, s, a_dst, b_dst, a_r, a_c, b_r, b_c)
         # The k steps written out (LLVM does not unroll a loop this large) and inlined, so
         # the fragments and accumulators stay constant-indexed registers.
         a_base = s * a_stage
@@ -470,12 +374,12 @@ def build_kernel(
         acc2 = cuda.local.array(acc2_shape, float32)
         fa = cuda.local.array((mt, 4), uint32)
         fb = cuda.local.array((nt, 2), frag_b)
-        a_off = cuda.local.array(ksteps, int32)
-        b_off = cuda.local.array(b_off_shape, int32)
+        a_off = cuda.local.array(n_off_a, int32)
+        b_off = cuda.local.array(n_off_b, int32)
         a_dst = cuda.local.array((passes_a, per_a), int32)
         b_dst = cuda.local.array((passes_b, per_b), int32)
-        a_ok = cuda.local.array(passes_a, boolean)
-        b_ok = cuda.local.array(per_b, boolean)
+        a_ok = cuda.local.array(guards_a, boolean)
+        b_ok = cuda.local.array(guards_b, boolean)
         tid = cuda.threadIdx.x
         lane = tid % WARP_SIZE
         warp = tid // WARP_SIZE
@@ -485,7 +389,8 @@ def build_kernel(
         m0 = cuda.blockIdx.y * tile_m
         n0 = cuda.blockIdx.x * tile_n
         m = c.shape[1]
-        tiles = int32((a.shape[2] + tile_k - 1) // tile_k)  # 32-bit loop control
+        k = a.shape[1] if trans_a else a.shape[2]  # A read as (K, M) or (M, K)
+        tiles = int32((k + tile_k - 1) // tile_k)  # 32-bit loop control
         for i in range(mt):
             for j in range(nt):
                 for q in range(4):
@@ -495,38 +400,24 @@ def build_kernel(
                 for q in range(acc2_shape[2]):
                     acc2[i, j, q] = ZERO
 
-        # This thread's copy targets (swizzled offsets inside a stage) and row guards.
+        # This thread's copy targets (swizzled offsets inside a stage) and bounds guards, and
+        # this lane's ldmatrix offsets.
         a_r = tid // q_a
         a_c = tid % q_a
         b_r = tid // q_b
         b_c = tid % q_b
-        for p in range(passes_a):
-            r = a_r + p * step_a
-            a_ok[p] = m0 + r < m
-            for i in range(per_a):
-                a_dst[p, i] = r * tile_k + chunk_a(r, a_c + q_a * i) * CHUNK
-        for p in range(passes_b):
-            r = b_r + p * step_b
-            for i in range(per_b):
-                b_dst[p, i] = r * tile_n + chunk_b(r, b_c + q_b * i) * CHUNK
-        for i in range(per_b):
-            b_ok[i] = n0 + (b_c + q_b * i) * CHUNK < c.shape[2]
-        # This lane's ldmatrix rows: A rows wm0 + lane % 16 (+ 16 i), logical chunk
-        # 2 ks + lane // 16 (16 bytes: 8 float16 or 4 float32; one k step is two chunks).
-        # The swizzle repeats every 8 rows, so the i and ks terms are constants added to
-        # these offsets.
-        # TF32 (swapped mma): rows lane % 8 + 8 (lane // 16), chunk 2 ks + lane // 8 % 2, so
-        # that the 4 matrices are k 0-3 and 4-7 of rows 0-7, then of rows 8-15.
-        r = wm0 + (lane % 8 + 8 * (lane // 16) if tf32 else lane % 16)
-        half = lane // 8 % 2 if tf32 else lane // 16
-        for ks in range(ksteps):
-            a_off[ks] = r * tile_k + chunk_a(r, 2 * ks + half) * CHUNK
-        b_offsets(lane, wn0, b_off)
+        targets_a(tid, m0, m, a_dst, a_ok)
+        targets_b(tid, n0, c.shape[2], b_dst, b_ok)
+        if tf32:
+            offsets_tf32(lane, wm0, wn0, a_off, b_off)
+        else:
+            offsets_a(lane, wm0, a_off)
+            offsets_b(lane, wn0, b_off)
 
         for kt in range(ahead):  # prologue: tiles 0 .. stages-2 in flight, a group each
             if kt < tiles:
                 load_tile(
-                    sa, sb, sb2, a, b, b2, bz, m0, n0, kt, kt, a_dst, a_ok, b_dst, b_ok, a_r,
+                    sa, sb, sb2, a, b, b2, bz, m0, n0, k, kt, kt, a_dst, a_ok, b_dst, b_ok, a_r,
                     a_c, b_r, b_c,
                 )  # fmt: skip
             commit()
@@ -535,22 +426,22 @@ def build_kernel(
         # (ldmatrix and cp.async addresses become register + immediate).
         kt = int32(0)
         while kt < tiles:  # a run-time bound: `while`, not range()
-            tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, kt, tiles, 0, fa, fb, acc, acc2, a_off,
-                      b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
+            tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, k, kt, tiles, 0, fa, fb, acc, acc2,
+                      a_off, b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
             kt = int32(kt + 1)
             if kt < tiles:
-                tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, kt, tiles, 1, fa, fb, acc, acc2,
+                tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, k, kt, tiles, 1, fa, fb, acc, acc2,
                           a_off, b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r, b_c)  # fmt: skip
                 kt = int32(kt + 1)
                 if stages > 2 and kt < tiles:
-                    tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, kt, tiles, 2, fa, fb, acc, acc2,
-                              a_off, b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r,
+                    tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, k, kt, tiles, 2, fa, fb, acc,
+                              acc2, a_off, b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r,
                               b_c)  # fmt: skip
                     kt = int32(kt + 1)
                     if stages > 3 and kt < tiles:
-                        tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, kt, tiles, 3, fa, fb, acc,
-                                  acc2, a_off, b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c, b_r,
-                                  b_c)  # fmt: skip
+                        tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, k, kt, tiles, 3, fa, fb,
+                                  acc, acc2, a_off, b_off, a_dst, a_ok, b_dst, b_ok, a_r, a_c,
+                                  b_r, b_c)  # fmt: skip
                         kt = int32(kt + 1)
 
         # Epilogue: lane (g, t) holds rows g, g + 8 and columns 2t, 2t + 1 of each 16 x 8 tile
@@ -567,6 +458,7 @@ def build_kernel(
         f"_w{cfg.num_warps}_s{stages}"
         f"{'_bias' if has_bias else ''}{'' if async_copy else '_sync'}"
         f"{'_dual' if dual else ''}{'_' + activation.name if extras else ''}"
+        f"{'_at' if cfg.trans_a else ''}{'_bt' if cfg.trans_b else ''}"
         f"{name_of(prologue)}"
     )
     return cuda.jit(kernel)
@@ -588,6 +480,9 @@ NAMED = NamedKernels(
         # of 64 x 64.
         "matmul_tc_256x128x64": lambda: tensor_core_matmul(256, 128, 64, 8, 3),
         "matmul_tc_128x256": lambda: tensor_core_matmul(128, 256, 32, 8, 3),
+        # the backward GEMMs' operands, read transposed: x.T of dw = x.T @ dy, w.T of dy @ w.T
+        "matmul_tc_at": lambda: tensor_core_matmul(trans_a=True),
+        "matmul_tc_bt": lambda: tensor_core_matmul(trans_b=True),
     },
 )
 __getattr__ = NAMED.module_getattr
