@@ -291,7 +291,9 @@ def scratch_lengths(variant: Variant, n_kept: int, n_red: int, blocks: int) -> t
     return (splits * n_kept, tiles) if splits > 1 else (1, 1)  # one split writes no partial
 
 
-def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
+def choose_variant(stage: Stage, layout, math: str = "fast", mode: str | None = None) -> Variant:
+    """The variant of ``stage`` over ``layout``; ``mode`` (a row stage's "warp" or "block" per
+    row) where the caller has chosen it."""
     kind, kept_rank, red_rank = stage.kind, layout.kept_rank, layout.red_rank
     bits = index_bits(layout.n_kept, layout.n_red)
     if kind is StageKind.ELEMENTWISE:
@@ -304,7 +306,7 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
         return Variant(kind, kept_rank, red_rank, "split", vector=vector, math=math)
     if kind is not StageKind.ROW:
         return Variant(kind, kept_rank, red_rank, math=math)
-    mode = "warp" if layout.n_red <= WARP_ROW_MAX else "block"
+    mode = mode or ("warp" if layout.n_red <= WARP_ROW_MAX else "block")
     vector = 1
     if red_rank == 1:
         vector = _vector_width(layout.views, kept_rank, True)
@@ -336,6 +338,12 @@ def choose_variant(stage: Stage, layout, math: str = "fast") -> Variant:
     groups = threads // WARP if mode == "warp" else 1
     staged_keys = frozenset(stage.leaves[i].key for i in staged)
     cache = 0 < layout.n_red <= cache_length(stage, groups, staged_keys)
+    # A warp's registers cannot hold the row's kept values (softmax's backward keeps y and dy:
+    # 8 B per float32 element), nor shared memory the block's rows: a block per row holds them
+    # in its threads' registers, so each row is read once, not once per pass.
+    block_row = red_rank == 1 and register_chunks(stage, layout.n_red, vector, BLOCK)
+    if mode == "warp" and not chunks and not cache and block_row:
+        return choose_variant(stage, layout, math, mode="block")
     if chunks:  # the row lives in registers: no shared cache, no loops over it
         exact = layout.n_red == length
         return Variant(

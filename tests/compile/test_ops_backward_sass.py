@@ -85,3 +85,32 @@ def test_cross_entropy_backward_inspected_is_one_row_kernel(arch, record_propert
         f"{arch} cross_entropy backward float16 4096 x 32000: {main.registers} registers, "
         f"{main.instructions_per_element(8, loop):.2f} instructions per logit in its chunk loop",
     )
+
+
+def per_element(op, x, arch, **kwargs) -> tuple:
+    """(report, instructions per element) of a row op's one kernel (no row loop: the whole
+    kernel over the elements a thread holds, a warp's or a block's share of the row)."""
+    (report,) = op.inspect(x, arch=arch, **kwargs)
+    (stage,) = op.explain(x, **kwargs).stages
+    lanes = 32 if "rows reduced by a warp" in stage else report.block
+    return report, report.instructions / (x.shape[1] // lanes)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_softmax_backward_per_element_beside_the_forward(arch, record_property):
+    """ops.softmax's and ops.log_softmax's backward: one row kernel with the row in registers
+    (softmax's y and dy at 1,024 float32 columns: a block per row), 16-byte loads, 0 spills; the
+    instructions per element printed beside the forward's."""
+    for n in (1024, 4096):
+        x = np.zeros((4096, n), np.float32)
+        for name in ("softmax", "log_softmax"):
+            op = getattr(ops, name)
+            forward, f_per = per_element(op, x, arch)
+            backward, b_per = per_element(op, x, arch, backward=True)
+            assert backward.spill_stores == backward.spill_loads == 0, backward
+            assert not backward.uses_local_memory and backward.count("LDG.E.128") >= 2, backward
+            record_property(
+                "resources",
+                f"{arch} {name} 4096 x {n} float32: forward {f_per:.2f} instructions per "
+                f"element, backward {b_per:.2f} ({backward.registers} registers)",
+            )

@@ -402,14 +402,16 @@ def test_prebuilt_ops_on_hand_written_kernels_say_they_have_no_gradient_yet():
         tt.vjp(ops.attention, q, q, q)
 
 
+@pytest.mark.parametrize("columns", [512, 1024])
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
-def test_softmax_backward_is_one_row_kernel_reading_y_and_dy_once(name, side):
+def test_softmax_backward_is_one_row_kernel_reading_y_and_dy_once(name, columns, side):
     """ops.softmax and ops.log_softmax have a backward of their own, from the result: dx from
-    y and dy in one row kernel (y and dy read once, dx written once, while the values a row
-    keeps fit a lane's 32 registers: softmax keeps y and dy, to 512 float32)."""
+    y and dy in one row kernel, y and dy read once and dx written once: a warp per row while
+    the values a row keeps fit a lane's 32 registers (softmax keeps y and dy, to 512 float32),
+    a block per row past that."""
     from tessera_tile import ops
 
-    x = np.random.default_rng(8).standard_normal((8, 512)).astype(np.float32)
+    x = np.random.default_rng(8).standard_normal((8, columns)).astype(np.float32)
     y, pullback = tt.vjp(getattr(ops, name), *on(side, x))
     report = pullback.explain(y)
     assert report.kernels == 1 and report.bytes_fused == 3 * x.nbytes, report
@@ -417,16 +419,24 @@ def test_softmax_backward_is_one_row_kernel_reading_y_and_dy_once(name, side):
 
 
 @pytest.mark.sim_only(reason="the profiler measures traffic in the simulator only")
-def test_softmax_backward_moves_what_it_plans():
+@pytest.mark.parametrize("columns", [512, 1024])
+def test_softmax_backward_moves_what_it_plans(columns):
+    """The traffic measured is the plan's, and dx = y * (dy - sum(dy * y)) against float64
+    (float32's tolerance, RTOL, relative to the largest element)."""
     from tessera_tile import ops
 
-    x = np.random.default_rng(9).standard_normal((8, 512)).astype(np.float32)
+    rng = np.random.default_rng(9)
+    x, g = (rng.standard_normal((8, columns)).astype(np.float32) for _ in range(2))
     y, pullback = tt.vjp(ops.softmax, *on("device", x))
-    dy = on("device", np.ones_like(x))[0]
+    dy = on("device", g)[0]
     with tt.sim.profile() as prof:
         (dx,) = pullback(dy)
     assert prof.bytes_read + prof.bytes_written == 3 * x.nbytes
-    np.testing.assert_allclose(back(dx, "device"), 0, atol=1e-6)  # sum(y) = 1: dx = y * (1 - 1)
+    p = np.exp(x - x.max(-1, keepdims=True).astype(np.float64))
+    p /= p.sum(-1, keepdims=True)
+    want = p * (g - (g * p).sum(-1, keepdims=True))
+    rtol = RTOL[np.dtype(np.float32)]
+    np.testing.assert_allclose(back(dx, "device"), want, rtol=rtol, atol=rtol * abs(want).max())
 
 
 # fused functions drawn by hypothesis: expression trees over two arguments, (3, 5) and (5,)
