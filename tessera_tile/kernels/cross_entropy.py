@@ -47,14 +47,13 @@ THREADS = WARP_SIZE * WARPS_PER_BLOCK
 FULL_MASK = 0xFFFFFFFF
 
 
-def _make(ct, vector: int, bf16: bool = False, bf16_losses: bool = False):
-    """The kernel computing in ``ct`` (float32 or float64) for logits of ``16 // vector``
-    bytes; closes over its constants (a constant ``vector`` keeps divisions by it shifts).
-    ``bf16``: the logits are bfloat16 bits, widened exactly; ``bf16_losses``: the losses too
-    (reduction "none"), each rounded once."""
+def row_statistics(ct, vector: int, bf16: bool = False):
+    """``stats(logits, row, t, lane)``: the row's maximum ``m``, sum ``s`` of ``exp(x - m)``
+    and ``x[t]``, in ``ct`` (float32 or float64) for logits of ``16 // vector`` bytes
+    (``bf16``: bfloat16 bits, widened exactly), in every lane of the warp that reads it."""
     zero, one = ct(0.0), ct(1.0)
     widen = bf16_to_f32 if bf16 else ct
-    neg_inf, nan = ct(-math.inf), ct(math.nan)
+    neg_inf = ct(-math.inf)
     # exp(x - m) of a chunk's elements: ex2.approx (an FMUL and a MUFU.EX2, no libdevice
     # range reduction) in float32, as the composer's softmax; libdevice's exp in float64
     exp_shifted = math.exp if ct is float64 else exp_approx
@@ -74,6 +73,74 @@ def _make(ct, vector: int, bf16: bool = False, bf16_losses: bool = False):
             return m, s + math.exp(x - m)  # a NaN x makes s NaN; inf - inf too, as PyTorch
         return x, s  # m is -inf, x is -inf or NaN: a NaN becomes the maximum and stays
 
+    @cuda.jit(device=True, **INLINE)
+    def stats(logits, row, t, lane):
+        n_cols = logits.shape[1]
+        m, s, picked = neg_inf, zero, zero
+        j = lane
+        if logits.strides[1] == logits.itemsize and aligned16(logits, (row, 0)):
+            # 16-byte loads: lane takes chunks lane, lane + 32, ... of the row
+            # per chunk: its maximum, one rescale of the sum, then each element's exp
+            # added without a branch (a chunk of -inf adds nothing: its exps are skipped)
+            chunk = lane
+            while chunk < n_cols // vector:
+                vals = load16(logits, (row, chunk * vector))
+                base = chunk * vector
+                top = m
+                for k in range(vector):
+                    x = widen(vals[k])
+                    top = max_nan(top, x)
+                    picked = x if base + k == t else picked
+                s = rescaled(m, s, top)
+                m = top
+                if m != neg_inf:
+                    for k in range(vector):
+                        s += exp_shifted(widen(vals[k]) - m)
+                chunk += WARP_SIZE
+            j = (n_cols // vector) * vector + lane  # the tail: fewer than one chunk
+        while j < n_cols:
+            x = widen(logits[row, j])
+            m, s = online(m, s, x)
+            if j == t:
+                picked = x
+            j += WARP_SIZE
+        offset = WARP_SIZE // 2
+        while offset > 0:
+            m2 = cuda.shfl_xor_sync(FULL_MASK, m, offset)
+            s2 = cuda.shfl_xor_sync(FULL_MASK, s, offset)
+            picked += cuda.shfl_xor_sync(FULL_MASK, picked, offset)
+            top = max_nan(m, m2)
+            if top != neg_inf:  # +inf or NaN: exp(NaN) makes s NaN
+                s = s * math.exp(m - top) + s2 * math.exp(m2 - top)
+            m = top
+            offset //= 2
+        return m, s, picked
+
+    return stats
+
+
+def row_loss(ct):
+    """``loss(m, s, picked, t, n_cols, ignore_index)``: (the row's loss, 1 if counted else 0)."""
+    zero, one, nan = ct(0.0), ct(1.0), ct(math.nan)
+
+    @cuda.jit(device=True, **INLINE)
+    def loss(m, s, picked, t, n_cols, ignore_index):
+        if t == ignore_index:
+            return zero, zero
+        if t < 0 or t >= n_cols:
+            return nan, one
+        return (m - picked) + math.log(s), one  # m - picked is exact near m
+
+    return loss
+
+
+def _make(ct, vector: int, bf16: bool = False, bf16_losses: bool = False):
+    """The kernel computing in ``ct`` (float32 or float64) for logits of ``16 // vector``
+    bytes; closes over its constants (a constant ``vector`` keeps divisions by it shifts).
+    ``bf16``: the logits are bfloat16 bits, widened exactly; ``bf16_losses``: the losses too
+    (reduction "none"), each rounded once."""
+    stats, row_loss_of = row_statistics(ct, vector, bf16), row_loss(ct)
+
     def cross_entropy_rows(logits, targets, loss, valid, ignore_index, write_valid):
         n_rows, n_cols = logits.shape
         lane = cuda.threadIdx.x % WARP_SIZE
@@ -84,53 +151,9 @@ def _make(ct, vector: int, bf16: bool = False, bf16_losses: bool = False):
             if lane == 0:
                 t = targets[row]
             t = cuda.shfl_sync(FULL_MASK, t, 0)  # one read of the target per row
-            m, s, picked = neg_inf, zero, zero
-            j = lane
-            if logits.strides[1] == logits.itemsize and aligned16(logits, (row, 0)):
-                # 16-byte loads: lane takes chunks lane, lane + 32, ... of the row
-                # per chunk: its maximum, one rescale of the sum, then each element's exp
-                # added without a branch (a chunk of -inf adds nothing: its exps are skipped)
-                chunk = lane
-                while chunk < n_cols // vector:
-                    vals = load16(logits, (row, chunk * vector))
-                    base = chunk * vector
-                    top = m
-                    for k in range(vector):
-                        x = widen(vals[k])
-                        top = max_nan(top, x)
-                        picked = x if base + k == t else picked
-                    s = rescaled(m, s, top)
-                    m = top
-                    if m != neg_inf:
-                        for k in range(vector):
-                            s += exp_shifted(widen(vals[k]) - m)
-                    chunk += WARP_SIZE
-                j = (n_cols // vector) * vector + lane  # the tail: fewer than one chunk
-            while j < n_cols:
-                x = widen(logits[row, j])
-                m, s = online(m, s, x)
-                if j == t:
-                    picked = x
-                j += WARP_SIZE
-            offset = WARP_SIZE // 2
-            while offset > 0:
-                m2 = cuda.shfl_xor_sync(FULL_MASK, m, offset)
-                s2 = cuda.shfl_xor_sync(FULL_MASK, s, offset)
-                picked += cuda.shfl_xor_sync(FULL_MASK, picked, offset)
-                top = max_nan(m, m2)
-                if top != neg_inf:  # +inf or NaN: exp(NaN) makes s NaN
-                    s = s * math.exp(m - top) + s2 * math.exp(m2 - top)
-                m = top
-                offset //= 2
+            m, s, picked = stats(logits, row, t, lane)
             if lane == 0:
-                counted = one
-                if t == ignore_index:
-                    value = zero
-                    counted = zero
-                elif t < 0 or t >= n_cols:
-                    value = nan
-                else:
-                    value = (m - picked) + math.log(s)  # m - picked is exact near m
+                value, counted = row_loss_of(m, s, picked, t, n_cols, ignore_index)
                 if bf16_losses:
                     loss[row] = f32_to_bf16(value)
                 else:

@@ -36,6 +36,7 @@ class _CrossEntropy(HandWritten):
     targets: arrays.Arg
     reduction: str
     ignore_index: int
+    gradient_in_forward: bool = False  # tt.vjp's forward writes the logits' gradient too
 
     @property
     def out_shape(self) -> tuple:
@@ -177,33 +178,106 @@ class _CrossEntropy(HandWritten):
 
     def gradient_run(self):
         """The loss, with each row's loss kept in the compute dtype (and the rows counted) for
-        the backward: the row kernel as for ``"mean"``, then the reduction or the cast."""
+        the backward: the row kernel as for ``"mean"``, then the reduction or the cast. With
+        ``gradient_in_forward``, the logits' gradient instead, written by the row kernel."""
         place = arrays.Placement(list(self.inputs().values()), [], None)
         records = [place.device(r) for r in self.inputs().values()]
         n = self.logits.shape[0]
         loss, valid = place.temp((n,), self.compute), place.temp((n,), self.compute)
         handles = [arrays.device_handle(r) for r in records] + [loss.value, valid.value]
-        counting = dataclasses.replace(self, reduction="mean")
-        launch.run(counting.launches(records, loss), handles, place.stream, self.label)
+        if self.gradient_in_forward:
+            grad = place.temp(self.logits.shape, self.dtype)
+            launches = self._forward_gradient(place, records, grad, handles)
+        else:
+            launches = dataclasses.replace(self, reduction="mean").launches(records, loss)
+        launch.run(launches, handles, place.stream, self.label)
         result = place.result(self.out_shape, self.dtype)
         if self.reduction == "none":
             _definitions.cast(self.dtype)(loss.value, out=result.value, stream=place.stream)
         else:
             args = (loss.value, valid.value) if self.reduction == "mean" else (loss.value,)
             self._reducer()(*args, out=result.value, stream=place.stream)
-        return place.finish(result.value), (loss, valid)
+        # the held gradient, and whether a pullback has handed it over
+        saved = (grad, [False]) if self.gradient_in_forward else (loss, valid)
+        return place.finish(result.value), saved
+
+    def _forward_gradient(self, place, records, grad, handles) -> list:
+        """The row kernel that writes the gradient too (scaled by one over the rows counted
+        for ``"mean"``), its arrays appended to ``handles``."""
+        n = self.logits.shape[0]
+        scale = None
+        if self.reduction == "mean":  # 1 / rows counted, before any row is read
+            count = _definitions.valid_reciprocal(self.compute.name)
+            scale = count(records[1].value, self.ignore_index, stream=place.stream)
+        handles += [grad.value, scale if scale is not None else handles[3]]  # (unused: valid)
+        if not n or not self.logits.shape[1]:
+            return []
+        bits = self.bits
+        params = (
+            View(0, dtype=bits), View(1), View(2), View(3), View(4, dtype=bits),
+            View(5, (1,), (0,)), self.ignore_index, scale is None,
+        )  # fmt: skip
+        ct = types.Array(from_dtype(self.compute), 1, "C")
+        logits = records[0] if bits is None else records[0]._replace(dtype=bits)
+        grad_type = types.Array(from_dtype(storage_dtype(self.dtype)), 2, "C")
+        scale_type = types.Array(from_dtype(self.compute), 1, "A")
+        signature = (numba_type(logits), numba_type(records[1]), ct, ct, grad_type, scale_type,
+                     types.int64, types.boolean)  # fmt: skip
+        kernel = _backward_rows.kernel(None if bits is not None else self.dtype, forward=True)
+        blocks = -(-n // _cross_entropy.WARPS_PER_BLOCK)
+        return [KernelLaunch(kernel, blocks, _cross_entropy.THREADS, params, signature)]
 
     def gradient_plan(self, saved, cotangent):
         g = arrays.read(cotangent, "cotangent 0")
         if g.is_array:
             arrays.check_one_side([self.logits, g], ["logits", "cotangent 0"])
+        if self.gradient_in_forward:
+            return _HeldGradient(self, *saved, g)
         return _CrossEntropyBackward(self, *saved, g)
 
     def gradient_stand_ins(self) -> tuple:
         n = (self.logits.shape[0],)
         device = self.logits._replace(kind=arrays.DEVICE)
         saved = (stand_in(n, self.compute, device), stand_in(n, self.compute, device))
+        if self.gradient_in_forward:
+            saved = (stand_in(self.logits.shape, self.dtype, device), [False])
         return saved, stand_in(self.out_shape, self.dtype, self.logits)
+
+
+@dataclass
+class _HeldGradient:
+    """The logits' gradient the forward wrote (``gradient_in_forward``), for the loss's
+    cotangent ``g``: handed over as it is for a cotangent of 1 given as a number (the first
+    time: the pullback holds one array), else scaled by ``g`` in one elementwise kernel."""
+
+    forward: _CrossEntropy
+    grad: arrays.Arg
+    handed: list  # [True] once a pullback has handed the array over
+    cotangent: arrays.Arg
+
+    def _scaling(self):
+        fn = _definitions.scaled_gradient(self.forward.dtype.name, self.forward.compute.name)
+        g = self.cotangent
+        if g.kind == arrays.HOST:  # a host call's 0-d cotangent: its number (the held
+            g = 1.0 if g.value is None else g.value[()]  # gradient is on the device)
+        return fn, (self.grad, g)
+
+    def grads(self) -> tuple:
+        g = self.cotangent
+        place = arrays.Placement([self.forward.logits], [], None)  # the caller's side
+        if g.kind == arrays.SCALAR and g.value == 1 and not self.handed[0]:
+            self.handed[0] = True
+            return place.finish(self.grad.value), None
+        fn, args = self._scaling()
+        return place.finish(fn(*args)), None
+
+    def explain(self):
+        fn, args = self._scaling()
+        return fn.explain(*args)
+
+    def inspect(self, arch: str) -> list:
+        fn, args = self._scaling()
+        return fn.inspect(*args, arch=arch)
 
 
 @dataclass
@@ -342,7 +416,8 @@ class _CrossEntropyBackward(HandWritten):
         return int(np.sum(steps, dtype=np.int64))
 
 
-def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
+def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100,
+                  gradient_in_forward=False):  # fmt: skip
     """Cross-entropy of ``logits`` (N, C) against integer ``targets`` (N,), as in PyTorch.
 
     The loss of a row is ``logsumexp(row) - row[target]``; rows whose target is
@@ -356,6 +431,13 @@ def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
     ``ValueError`` before launch when the targets are on the host, and gives a NaN loss for its
     row when they are on the device. One hand-written kernel reads each logit once and writes
     no probabilities; ``"mean"`` and ``"sum"`` add a fused full reduction of the N losses.
+
+    ``gradient_in_forward`` (``"mean"`` and ``"sum"``) matters under ``tt.vjp`` only: its
+    forward's row kernel writes the logits' gradient too, reading each row a second time right
+    after the first, and the pullback hands that array over for a cotangent of 1 (a number),
+    or scales it by the cotangent in one elementwise kernel; the backward never reads the
+    logits. Without it the forward keeps each row's loss and the backward makes one pass over
+    the logits.
     """
     x = array_arg(logits, "logits", COMPOSED_FLOATS, "cross_entropy")
     if len(x.shape) != 2:
@@ -373,6 +455,16 @@ def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
     ignore_index = int(ignore_index)
+    if not isinstance(gradient_in_forward, bool | np.bool_):
+        raise TypeError(
+            f"gradient_in_forward must be a bool, got {type(gradient_in_forward).__name__}"
+        )
+    if gradient_in_forward and reduction == "none":
+        raise ValueError(
+            "gradient_in_forward needs a scalar loss (reduction 'mean' or 'sum'): with 'none' "
+            "each row's cotangent scales its gradient, the pass over the logits the backward "
+            "makes anyway"
+        )
     if t.kind == arrays.HOST:
         tv = t.value
         bad = (tv != ignore_index) & ((tv < 0) | (tv >= x.shape[1]))
@@ -382,7 +474,7 @@ def cross_entropy(logits, targets, *, reduction="mean", ignore_index=-100):
                 f"targets[{row}] = {int(tv[row])} is outside [0, {x.shape[1]}) and is not "
                 f"ignore_index ({ignore_index})"
             )
-    return _CrossEntropy(x, t, reduction, ignore_index)
+    return _CrossEntropy(x, t, reduction, ignore_index, bool(gradient_in_forward))
 
 
 cross_entropy = PrebuiltOp(cross_entropy)

@@ -222,6 +222,28 @@ def mean_loss_scale(dtype: str) -> tt.FusedFunction:
     return tt.fuse(mean_loss_scale)
 
 
+@functools.cache
+def valid_reciprocal(dtype: str) -> tt.FusedFunction:
+    """One over the rows cross-entropy counts, ``1 / sum(targets != ignore_index)``, as
+    ``dtype``: the ``"mean"`` gradient's scale before any row is read."""
+
+    def valid_reciprocal(targets, ignore_index):
+        return 1.0 / tt.sum(tt.astype(targets != ignore_index, dtype))
+
+    return tt.fuse(valid_reciprocal)
+
+
+@functools.cache
+def scaled_gradient(dtype: str, compute: str) -> tt.FusedFunction:
+    """``grad * g`` in ``compute``, as ``dtype``: a gradient the forward wrote, scaled by the
+    loss's cotangent."""
+
+    def scaled_gradient(grad, g):
+        return tt.astype(tt.astype(grad, compute) * tt.astype(g, compute), dtype)
+
+    return tt.fuse(scaled_gradient)
+
+
 # --------------------------------------------------------------------------------------------
 # the matmul family, as the composer differentiates it (the ops run hand-written GEMMs)
 

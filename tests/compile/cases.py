@@ -201,6 +201,23 @@ CASES = [
     *(
         Case(
             "tessera_tile.kernels.cross_entropy_backward",
+            f"cross_entropy_forward_gradient_{name}",  # gradient_in_forward: the loss, then dx
+            f"void({dt}[:, ::1], int64[::1], {ct}[::1], {ct}[::1], {dt}[:, ::1], {ct}[:], int64, "
+            "boolean)",
+            budget={"sm_80": regs, "sm_90": regs},
+            block=128,
+            opcodes={"SHFL": 10, "LDG.E.128": 2, "STG.E.128": 1} | ({} if ct == "float64" else EX2),
+        )
+        for name, dt, ct, regs in (
+            ("f16", "float16", "float32", 44),
+            ("f32", "float32", "float32", 52),
+            ("f64", "float64", "float64", 68),
+            ("bf16", "uint16", "float32", 44),  # bfloat16 as its bits
+        )
+    ),
+    *(
+        Case(
+            "tessera_tile.kernels.cross_entropy_backward",
             f"cross_entropy_backward_{name}",
             f"void({dt}[:, ::1], int64[::1], {ct}[::1], {ct}[:], {dt}[:, ::1], int64)",
             budget={"sm_80": regs, "sm_90": regs},

@@ -38,11 +38,11 @@ def reference(x, t, g, reduction, ignore_index=-100):
     return d * g / (counted.sum() if reduction == "mean" else 1)
 
 
-def gradient(x, t, g, reduction, side, ignore_index=-100):
+def gradient(x, t, g, reduction, side, ignore_index=-100, **options):
     xs, ts = on(side, x, t)
     gs = on(side, g)[0] if reduction == "none" else g
     loss, pullback = tt.vjp(
-        ops.cross_entropy, xs, ts, reduction=reduction, ignore_index=ignore_index
+        ops.cross_entropy, xs, ts, reduction=reduction, ignore_index=ignore_index, **options
     )
     want = ops.cross_entropy(x, t, reduction=reduction, ignore_index=ignore_index)
     np.testing.assert_array_equal(np.asarray(back(loss, side)), want)  # the forward's result
@@ -51,8 +51,8 @@ def gradient(x, t, g, reduction, side, ignore_index=-100):
     return back(dx, side), pullback.explain(gs)
 
 
-def check(x, t, g, reduction, side, ignore_index=-100):
-    got, report = gradient(x, t, g, reduction, side, ignore_index)
+def check(x, t, g, reduction, side, ignore_index=-100, **options):
+    got, report = gradient(x, t, g, reduction, side, ignore_index, **options)
     want = reference(x, t, g, reduction, ignore_index)
     assert got.shape == x.shape and got.dtype == x.dtype
     scale = np.max(np.abs(want[np.isfinite(want)]), initial=0.0)
@@ -166,3 +166,71 @@ def test_traffic_is_the_plan():
     assert prof.bytes_read + prof.bytes_written == report.bytes_fused
     assert report.bytes_fused == 2 * x.nbytes + 12 * (8 + 4 + 4 + 4)
     assert prof.races == [] and prof.out_of_bounds == []
+
+
+# ---------------------------------------------------------------------------------------------
+# gradient_in_forward: the forward's row kernel writes the gradient, the pullback hands it over
+
+
+@pytest.mark.parametrize(
+    ("dtype", "reduction", "g"),
+    [(np.float32, "mean", 1.0), (np.float16, "sum", 1.0), (BF16, "mean", 1.0),
+     (np.float64, "sum", 1.0), (np.float32, "sum", -2.5)],
+    ids=["float32-mean", "float16-sum", "bfloat16-mean", "float64-sum", "float32-scaled"],
+)  # fmt: skip
+def test_gradient_in_forward_matches_pytorchs_formula(dtype, reduction, g, side):
+    """The same reference and tolerances as the backward kernel's; rows of 16-byte chunks and
+    a tail, an ignored row; a cotangent other than 1 scales the held gradient."""
+    x, t, _ = data(9, 70, dtype, seed=11, ignored=(2,))
+    check(x, t, g, reduction, side, gradient_in_forward=True)
+
+
+def test_gradient_in_forward_nan_infinities_and_ignored_rows():
+    """The backward kernel's rules (test_nan_infinities_and_ignored_rows)."""
+    x, t, _ = data(6, 40, np.float32, seed=4, ignored=(4,))
+    x[0, 5], x[1, 7], x[2], x[3, 9], x[4, 0] = np.nan, np.inf, -np.inf, -np.inf, np.inf
+    got, _ = gradient(x, t, 1.0, "mean", "host", gradient_in_forward=True)
+    two_pass, _ = gradient(x, t, 1.0, "mean", "host")
+    assert np.isnan(got[:3]).all() and got[3, 9] == 0
+    np.testing.assert_array_equal(got[4], 0)
+    np.testing.assert_allclose(got[3:], two_pass[3:], rtol=4e-6, atol=1e-7)
+
+
+@pytest.mark.sim_only(reason="the profiler measures traffic in the simulator only")
+def test_gradient_in_forward_traffic_and_the_handed_array():
+    """The forward's row kernel reads each row twice (the same warp, back to back) and writes
+    the gradient once; a pullback for a cotangent of 1 launches nothing and hands over that
+    array (on the device: the same array again scaled for another cotangent), any other
+    cotangent one elementwise kernel."""
+    x, t, _ = data(12, 64, np.float32, seed=7, ignored=(3,))
+    xd, td = on("device", x, t)
+    with sim.profile() as prof:
+        loss, pullback = tt.vjp(
+            ops.cross_entropy, xd, td, reduction="sum", gradient_in_forward=True
+        )
+    row_kernel = {k: rw for (name, k), rw in prof.traffic.items() if "with_gradient" in name}
+    assert row_kernel["logits"] == [2 * x.nbytes, 0] and row_kernel["grad"] == [0, x.nbytes]
+    assert prof.races == [] and prof.out_of_bounds == []
+    with sim.profile() as prof:
+        (dx, _) = pullback(1.0)
+    assert prof.launches == 0
+    want = reference(x, t, 1.0, "sum")
+    np.testing.assert_allclose(back(dx, "device"), want, atol=4e-6)
+    with sim.profile() as prof:
+        (scaled, _) = pullback(3.0)
+    assert prof.launches == 1 and prof.bytes_read + prof.bytes_written == 2 * x.nbytes
+    np.testing.assert_allclose(back(scaled, "device"), 3 * want, atol=2e-5)
+    np.testing.assert_allclose(back(loss, "device"), ops.cross_entropy(x, t, reduction="sum"))
+
+
+def test_gradient_in_forward_is_checked():
+    x, t, _ = data(4, 16, np.float32, seed=1)
+    with pytest.raises(ValueError, match="scalar loss"):
+        ops.cross_entropy(x, t, reduction="none", gradient_in_forward=True)
+    with pytest.raises(TypeError, match="gradient_in_forward must be a bool"):
+        ops.cross_entropy(x, t, gradient_in_forward=1)
+    report = ops.cross_entropy.explain(x, t, gradient_in_forward=True, backward=True)
+    assert report.kernels == 1 and report.bytes_fused == 2 * x.nbytes  # the scaling kernel
+    _, pullback = tt.vjp(ops.cross_entropy, x, t, gradient_in_forward=True)
+    (dx, _) = pullback(np.array(2.0, np.float32))  # a host call's 0-d cotangent
+    np.testing.assert_allclose(dx, reference(x, t, 2.0, "mean"), atol=1e-6)
