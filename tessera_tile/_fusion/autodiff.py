@@ -398,6 +398,20 @@ def _matmul(node, g):
     return matmul(g, swapaxes(b, -1, -2)), matmul(swapaxes(a, -1, -2), g)
 
 
+def _sum_of_product(node, g):
+    """``g`` for both terms of ``a + b`` (``-g`` for the second of ``a - b``); where a term is
+    a 16-bit product in the sum's dtype, rounded to that dtype first, as the product's own rule
+    would round it (:func:`_matmul`): the other term's gradient (a bias's column sum) then
+    reads the array the backward GEMMs read, as PyTorch's 16-bit autograd does, instead of a
+    second GEMM recomputing the value before its rounding."""
+    dtype = node.dtype
+    if g.dtype != dtype and np.dtype(dtype).itemsize == 2 and any(
+        s.op is Op.MATMUL and s.dtype == dtype for s in node.srcs
+    ):
+        g = _rounded(g, dtype)
+    return g, (-g if node.op is Op.SUB else g)
+
+
 def _rounded(g: Traced, dtype) -> Traced:
     """``g`` as ``dtype``: the value it was widened from where it is a cast of one (the
     round trip is exact, and the GEMM then reads the 16-bit array on tensor cores)."""
@@ -436,8 +450,8 @@ RULES = {
     Op.GELU_TANH: _gelu_tanh,
     Op.SILU: _silu,
     Op.CAST: lambda n, g: (g,),
-    Op.ADD: lambda n, g: (g, g),
-    Op.SUB: lambda n, g: (g, -g),
+    Op.ADD: _sum_of_product,
+    Op.SUB: _sum_of_product,
     Op.MUL: lambda n, g: (g * _v(n.srcs[1]), g * _v(n.srcs[0])),
     Op.TRUEDIV: lambda n, g: (g / _v(n.srcs[1]), -g * _v(n) / _v(n.srcs[1])),
     Op.POW: _pow,
