@@ -273,6 +273,19 @@ def test_float16_strided_operands(side, view, config):
     assert "was given" not in reasons
 
 
+def test_a_tile_that_cannot_stage_a_transposed_operand_is_replaced():
+    """96 rows of A are 12 chunks, no power of two: A read transposed takes the anchor's
+    128 x 128 x 32 tile of the config's warps and stages, and explain says so."""
+    rng = np.random.default_rng(17)
+    a_base, b = rand(rng, (40, 32), np.float16), rand(rng, (40, 24), np.float16)
+    config = TileConfig(96, 64, 32, 4, 2, dtype="float16")
+    a, db = transposed(on("device", a_base)[0]), on("device", b)[0]
+    got = back(ops.matmul(a, db, config=config), "device")
+    check(got, *reference(a_base.T, b), np.float16)
+    reasons = " ".join(ops.matmul.explain(a, db, config=config).reasons)
+    assert "cannot stage a transposed operand" in reasons and "128x128x32" in reasons, reasons
+
+
 def test_float16_default_tunes_among_float16_tiles_where_a_gpu_times(monkeypatch):
     """Where a GPU times configs, a float16 call without config= times only the tiles the
     model does not score inf for float16. The tuner used to time the float32 SIMT tiles too and

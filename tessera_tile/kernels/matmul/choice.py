@@ -180,7 +180,13 @@ def choose_kernel(
                 f"{names_t} transposed in memory (the transpose of a row-major array): read in "
                 "place by the mma.sync kernel, each tile staged as it lies"
             )
-            config = transposable(config, transposed)
+            staged = transposable(config, transposed)
+            if staged != config:
+                reasons.append(
+                    f"tile {config} cannot stage a transposed operand (a staged row must be 8 "
+                    f"times a power of two, its copies split evenly over the block): {staged}"
+                )
+            config = staged
         c = config
         signature = f"void({', '.join(types)})"
         warpgroups = None
