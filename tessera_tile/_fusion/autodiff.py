@@ -405,8 +405,10 @@ def _sum_of_product(node, g):
     reads the array the backward GEMMs read, as PyTorch's 16-bit autograd does, instead of a
     second GEMM recomputing the value before its rounding."""
     dtype = node.dtype
-    if g.dtype != dtype and np.dtype(dtype).itemsize == 2 and any(
-        s.op is Op.MATMUL and s.dtype == dtype for s in node.srcs
+    if (
+        g.dtype != dtype
+        and np.dtype(dtype).itemsize == 2
+        and any(s.op is Op.MATMUL and s.dtype == dtype for s in node.srcs)
     ):
         g = _rounded(g, dtype)
     return g, (-g if node.op is Op.SUB else g)
