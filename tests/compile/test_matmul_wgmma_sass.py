@@ -37,7 +37,7 @@ GELU = epilogue.ACTIVATIONS["gelu"]
 def build(cfg: wg.WgmmaConfig, activation=None):
     kernel = wg.wgmma_matmul(
         *cfg[:5], activation=activation, has_bias=cfg.has_bias, bf16=cfg.bf16,
-        producer=cfg.producer,
+        producer=cfg.producer, trans_a=cfg.trans_a, trans_b=cfg.trans_b,
     )  # fmt: skip
     return inspect.compile(
         kernel,
@@ -62,6 +62,9 @@ CASES = [
     ("f16 128x128x32 3 stages", wg.WgmmaConfig(128, 128, 32, 8, 3), None),
     ("f16 128x128x32 one warpgroup", wg.WgmmaConfig(128, 128, 32, 4, 3), None),
     ("f16 128x128x64 one warpgroup", wg.WgmmaConfig(128, 128, 64, 4, 3), None),
+    # the backward GEMMs' transposed operands, read in place: A MN-major, B K-major
+    ("f16 A transposed", wg.DEFAULT._replace(trans_a=True), None),
+    ("bf16 B transposed", wg.DEFAULT._replace(trans_b=True, bf16=True), None),
 ]
 
 
@@ -112,6 +115,7 @@ WS_CASES = [
     ("bf16 bias gelu", wg.DEFAULT._replace(producer=True, has_bias=True, bf16=True), GELU),
     ("f16 128x256x64 3 stages", wg.WgmmaConfig(128, 256, 64, 8, 3, producer=True), None),
     ("f16 128x128x64 one warpgroup", wg.WgmmaConfig(128, 128, 64, 4, 3, producer=True), None),
+    ("f16 both transposed", wg.DEFAULT._replace(producer=True, trans_a=True, trans_b=True), None),
 ]
 
 

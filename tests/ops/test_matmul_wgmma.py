@@ -450,3 +450,62 @@ def test_the_tuner_offers_warp_specialised_tiles_that_only_a_measurement_picks(s
     assert_close(got[None], *reference(a, b), False)
     with pytest.raises(ValueError, match="runs only on sm_90a"):
         ops.matmul(*on(side, a[0], b[0]), config=cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transposed operands (the backward GEMMs' x.T and w.T): A MN-major, B K-major, read in place
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("trans_a", "trans_b"), [(True, False), (False, True), (True, True)],
+    ids=["a_t", "b_t", "both_t"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    ("cfg", "shape", "bf16"),
+    [(ONE_GROUP, (1, 72, 80, 48), False), (TWO_BLOCKS, (2, 136, 64, 136), True),
+     (TWO_GROUPS, (1, 128, 72, 40), False)],
+    ids=["one-group-f16", "two-blocks-bf16", "two-groups-f16"],
+)  # fmt: skip
+def test_transposed_operands_match_numpy(trans_a, trans_b, cfg, shape, bf16):
+    """The kernel takes A as its (K, M) array and B as its (N, K) one: edges of M, N and K,
+    64- and 128-byte swizzled rows, one and two warpgroups and accumulators, a batch."""
+    batch, m, n, k = shape
+    a, b, bias = operands(batch, m, n, k, seed=m + n, bf16=bf16)
+    a_mem = np.ascontiguousarray(a.transpose(0, 2, 1)) if trans_a else a
+    b_mem = np.ascontiguousarray(b.transpose(0, 2, 1)) if trans_b else b
+    dtype = BF16 if bf16 else np.float16
+    c = np.full((batch, m, n), np.nan, dtype)
+    kernel = wg.wgmma_matmul(*cfg, bf16=bf16, trans_a=trans_a, trans_b=trans_b)
+    p = wg.plan(batch, m, n, k, wg.WgmmaConfig(*cfg, bf16=bf16, trans_a=trans_a, trans_b=trans_b))
+    args = (bits(a_mem), bits(b_mem), bits(np.zeros(1, bias.dtype)), bits(c))
+    with on_sm90a():
+        p.launch(kernel, *args)
+    assert_close(c.view(dtype) if bf16 else c, *reference(a, b), bf16)
+
+
+@pytest.mark.sim_only(reason="the profiler, which names the kernels, exists only in the simulator")
+def test_the_backward_gemms_read_transposed_operands_on_warpgroup_mma():
+    """On sm_90a, tt.vjp's backward GEMMs of gelu(x @ w + b) (dz @ w.T, x.T @ dz) run on the
+    wgmma kernel reading w and x in place, and give the mma.sync kernels' gradients within
+    the float16 products' rounding (the same products, summed in another order)."""
+    import tessera_tile as tt
+
+    rng = np.random.default_rng(21)
+    x, w, b = (rng.standard_normal(s).astype(np.float16) for s in [(72, 64), (64, 64), (64,)])
+    g = rng.standard_normal((72, 64)).astype(np.float16)
+
+    def grads():
+        _, pullback = tt.vjp(lambda x, w, b: tt.gelu(x @ w + b), *on("device", x, w, b))
+        with sim.profile() as prof:
+            got = pullback(on("device", g)[0])
+        return [d.copy_to_host() for d in got], {name for name, _ in prof.traffic}
+
+    with on_sm90a():
+        on_wgmma, kernels = grads()
+    for suffix in ("_at", "_bt"):
+        assert any(k.startswith("matmul_wgmma") and k.endswith(suffix) for k in kernels), kernels
+    on_mma_sync, _ = grads()
+    for got, want in zip(on_wgmma, on_mma_sync, strict=True):
+        wide = want.astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.abs(wide).max())

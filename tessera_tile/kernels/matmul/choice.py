@@ -63,23 +63,27 @@ def warp_specialised_refusal(config: TileConfig, why: str) -> ValueError:
     )
 
 
-def as_wgmma(c: TileConfig, has_bias: bool = False, bf16: bool = False) -> wg.WgmmaConfig:
+def as_wgmma(
+    c: TileConfig, has_bias: bool = False, bf16: bool = False, transposed=(False, False)
+) -> wg.WgmmaConfig:
     """The warpgroup-MMA kernel's config of a float16 ``c`` (not validated): 12 warps are a
     producer warpgroup and two that multiply."""
     producer = c.num_warps == WARP_SPECIALISED
     warps = 8 if producer else c.num_warps
     return wg.WgmmaConfig(
-        c.tile_m, c.tile_n, c.tile_k, warps, c.num_stages, has_bias, bf16, producer
+        c.tile_m, c.tile_n, c.tile_k, warps, c.num_stages, has_bias, bf16, producer, *transposed
     )
 
 
-def wgmma_config(config: TileConfig, dtype, has_bias: bool, dual: bool) -> wg.WgmmaConfig | None:
+def wgmma_config(
+    config: TileConfig, dtype, has_bias: bool, dual: bool, transposed=(False, False)
+) -> wg.WgmmaConfig | None:
     """The warpgroup-MMA kernel's config for a float16 ``config`` where it runs (sm_90a: a GPU
     of compute capability 9.0, or the simulator standing for one) and takes the tile;
     else None (the mma.sync kernels)."""
     if dual or config.dtype != "float16" or not dynamic_shared.wgmma():
         return None
-    cfg = as_wgmma(config, has_bias, dtype == BFLOAT16)
+    cfg = as_wgmma(config, has_bias, dtype == BFLOAT16, transposed)
     try:
         cfg.validate()
     except ValueError:
@@ -126,8 +130,8 @@ def choose_kernel(
     operand's array has another dtype than the operands (a prologue's cast), so the tiles are
     staged synchronously, converted in registers (``tensor_rows`` at most ``"contiguous"``).
     ``transposed``: A and/or B are passed to the kernel transposed (a row-major ``x`` of
-    ``x.T @ dy``, ``w`` of ``dy @ w.T``; ``tensor_rows`` is about those views), which only the
-    mma.sync kernel reads (:mod:`.tc_staging`).
+    ``x.T @ dy``, ``w`` of ``dy @ w.T``; ``tensor_rows`` is about those views), which the
+    tensor-core kernels read in place (:mod:`.tc_staging`, :mod:`.wgmma_staging`).
     """
     reasons = []
     simt_fallback = DUAL["float32"] if dual else SIMT_FALLBACK
@@ -178,20 +182,13 @@ def choose_kernel(
             names_t = " and ".join(n for n, t in zip(names, transposed, strict=True) if t)
             reasons.append(
                 f"{names_t} transposed in memory (the transpose of a row-major array): read in "
-                "place by the mma.sync kernel, each tile staged as it lies"
+                "place, each tile staged as it lies"
             )
-            staged = transposable(config, transposed)
-            if staged != config:
-                reasons.append(
-                    f"tile {config} cannot stage a transposed operand (a staged row must be 8 "
-                    f"times a power of two, its copies split evenly over the block): {staged}"
-                )
-            config = staged
         c = config
         signature = f"void({', '.join(types)})"
         warpgroups = None
-        if tensor_rows == "aligned" and not any(transposed):
-            warpgroups = wgmma_config(c, dtype, has_bias, dual)
+        if tensor_rows == "aligned":
+            warpgroups = wgmma_config(c, dtype, has_bias, dual, transposed)
         if warpgroups is not None and any(prologue):
             reasons.append(
                 "an operand prologue: the mma.sync kernel (the wgmma kernel's tensor cores read "
@@ -203,7 +200,8 @@ def choose_kernel(
         if warpgroups is not None:
             kernel = wg.wgmma_matmul(
                 *warpgroups[:5], activation, has_bias, bf16=warpgroups.bf16,
-                producer=warpgroups.producer,
+                producer=warpgroups.producer, trans_a=warpgroups.trans_a,
+                trans_b=warpgroups.trans_b,
             )  # fmt: skip
             reasons.append(
                 "sm_90a: the warpgroup-MMA (wgmma) kernel, operands read by the tensor cores "
@@ -215,6 +213,14 @@ def choose_kernel(
                 kernel, config, warpgroups.threads, signature, tuple(reasons),
                 warpgroups.shared_bytes, warpgroups.warps_m, wgmma=True,
             )  # fmt: skip
+        if any(transposed):  # the mma.sync kernel's tiles
+            staged = transposable(config, transposed)
+            if staged != config:
+                reasons.append(
+                    f"tile {config} cannot stage a transposed operand (a staged row must be 8 "
+                    f"times a power of two, its copies split evenly over the block): {staged}"
+                )
+            c = config = staged
         if c.num_warps == WARP_SPECIALISED:
             raise warp_specialised_refusal(c, "here two products share A" if dual else
                                            "here the tensor-core kernels run")  # fmt: skip

@@ -56,6 +56,10 @@ starts on a 1024-byte boundary, as the swizzle is a function of the address):
   row ``k`` at ``c ^ (k % 8)`` (128B swizzle); SBO = 1024 (8 rows of K), LBO = one block
   (``tile_k * 128`` bytes), a k16 step moves the start 16 rows.
 
+A transposed A (``trans_a``: its ``(K, M)`` array) is staged as B is, MN-major with the
+wgmma's ``trans_a = 1``, and a transposed B (``trans_b``: its ``(N, K)`` array) as A is,
+K-major with ``trans_b = 0`` (:mod:`.wgmma_staging` makes both layouts' copies and descriptors).
+
 Every ``cp.async`` moves one 16-byte chunk; the threads of a row take its chunks in order, so a
 quarter-warp writes one whole 128-byte row (any chunk permutation inside it is conflict free)
 and reads 128 contiguous global bytes. Rows past M, k-rows past K and columns past N are copies
@@ -99,17 +103,12 @@ Epilogue: the wgmma D fragment is, per warp, :mod:`.matmul_tc`'s 16 x 8 C tiles 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
-import numpy as np
 from numba import boolean, cuda, float32, int32, int64, uint16, uint64
 from numba.types import float16
 
-from ..._runtime import compat
 from ...mbarrier import mbarrier_arrive, mbarrier_init, mbarrier_wait
 from ...mma import (
-    SWIZZLE_64B,
-    SWIZZLE_128B,
     fence_proxy_async,
     store_bf16x2,
     store_f16x2,
@@ -122,15 +121,13 @@ from ...mma import (
     wgmma_zeros,
 )
 from ...pipeline import (
-    cp_async_cg_16_zfill_at,
     cp_async_commit_group,
     cp_async_wait_group,
 )
 from ..epilogue import ElementEpilogue, identity
-from ..tc_tiles import INLINE, MAX_SHARED, WARP_SIZE, entry_point
+from ..tc_tiles import INLINE, WARP_SIZE, entry_point
 from ..wgmma_tiles import (
     ALIGN,
-    CHUNK,
     WARPGROUP,
     producer_loop,
     stage_counter,
@@ -140,6 +137,8 @@ from ..wgmma_tiles import (
 from .tc_epilogue import tensor_core_epilogue
 from .tc_plan import Plan, aligned_rows, check_operands
 from .tc_plan import plan as _tc_plan
+from .wgmma_config import DEFAULT, WgmmaConfig
+from .wgmma_staging import k_major, mn_major
 
 __all__ = [
     "DEFAULT",
@@ -154,117 +153,7 @@ __all__ = [
 ]
 
 MIN_COMPUTE_CAPABILITY = (9, 0)  # wgmma: sm_90a
-B_BLOCK = 64  # columns of B per 128-byte swizzle row
 ZERO = float32(0.0)
-
-
-class WgmmaConfig(NamedTuple):
-    """One configuration of the wgmma kernel. It has the fields :func:`.matmul_tc_plan.plan`
-    reads (``tile_m``, ``tile_n``, ``has_bias``, ``warps_m``, ``itemsize``, ``threads``,
-    ``shared_bytes``), so that plan serves it."""
-
-    tile_m: int = 128
-    tile_n: int = 128
-    tile_k: int = 64
-    num_warps: int = 8
-    num_stages: int = 4
-    has_bias: bool = False
-    bf16: bool = False
-    producer: bool = False  # a warpgroup that only copies, before the num_warps that multiply
-
-    @property
-    def itemsize(self) -> int:
-        return 2
-
-    @property
-    def warpgroups(self) -> int:
-        """The warpgroups that multiply (the producer's is not one of them)."""
-        return self.num_warps // WARPGROUP
-
-    @property
-    def threads(self) -> int:
-        return WARP_SIZE * (self.num_warps + (WARPGROUP if self.producer else 0))
-
-    @property
-    def copiers(self) -> int:
-        """Threads that issue the copies: the producer warpgroup's, else all."""
-        return WARP_SIZE * WARPGROUP if self.producer else self.threads
-
-    @property
-    def m_blocks(self) -> int:
-        """64-row wgmma accumulators per warpgroup (1 or 2)."""
-        return self.tile_m // self.warpgroups // 64
-
-    @property
-    def warps_m(self) -> int:
-        """How many times a block reads each bias element of its columns: every warp holds
-        all ``tile_n`` columns of 16 rows per 64-row block (the plan's bias bytes)."""
-        return self.tile_m // 16
-
-    @property
-    def stage_bytes(self) -> int:
-        return self.itemsize * self.tile_k * (self.tile_m + self.tile_n)
-
-    @property
-    def shared_bytes(self) -> int:
-        """The ring, plus the slack that lets the kernel start it on a 1024-byte boundary
-        (dynamic shared memory; a producer's mbarriers are :attr:`static_bytes` more)."""
-        return self.num_stages * self.stage_bytes + ALIGN
-
-    @property
-    def static_bytes(self) -> int:
-        """Static shared memory: with a producer, a full and an empty mbarrier per stage."""
-        return 2 * 8 * self.num_stages if self.producer else 0
-
-    @property
-    def hgmma_per_k_tile(self) -> int:
-        """wgmma.mma_async (m64 n{tile_n} k16) a warpgroup issues per k-tile."""
-        return self.m_blocks * self.tile_k // 16
-
-    def validate(self, activation=None) -> None:
-        """Raise ``ValueError`` unless this config makes a kernel, ``TypeError`` unless
-        ``activation`` is ``None``, a CUDA device function or an ElementEpilogue."""
-        for name in ("tile_m", "tile_n", "tile_k", "num_warps", "num_stages"):
-            value = getattr(self, name)
-            if not isinstance(value, int | np.integer) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.num_warps not in (4, 8):
-            raise ValueError(
-                f"num_warps must be 4 or 8 (one or two warpgroups), got {self.num_warps}"
-            )
-        if self.num_stages not in (3, 4):
-            raise ValueError(f"num_stages must be 3 or 4, got {self.num_stages}")
-        if self.tile_k not in (32, 64):
-            raise ValueError(
-                f"tile_k must be 32 or 64 (a 64- or 128-byte swizzled row), got {self.tile_k}"
-            )
-        if self.tile_m % (64 * self.warpgroups) or self.m_blocks not in (1, 2):
-            raise ValueError(
-                f"tile_m must be 64 or 128 rows per warpgroup ({self.warpgroups}), got "
-                f"{self.tile_m}"
-            )
-        if self.tile_n % B_BLOCK or not B_BLOCK <= self.tile_n <= 256:
-            raise ValueError(f"tile_n must be 64, 128, 192 or 256, got {self.tile_n}")
-        if self.m_blocks * self.tile_n > 256:
-            raise ValueError(
-                f"{self.m_blocks} accumulators of 64 x {self.tile_n} per warpgroup are "
-                f"{self.m_blocks * self.tile_n // 2} float32 per thread; at most 128 fit"
-            )
-        if self.shared_bytes + self.static_bytes > MAX_SHARED:
-            raise ValueError(
-                f"{self.num_stages} stages of {self.tile_m}x{self.tile_k} + "
-                f"{self.tile_k}x{self.tile_n} tiles need {self.shared_bytes} B of shared "
-                f"memory; no architecture gives a block more than {MAX_SHARED} B"
-            )
-        fn = activation.fn if isinstance(activation, ElementEpilogue) else activation
-        if activation is not None and not compat.is_device_function(fn):
-            raise TypeError(
-                "activation must be a numba CUDA device function (cuda.jit(device=True)) taking "
-                f"and returning float32, an ElementEpilogue, or None; got {activation!r}"
-            )
-
-
-DEFAULT = WgmmaConfig()  # 128 x 128 x 64, 2 warpgroups of 64 x 128, 4 stages
 
 
 def plan(batch: int, m: int, n: int, k: int, config: WgmmaConfig = DEFAULT) -> Plan:
@@ -284,6 +173,8 @@ def wgmma_matmul(
     *,
     bf16: bool = False,
     producer: bool = False,
+    trans_a: bool = False,
+    trans_b: bool = False,
 ):
     """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` in
     float16 (``bf16``: bfloat16, every array its ``uint16`` bits) with float32 accumulation on
@@ -292,12 +183,15 @@ def wgmma_matmul(
 
     ``num_warps``: 4 or 8 (one or two warpgroups that multiply). ``producer``: one more
     warpgroup, first in the block, issues every copy (warp specialisation; see the module doc).
-    Operands need :func:`aligned_rows`. See the module doc for the launch and the layouts;
-    :func:`plan` gives grid, block and shared bytes.
+    ``trans_a``/``trans_b``: the operand is passed transposed, A as ``(batch, K, M)`` and B as
+    ``(batch, N, K)`` with contiguous last axes (the transposes of row-major arrays, read in
+    place: :mod:`.wgmma_staging`). Operands need :func:`aligned_rows`. See the module doc for
+    the launch and the layouts; :func:`plan` gives grid, block and shared bytes.
     """
     cfg = WgmmaConfig(
-        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(bf16), bool(producer)
-    )
+        tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), bool(bf16), bool(producer),
+        bool(trans_a), bool(trans_b),
+    )  # fmt: skip
     cfg.validate(activation)
     return build_kernel(cfg, activation)
 
@@ -325,23 +219,16 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
     a_stage, b_stage = tile_m * tile_k, tile_k * tile_n
     stage = a_stage + b_stage
     stage16 = 2 * stage // 16  # a stage in 16-byte units (a descriptor's address field)
-    b_block = tile_k * B_BLOCK  # one 64-column block of B
-    # A: K-major, one swizzle row per M row
-    row_bytes = 2 * tile_k
-    a_chunks = tile_k // CHUNK
-    a_lines = 8 // a_chunks  # rows per 128-byte line: the swizzle's row bits are r // a_lines
-    a_swizzle = SWIZZLE_128B if tile_k == 64 else SWIZZLE_64B
-    a_sbo = 8 * row_bytes
-    a_block16 = 64 * row_bytes // 16  # the next 64 rows (second accumulator)
-    a_step16 = 32 // 16  # one k16 step along the swizzled row
-    # B: N-major, 128B swizzle; SBO = 8 k-rows, LBO = a 64-column block, k16 step = 16 rows
-    b_lbo, b_sbo = 2 * b_block, 1024
-    b_step16 = 16 * 128 // 16
-    b_chunks = tile_n // CHUNK
-    # Copies: the threads of a row take its chunks (one each); rows step by copiers / chunks.
-    a_step, b_step = copiers // a_chunks, copiers // b_chunks
-    a_passes, b_passes = -(-tile_m // a_step), -(-tile_k // b_step)
-    a_exact, b_exact = tile_m % a_step == 0, tile_k % b_step == 0
+    # Each operand's layout (module .wgmma_staging): A K-major, B MN-major as they usually
+    # are; transposed, A MN-major and B K-major, read in place.
+    lay_a = (mn_major if cfg.trans_a else k_major)(tile_m, tile_k, copiers)
+    lay_b = (k_major if cfg.trans_b else mn_major)(tile_n, tile_k, copiers)
+    plan_a, load_a, plan_b, load_b = lay_a.plan, lay_a.load, lay_b.plan, lay_b.load
+    a_step16, b_step16, a_block16 = lay_a.step16, lay_b.step16, lay_a.block16
+    a_lbo, a_sbo, a_swizzle = lay_a.lbo, lay_a.sbo, lay_a.swizzle
+    b_lbo, b_sbo, b_swizzle = lay_b.lbo, lay_b.sbo, lay_b.swizzle
+    trans_a, trans_b = lay_a.transposed, lay_b.transposed
+    a_passes, b_passes = lay_a.passes, lay_b.passes
 
     store = store_bf16x2 if cfg.bf16 else store_f16x2
     epilogue = tensor_core_epilogue(
@@ -349,49 +236,28 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
     )
     unpack = unpacker(tile_n // 2)
 
-    @cuda.jit(device=True)
-    def a_chunk(r, c):
-        """Physical chunk of logical chunk ``c`` of A row ``r`` (128B or 64B swizzle)."""
-        return c ^ ((r // a_lines) % a_chunks)
-
     @cuda.jit(device=True, **INLINE)
-    def load_tile(smem, a, b, kt, base, a_src, a_dst, a_ok, b_src, b_dst, b_ok, b_k, a_r, a_c):
+    def load_tile(smem, a, b, kt, base, copies_a, copies_b):
         """This thread's chunks of k-tile ``kt`` of the A and B panels into the stage at
-        ``smem[base:]``, zero-filled outside the operands: A's chunk ``p`` from element
-        ``a_src[p]`` of ``a`` (B's from ``b_src``, ``p * b_step`` rows on) at k-tile 0, moved
-        along K, into ``a_dst[p]`` (``b_dst[p]``); ``a_ok`` / ``b_ok``: that row / column is
-        inside the operand. Each source is an offset pair: its first part is the same for every
-        k-tile (A) or every copy of the tile (B), so the compiler makes that address once and
-        adds the second (2 instructions a copy)."""
+        ``smem[base:]``, zero-filled outside the operands (``copies_a``/``copies_b``: what
+        :func:`plan_copies` planned)."""
         k0 = kt * tile_k
-        left = int32(a.shape[2] - k0)  # k-columns (B: k-rows) left: 32-bit guards
-        a_in = int32(a_c * CHUNK) < left  # K is a multiple of the chunk: all in or all out
-        b_rows = b.strides[1] // 2  # elements: the rows are 16-bit
-        b_k0 = b_src + int64(k0) * b_rows
-        for p in range(a_passes):
-            if a_exact or a_r + p * a_step < tile_m:
-                cp_async_cg_16_zfill_at(
-                    smem, base + a_dst[p], a, (a_src[p], k0), 16 if a_ok[p] and a_in else 0
-                )
-        for p in range(b_passes):
-            if b_exact or b_k[p] < tile_k:
-                cp_async_cg_16_zfill_at(
-                    smem, base + a_stage + b_dst[p], b, (b_k0, p * b_step * b_rows),
-                    16 if b_ok and b_k[p] < left else 0,
-                )  # fmt: skip
+        k = a.shape[1] if trans_a else a.shape[2]
+        load_a(smem, base, a, k, k0, *copies_a)
+        load_b(smem, base + a_stage, b, k, k0, *copies_b)
 
     @cuda.jit(device=True, **INLINE)
     def multiply(desc_a, desc_b, acc0, acc1):
         """One k-tile's wgmma chain (descriptors of its stage): k16 steps, 1 or 2 row blocks."""
-        acc0 = wgmma(desc_a, desc_b, acc0, 1, 1, 1, 0, 1)
+        acc0 = wgmma(desc_a, desc_b, acc0, 1, 1, 1, trans_a, trans_b)
         if m_blocks > 1:
-            acc1 = wgmma(desc_a + uint64(a_block16), desc_b, acc1, 1, 1, 1, 0, 1)
+            acc1 = wgmma(desc_a + uint64(a_block16), desc_b, acc1, 1, 1, 1, trans_a, trans_b)
         for kk in range(1, ksteps):  # constant trip count: unrolled
             da = desc_a + uint64(kk * a_step16)
             db = desc_b + uint64(kk * b_step16)
-            acc0 = wgmma(da, db, acc0, 1, 1, 1, 0, 1)
+            acc0 = wgmma(da, db, acc0, 1, 1, 1, trans_a, trans_b)
             if m_blocks > 1:
-                acc1 = wgmma(da + uint64(a_block16), db, acc1, 1, 1, 1, 0, 1)
+                acc1 = wgmma(da + uint64(a_block16), db, acc1, 1, 1, 1, trans_a, trans_b)
         return acc0, acc1
 
     @cuda.jit(device=True, **INLINE)
@@ -416,29 +282,13 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         return acc0, acc1
 
     @cuda.jit(device=True, **INLINE)
-    def plan_copies(a, b, tid, bz, m0, n0, m, n, a_src, a_dst, a_ok, b_dst, b_k):
-        """This thread's copies (thread ``tid`` of the copiers): sources at k-tile 0 (elements
-        from a[0, 0, 0] and b[0, 0, 0]), targets (swizzled offsets inside a stage's A and B)
-        and guards, into the arrays; returns the ``copies`` that :func:`load_tile` takes."""
-        a_r = tid // a_chunks
-        a_c = tid % a_chunks
-        b_r = tid // b_chunks
-        b_c = tid % b_chunks
-        a_rows, b_rows = a.strides[1] // 2, b.strides[1] // 2  # row strides, in elements
-        a_first = bz * (a.strides[0] // 2) + int64(m0 + a_r) * a_rows + a_c * CHUNK
-        b_src = bz * (b.strides[0] // 2) + int64(b_r) * b_rows + n0 + b_c * CHUNK
-        for p in range(a_passes):
-            r = a_r + p * a_step
-            a_src[p] = a_first + p * a_step * a_rows
-            a_ok[p] = m0 + r < m
-            a_dst[p] = r * tile_k + a_chunk(r, a_c) * CHUNK
-        blk, cc = b_c // 8, b_c % 8
-        for p in range(b_passes):
-            r = b_r + p * b_step
-            b_k[p] = int32(r)
-            b_dst[p] = blk * b_block + r * B_BLOCK + (cc ^ (r % 8)) * CHUNK
-        b_ok = n0 + b_c * CHUNK < n
-        return a_src, a_dst, a_ok, b_src, b_dst, b_ok, b_k, a_r, a_c
+    def plan_copies(a, b, tid, bz, m0, n0, m, n, arrays_a, arrays_b):
+        """This thread's copies (thread ``tid`` of the copiers): sources at k-tile 0, targets
+        (swizzled offsets inside a stage's A and B) and guards, into each operand's arrays;
+        returns the ``copies`` that :func:`load_tile` takes."""
+        a_r, a_c = plan_a(a, tid, bz, m0, m, *arrays_a)
+        b_r, b_c = plan_b(b, tid, bz, n0, n, *arrays_b)
+        return (*arrays_a, a_r, a_c), (*arrays_b, b_r, b_c)
 
     @cuda.jit(device=True, **INLINE)
     def load_stage(kt, s, payload):
@@ -480,11 +330,15 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         smem = cuda.shared.array(0, elem, alignment=ALIGN)
         pad = swizzle_start(smem)  # the ring starts at the first 1024-byte boundary
         accl = cuda.local.array((1, nt, 4), float32)
-        a_src = cuda.local.array(a_passes, int64)
-        a_dst = cuda.local.array(a_passes, int32)
-        b_dst = cuda.local.array(b_passes, int32)
-        b_k = cuda.local.array(b_passes, int32)
-        a_ok = cuda.local.array(a_passes, boolean)
+        # each operand's copy sources, targets, guards and k rows (wgmma_staging's plan)
+        arrays_a = (
+            cuda.local.array(a_passes, int64), cuda.local.array(a_passes, int32),
+            cuda.local.array(a_passes, boolean), cuda.local.array(a_passes, int32),
+        )  # fmt: skip
+        arrays_b = (
+            cuda.local.array(b_passes, int64), cuda.local.array(b_passes, int32),
+            cuda.local.array(b_passes, boolean), cuda.local.array(b_passes, int32),
+        )  # fmt: skip
         tid = cuda.threadIdx.x
         lane = tid % WARP_SIZE
         warp = tid // WARP_SIZE
@@ -496,7 +350,8 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         n0 = cuda.blockIdx.x * tile_n
         m = c.shape[1]
         n = c.shape[2]
-        tiles = int32((a.shape[2] + tile_k - 1) // tile_k)  # 32-bit loop control
+        k = a.shape[1] if trans_a else a.shape[2]  # A read as (K, M) or (M, K)
+        tiles = int32((k + tile_k - 1) // tile_k)  # 32-bit loop control
 
         if producer:
             full = cuda.shared.array(stages, uint64)
@@ -507,21 +362,22 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
                     mbarrier_init(empty, s, consumers)  # an arrival per consumer thread
             cuda.syncthreads()  # the barriers' initialisation, visible to every thread
             if group == 0:
-                copies = plan_copies(a, b, tid, bz, m0, n0, m, n, a_src, a_dst, a_ok, b_dst, b_k)
+                copies = plan_copies(a, b, tid, bz, m0, n0, m, n, arrays_a, arrays_b)
                 produce(full, empty, tiles, (smem, pad, a, b, copies))
                 return
             group -= 1  # the warpgroups that multiply, numbered after the producer
             warp -= WARPGROUP
 
         # Stage 0's descriptors: this warpgroup's rows of A, all of B.
-        desc_a = wgmma_descriptor(smem, pad + group * wg_m * tile_k, 16, a_sbo, a_swizzle)
-        desc_b = wgmma_descriptor(smem, pad + a_stage, b_lbo, b_sbo, SWIZZLE_128B)
+        # (a warpgroup's rows of A start wg_m rows, or wg_m / 64 column blocks, in: the same)
+        desc_a = wgmma_descriptor(smem, pad + group * wg_m * tile_k, a_lbo, a_sbo, a_swizzle)
+        desc_b = wgmma_descriptor(smem, pad + a_stage, b_lbo, b_sbo, b_swizzle)
         acc0 = wgmma_zeros(tile_n)
         acc1 = wgmma_zeros(tile_n)
         if producer:
             acc0, acc1 = consume(full, empty, tiles, desc_a, desc_b, acc0, acc1)
         else:
-            copies = plan_copies(a, b, tid, bz, m0, n0, m, n, a_src, a_dst, a_ok, b_dst, b_k)
+            copies = plan_copies(a, b, tid, bz, m0, n0, m, n, arrays_a, arrays_b)
             for kt in range(ahead):  # prologue: tiles 0 .. stages - 3 in flight, a group each
                 if kt < tiles:
                     load_tile(smem, a, b, kt, pad + kt * stage, *copies)
@@ -569,5 +425,6 @@ def build_kernel(cfg: WgmmaConfig, activation, module: str = __name__):
         f"matmul_wgmma{'_bf16' if cfg.bf16 else ''}_{tile_m}x{tile_n}x{tile_k}"
         f"_w{cfg.num_warps}{'_ws' if producer else ''}_s{stages}{'_bias' if has_bias else ''}"
         f"{'_' + activation.name if extras else ''}"
+        f"{'_at' if cfg.trans_a else ''}{'_bt' if cfg.trans_b else ''}"
     )
     return cuda.jit(kernel)
