@@ -139,9 +139,11 @@ class DeviceStandIn:
     """A device array as ``__cuda_array_interface__`` describes it (never dereferenced:
     ``inspect`` reads only shape, dtype and strides)."""
 
-    def __init__(self, shape, dtype, transposed=False):
+    def __init__(self, shape, dtype, transposed=False, column_step=1):
         itemsize = np.dtype(dtype).itemsize
         strides = (itemsize, shape[0] * itemsize) if transposed else None
+        if column_step > 1:  # every column_step-th column of a wider array
+            strides = (shape[1] * column_step * itemsize, column_step * itemsize)
         self.__cuda_array_interface__ = {
             "version": 3, "shape": shape, "typestr": np.dtype(dtype).str,
             "data": (256, False), "strides": strides,
@@ -149,11 +151,24 @@ class DeviceStandIn:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_float16_strided_operand_runs_on_simt(arch, record_property):
-    # a transposed float16 device weight: the float32 SIMT kernel's default tile with
-    # synchronous widening copies (issue 19), exact gelu and a bias; 0 spills, no local memory
+def test_float16_transposed_weight_runs_on_tensor_cores(arch, record_property):
+    # a transposed float16 device weight (a backward pass's w.T): read in place by the
+    # tensor-core kernel (sm_80: mma.sync, sm_90: wgmma), exact gelu and a bias; 0 spills
     x, b = DeviceStandIn((256, 512), np.float16), DeviceStandIn((256,), np.float16)
     w = DeviceStandIn((512, 256), np.float16, transposed=True)
+    (report,) = ops.linear.inspect(x, w, b, "gelu", arch=arch)
+    record_property("resources", f"linear f16 transposed w gelu {arch}: regs {report.registers}")
+    assert "_bt" in report.name, report.name
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    assert report.count("HGMMA" if arch == "sm_90" else "HMMA") >= 8, report.histogram
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float16_strided_operand_runs_on_simt(arch, record_property):
+    # a float16 device weight read every other column: the float32 SIMT kernel's default tile
+    # with synchronous widening copies (issue 19), exact gelu and a bias; 0 spills
+    x, b = DeviceStandIn((256, 512), np.float16), DeviceStandIn((256,), np.float16)
+    w = DeviceStandIn((512, 256), np.float16, column_step=2)
     (report,) = ops.linear.inspect(x, w, b, "gelu", arch=arch)
     record_property("resources", f"linear f16 strided gelu {arch}: regs {report.registers}")
     assert report.name.startswith("matmul_128x128x8_w8_s3_sync_gelu_bias"), report.name
