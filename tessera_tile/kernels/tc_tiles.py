@@ -195,8 +195,10 @@ class TensorCoreConfig(NamedTuple):
             # B fragments are LDS.64 of 4 k-rows x 16 columns: conflict free when the
             # swizzle spreads each row's 8 chunks over a whole 128-byte line (matmul_tf32's doc)
             raise ValueError(f"tile_n must be at least 32 for TF32 tiles, got {self.tile_n}")
-        if self.tf32 and (self.trans_a or self.trans_b):
-            raise ValueError("TF32 tiles take each operand with its k axis as it usually lies")
+        if self.tf32 and self.trans_a and self.tile_m < 32:
+            # its fragments are scalar loads of 4 k-rows x 8 columns: conflict free when the
+            # swizzle spreads each row's 8 chunks over a whole line (kernels.matmul.tc_tf32)
+            raise ValueError(f"a transposed TF32 A needs tile_m of at least 32, got {self.tile_m}")
         transposed = [(self.tile_k, self.tile_m)] if self.trans_a else []
         transposed += [(self.tile_n, self.tile_k)] if self.trans_b else []
         for rows, cols in transposed:  # a transposed operand's staged tile (k rows for A)

@@ -80,6 +80,8 @@ Intrinsics
                                             .f32``: ``d = a @ b + c`` on TF32 inputs
 ``load_f32x2_shared(smem, index)``          ``ld.shared.v2.f32``: ``smem[index]`` and the next
                                             float32 (8-byte aligned) -> 2-tuple (``LDS.64``)
+``load_f32_shared(smem, index)``            ``ld.shared.f32``: ``smem[index]`` (``LDS``), in
+                                            its place among the mma
 ``to_tf32(x)``                              ``cvt.rna.tf32.f32``: ``x`` rounded to TF32
                                             (nearest, ties away from zero), as float32
 ``pack_f16x2(lo, hi) -> uint32``            ``cvt.rn.f16x2.f32``: two float32 rounded to float16
@@ -155,6 +157,7 @@ from .sync import (
     ldmatrix_x2_trans,
     ldmatrix_x4,
     ldmatrix_x4_trans,
+    load_f32_shared,
     load_f32x2_shared,
     mma_m16n8k8_tf32,
     mma_m16n8k16,
@@ -200,6 +203,7 @@ __all__ = [
     "ldmatrix_x2_trans",
     "ldmatrix_x4",
     "ldmatrix_x4_trans",
+    "load_f32_shared",
     "load_f32x2_shared",
     "mma_m16n8k16",
     "mma_m16n8k16_bf16",

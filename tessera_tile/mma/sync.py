@@ -17,6 +17,7 @@ from .._runtime.compat import NumbaTypeError
 if _config.SIMULATED:  # the twins, the simulator's (not imported outside it)
     from ..sim.mma_twins import (
         _ldmatrix_twin,
+        _load_f32_shared_twin,
         _load_f32x2_shared_twin,
         _mma_bf16_twin,
         _mma_tf32_twin,
@@ -26,7 +27,7 @@ if _config.SIMULATED:  # the twins, the simulator's (not imported outside it)
         _to_tf32_twin,
     )
 else:
-    _load_f32x2_shared_twin = _mma_bf16_twin = _mma_tf32_twin = None
+    _load_f32_shared_twin = _load_f32x2_shared_twin = _mma_bf16_twin = _mma_tf32_twin = None
     _mma_twin = _pack_twin = _to_tf32_twin = None
     _ldmatrix_twin = _pair_twin = twins.absent
 
@@ -204,29 +205,47 @@ def mma_m16n8k8_tf32(typingctx, a, b, c):
     return types.UniTuple(types.float32, 4)(a, b, c), _mma_codegen(_MMA_TF32_ASM, _tf32_operand)
 
 
-@twins.twin(_load_f32x2_shared_twin)
-@intrinsic
-def load_f32x2_shared(typingctx, smem, index):
-    """``load_f32x2_shared(smem, index) -> (x0, x1)``: ``smem[index]`` and the next float32 in
-    one 8-byte shared load (``ld.shared.v2.f32``, ``LDS.64``); ``&smem[index]`` must be 8-byte
-    aligned (the twin checks; the GPU faults). Two of them fill a TF32 fragment of 4
-    consecutive registers without moves (the TF32 matmul's B tiles)."""
-    name = "load_f32x2_shared"
-    check_index(name, smem, index)
-    if smem.dtype != types.float32:
-        raise NumbaTypeError(f"{name} reads a float32 array, got {smem.dtype}")
+def _make_shared_f32_load(count: int, twin):
+    """``load_f32_shared`` (``ld.shared.f32``) or ``load_f32x2_shared`` (``.v2``): inline
+    PTX, so that the loads keep their place between the mma around them (indexing the array
+    lets the compiler hoist a k-tile's loads, and the registers they hold spill)."""
+    name = f"load_f32{'x2' if count == 2 else ''}_shared"
+    text = "ld.shared.f32 $0, [$1];" if count == 1 else "ld.shared.v2.f32 {$0, $1}, [$2];"
 
-    def codegen(context, builder, sig, args):
-        ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        f32 = ir.FloatType()
-        fnty = ir.FunctionType(ir.LiteralStructType([f32, f32]), [_I32])
-        asm = ir.InlineAsm(fnty, "ld.shared.v2.f32 {$0, $1}, [$2];", "=f,=f,r,~{memory}",
-                           side_effect=True)  # fmt: skip
-        res = builder.call(asm, [shared_address(builder, ptr)])
-        values = [builder.extract_value(res, i) for i in range(2)]
-        return context.make_tuple(builder, sig.return_type, values)
+    def typer(typingctx, smem, index):
+        check_index(name, smem, index)
+        if smem.dtype != types.float32:
+            raise NumbaTypeError(f"{name} reads a float32 array, got {smem.dtype}")
 
-    return types.UniTuple(types.float32, 2)(smem, types.unliteral(index)), codegen
+        def codegen(context, builder, sig, args):
+            ptr = element_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            f32 = ir.FloatType()
+            result = f32 if count == 1 else ir.LiteralStructType([f32] * count)
+            fnty = ir.FunctionType(result, [_I32])
+            asm = ir.InlineAsm(fnty, text, ",".join(["=f"] * count + ["r", "~{memory}"]),
+                               side_effect=True)  # fmt: skip
+            res = builder.call(asm, [shared_address(builder, ptr)])
+            if count == 1:
+                return res
+            values = [builder.extract_value(res, i) for i in range(count)]
+            return context.make_tuple(builder, sig.return_type, values)
+
+        result = types.float32 if count == 1 else types.UniTuple(types.float32, count)
+        return result(smem, types.unliteral(index)), codegen
+
+    typer.__name__ = name
+    return twins.twin(twin)(intrinsic(typer))
+
+
+load_f32_shared = _make_shared_f32_load(1, _load_f32_shared_twin)
+load_f32_shared.__doc__ = """``load_f32_shared(smem, index) -> x``: ``smem[index]`` of a
+float32 shared array in one 4-byte load (``ld.shared.f32``, ``LDS``) that keeps its place
+among the inline PTX around it (a transposed A's TF32 fragments)."""
+load_f32x2_shared = _make_shared_f32_load(2, _load_f32x2_shared_twin)
+load_f32x2_shared.__doc__ = """``load_f32x2_shared(smem, index) -> (x0, x1)``: ``smem[index]``
+and the next float32 in one 8-byte shared load (``ld.shared.v2.f32``, ``LDS.64``);
+``&smem[index]`` must be 8-byte aligned (the twin checks; the GPU faults). Two of them fill a
+TF32 fragment of 4 consecutive registers without moves (the TF32 matmul's B tiles)."""
 
 
 @twins.twin(_to_tf32_twin)

@@ -271,26 +271,39 @@ def _pair_twin(name: str, dtype, space: str, convert=None):
     return twin
 
 
-def _load_f32x2_shared_twin(smem, index):
-    """``ld.shared.v2.f32``: the 8 bytes at ``&smem[index]`` (a shared float32 array, 8-byte
-    aligned; they may cross a row end of the array, not its allocation)."""
-    key = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
-    if smem.dtype != np.float32:
-        raise sim.SimulationError(f"load_f32x2_shared: needs a float32 array, got {smem.dtype}")
-    if not sim.in_shared_memory(smem):
-        raise sim.SimulationError("load_f32x2_shared: reads shared memory; got another array")
-    if smem.strides[-1] != smem.itemsize:
-        raise sim.SimulationError(
-            f"load_f32x2_shared: the last axis of {smem.shape} is not contiguous"
-        )
-    if len(key) != smem.ndim or any(not 0 <= i < n for i, n in zip(key, smem.shape, strict=True)):
-        raise sim.SimulationError(f"load_f32x2_shared: index {key} out of bounds for {smem.shape}")
-    if sim.element_address(smem, key) % 8:
-        raise sim.SimulationError(f"load_f32x2_shared: index {key} is not 8-byte aligned")
-    if not sim.in_allocation(smem, key, 8):
-        raise sim.SimulationError(f"load_f32x2_shared: index {key} runs past the array's end")
-    values = np.asarray(sim.load(smem, (*key[:-1], slice(key[-1], key[-1] + 2))), np.float32)
-    return np.float32(values[0]), np.float32(values[1])
+def _shared_f32_load_twin(count: int):
+    """The twin of ``ld.shared[.v2].f32``: the ``4 * count`` bytes at ``&smem[index]`` (a shared
+    float32 array, aligned to them; two may cross a row end of the array, not its
+    allocation)."""
+    name = f"load_f32{'x2' if count == 2 else ''}_shared"
+    size = 4 * count
+
+    def twin(smem, index):
+        key = tuple(int(i) for i in index) if isinstance(index, tuple) else (int(index),)
+        if smem.dtype != np.float32:
+            raise sim.SimulationError(f"{name}: needs a float32 array, got {smem.dtype}")
+        if not sim.in_shared_memory(smem):
+            raise sim.SimulationError(f"{name}: reads shared memory; got another array")
+        if smem.strides[-1] != smem.itemsize:
+            raise sim.SimulationError(f"{name}: the last axis of {smem.shape} is not contiguous")
+        if len(key) != smem.ndim or any(
+            not 0 <= i < n for i, n in zip(key, smem.shape, strict=True)
+        ):
+            raise sim.SimulationError(f"{name}: index {key} out of bounds for {smem.shape}")
+        if sim.element_address(smem, key) % size:
+            raise sim.SimulationError(f"{name}: index {key} is not {size}-byte aligned")
+        if not sim.in_allocation(smem, key, size):
+            raise sim.SimulationError(f"{name}: index {key} runs past the array's end")
+        span = (*key[:-1], slice(key[-1], key[-1] + count))
+        values = np.asarray(sim.load(smem, span), np.float32)
+        return np.float32(values[0]) if count == 1 else tuple(np.float32(v) for v in values)
+
+    twin.__name__ = twin.__qualname__ = f"_{name}_twin"
+    return twin
+
+
+_load_f32_shared_twin = _shared_f32_load_twin(1)
+_load_f32x2_shared_twin = _shared_f32_load_twin(2)
 
 
 def _pack_twin(lo, hi):

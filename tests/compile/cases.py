@@ -389,6 +389,24 @@ CASES = [
     ),  # fmt: skip
     Case(
         "tessera_tile.kernels.matmul.tf32",
+        "matmul_tf32_at",
+        BATCHED,
+        {"sm_80": 248, "sm_90": 248},
+        128,
+        {"HMMA.1688.F32.TF32": 128, "LDS.64": 32, "LDGSTS.E.BYPASS.128": 8},
+        dynamic_shared=98304,
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul.tf32",
+        "matmul_tf32_bt",
+        BATCHED,
+        {"sm_80": 248, "sm_90": 248},
+        128,
+        {"HMMA.1688.F32.TF32": 128, "LDSM": 32, "LDGSTS.E.BYPASS.128": 8},
+        dynamic_shared=98304,
+    ),  # fmt: skip
+    Case(
+        "tessera_tile.kernels.matmul.tf32",
         "matmul_tf32_anchor",
         BATCHED,
         {"sm_80": 176, "sm_90": 176},

@@ -1,6 +1,12 @@
 """Compile tier for GEMM stages (a matmul inside ``@tt.fuse`` with its generated epilogue):
-for sm_80 and sm_90, every dtype's kernel builds with 0 spills and no local memory, and the
-composer's ``gelu(x @ w + b)`` is ``ops.linear``'s kernel, instruction for instruction."""
+every dtype's kernel builds with 0 spills and no local memory, and the composer's
+``gelu(x @ w + b)`` is ``ops.linear``'s kernel, instruction for instruction.
+
+No cross product of cases and architectures: each case compiles for one of sm_80 and sm_90,
+alternating (:func:`on_both`), so every test meets both. These kernels are generated from the
+same builders as the named GEMM kernels, which ``test_kernels.py`` compiles for both; a
+case's kernels differ by dtype and epilogue far more than by architecture (the same ptxas
+allocates both), and each compile here costs 5 to 35 s."""
 
 import re
 
@@ -15,6 +21,14 @@ from tessera_tile.kernels.matmul import tc
 ARCHS = ("sm_80", "sm_90")
 DTYPES = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))
 M, K, N = 512, 256, 512
+
+
+def on_both(cases, ids=None) -> dict:
+    """``parametrize`` arguments running ``cases`` (tuples) on sm_80 and sm_90 in turn."""
+    values = [(*case, ARCHS[i % 2]) for i, case in enumerate(cases)]
+    names = list(ids) if ids is not None else [str(case) for case in cases]
+    ids = [f"{name}-{arch}" for name, (*_, arch) in zip(names, values, strict=True)]
+    return {"argvalues": values, "ids": ids}
 
 
 @tt.fuse
@@ -62,17 +76,19 @@ STAGES = {  # a GEMM stage's function, its arguments' shapes and scalars, what i
 }
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize(
+    ("stage", "dtype", "arch"),
+    **on_both(
+        [(st, d) for st in STAGES for d in DTYPES], [f"{st}-{d}" for st in STAGES for d in DTYPES]
+    ),
+)
 def test_generated_epilogue_kernels_keep_to_registers(stage, dtype, arch, record_property):
     fn, shapes, scalars, what = STAGES[stage]
     (report,) = fn.inspect(*arrays(dtype, *shapes), *scalars, arch=arch)
     assert_keeps_to_registers(report, record_property, f"{arch} GEMM stage {dtype} {what}")
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("dtype", "arch"), **on_both([(d,) for d in DTYPES], map(str, DTYPES)))
 def test_linear_written_in_algebra_is_ops_linear(dtype, arch, record_property):
     """The bias takes the kernels' own bias path and gelu is the same device code: the same
     instruction count as ``ops.linear(x, w, b, "gelu")`` (the issue's bar: within 10%)."""
@@ -88,11 +104,12 @@ def test_linear_written_in_algebra_is_ops_linear(dtype, arch, record_property):
     )
 
 
-@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize(
-    ("dtype", "precision"),
-    [(DTYPES[0], None), (DTYPES[1], None), (DTYPES[2], None), (DTYPES[2], "tf32")],
-    ids=["float16", "bfloat16", "float32", "tf32"],
+    ("dtype", "precision", "arch"),
+    **on_both(
+        [(DTYPES[0], None), (DTYPES[1], None), (DTYPES[2], None), (DTYPES[2], "tf32")],
+        ["float16", "bfloat16", "float32", "tf32"],
+    ),
 )
 def test_two_products_of_x_share_its_fragments(dtype, precision, arch, record_property):
     """The gated MLP's kernel: 0 spills and no local memory; on the tensor cores each A
@@ -146,17 +163,19 @@ def test_causal_attention_in_algebra_and_tri_kernels_keep_to_registers(arch, rec
         )
 
 
-@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize(
-    ("dtype", "precision", "k"),
-    [
-        (DTYPES[0], None, K),
-        (DTYPES[0], None, K + 4),  # rows not 16-byte aligned: the synchronous staging
-        (DTYPES[1], None, K),
-        (DTYPES[2], None, K),
-        (DTYPES[2], "tf32", K),
-    ],
-    ids=["float16", "float16-sync", "bfloat16", "float32", "tf32"],
+    ("dtype", "precision", "k", "arch"),
+    **on_both(
+        [
+            (DTYPES[0], None, K),
+            (DTYPES[0], None, K + 4),  # rows not 16-byte aligned: the synchronous staging
+            (DTYPES[1], None, K),
+            (DTYPES[2], None, K),
+            (DTYPES[2], "tf32", K),
+            (DTYPES[1], None, K + 4),  # so that both staging paths meet both architectures
+        ],
+        ["float16", "float16-sync", "bfloat16", "float32", "tf32", "bfloat16-sync"],
+    ),
 )
 def test_operand_prologue_kernels_keep_to_registers(dtype, precision, k, arch, record_property):
     """``tt.relu(x) @ tt.abs(w)``: the operand prologues' kernel keeps to registers (0 spills,
@@ -207,15 +226,17 @@ def mma_sync_like(report, dtype, k: int, arch: str):
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize(
-    ("what", "dtypes", "fn"),
-    [
-        ("float16 x into float32", (np.float16, np.float32), lambda x, w: x.astype(np.float32) @ w),
-        ("bool w into float16", (np.float16, np.bool_), lambda x, w: x @ w.astype(np.float16)),
-    ],
-    ids=["float16-float32", "bool-float16"],
-)
+    ("what", "dtypes", "fn", "arch"),
+    **on_both(
+        [
+            ("float16 x into float32", (np.float16, np.float32),
+             lambda x, w: x.astype(np.float32) @ w),
+            ("bool w into float16", (np.float16, np.bool_), lambda x, w: x @ w.astype(np.float16)),
+        ],
+        ["float16-float32", "bool-float16"],
+    ),
+)  # fmt: skip
 def test_cast_prologue_kernels_keep_to_registers(what, dtypes, fn, arch, record_property):
     """A cast on the way in (the synchronous staging converts in registers): 0 spills, no local
     memory."""

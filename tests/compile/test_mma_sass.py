@@ -4,6 +4,8 @@ Structural facts only (opcodes, vector widths, ratios with floors and ceilings f
 kernels' figures), never exact instruction counts.
 """
 
+import collections
+
 import pytest
 from numba import cuda, float32
 from numba.types import float16
@@ -261,6 +263,37 @@ def test_tf32_main_loop(kernel, threads, per_tile, k_steps, ceiling, arch, recor
     # the epilogue stores C two float32 at a time (8 bytes), never one
     stores = 2 * per_tile // k_steps  # 2 per 16 x 8 C tile
     assert report.count("STG.E.64") >= stores and report.histogram.get("STG.E", 0) == 0, report
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_tf32_transposed_main_loop(operand, arch, record_property):
+    """The wide TF32 tile (4 warps of 64 x 64, k-tiles of 32) with A read as (K, M) or B as
+    (N, K), the backward GEMMs' operands: 0 spills; A's fragments 4 LDS.32 per 16 rows and k8
+    step (ldmatrix cannot transpose 32-bit elements), B's one ldmatrix.x4 per 16 columns
+    instead of two LDS.64; the instructions per HMMA printed beside the plain tile's."""
+    kernel = tf.matmul_tf32_at if operand == "a" else tf.matmul_tf32_bt
+    report = inspect.compile(kernel, TF32_SIG, arch=arch, block=128)
+    assert report.spill_stores == report.spill_loads == 0 and not report.uses_local_memory
+    loop, hmma, ldsm, scalar_lds = loop_facts(report)
+    tiles = hmma // 128  # 128 HMMA per k-tile and warp; the loop is unrolled over the stages
+    assert hmma == 128 * tiles and tiles >= 1 and loop.count("BAR.SYNC") == tiles
+    per_step = 4 * 4 * tiles  # 4 blocks of 16 rows (columns) per warp tile, 4 k8 steps
+    kinds = collections.Counter(i.opcode for i in scalar_lds)
+    if operand == "a":
+        assert ldsm == 0 and kinds == {"LDS": 4 * per_step, "LDS.64": 2 * per_step}, kinds
+    else:
+        assert ldsm == 2 * per_step and not scalar_lds, loop.key_opcodes()
+    plain, plain_hmma, _, _ = loop_facts(
+        inspect.compile(tf.matmul_tf32_wide, TF32_SIG, arch=arch, block=128)
+    )
+    per_hmma = loop.instructions / hmma
+    record_property(
+        "resources",
+        f"{report.name:45} {arch}  regs {report.registers}  instr/HMMA {per_hmma:.2f} (plain "
+        f"{plain.instructions / plain_hmma:.2f}, Triton {TF32_TRITON})",
+    )
+    assert per_hmma <= (3.0 if operand == "a" else 2.11), loop.key_opcodes()
 
 
 @cuda.jit

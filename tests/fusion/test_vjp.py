@@ -177,6 +177,32 @@ def test_16_bit_backward_gemms_read_the_transposed_operands_on_tensor_cores(dtyp
     assert all(k.startswith(prefix) for k in gemms), kernels
 
 
+@pytest.mark.sim_only(reason="the profiler, which names the kernels, exists only in the simulator")
+def test_tf32_backward_gemms_read_the_transposed_operands_on_tensor_cores():
+    """precision="tf32": dx = dz @ w.T and dw = x.T @ dz on the TF32 kernel's transposed
+    variants, within its bound (docs/matmul.md: 2**-9 + 2**-20 + 2 (K + 2) 2**-24 times the
+    product of the absolute values, K the GEMM's inner size); db a float32 column sum."""
+    rng = np.random.default_rng(6)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in [(40, 24), (24, 32), (32,)])
+    dz = rng.standard_normal((40, 32)).astype(np.float32)
+    affine = tt.fuse(lambda x, w, b: x @ w + b, precision="tf32")
+    _, pullback = tt.vjp(affine, *on("device", x, w, b))
+    with sim.profile() as prof:
+        dx, dw, db = (d.copy_to_host() for d in pullback(on("device", dz)[0]))
+    kernels = {name for name, _ in prof.traffic}
+    for suffix in ("_at", "_bt"):
+        assert any(k.startswith("matmul_tf32_") and k.endswith(suffix) for k in kernels), kernels
+    assert all(k.startswith("matmul_tf32_") for k in kernels if k.startswith("matmul_")), kernels
+    x64, w64, dz64 = (v.astype(np.float64) for v in (x, w, dz))
+    for got, want, scale, k in [
+        (dx, dz64 @ w64.T, np.abs(dz64) @ np.abs(w64.T), 32),
+        (dw, x64.T @ dz64, np.abs(x64.T) @ np.abs(dz64), 40),
+    ]:
+        bound = (2.0**-9 + 2.0**-20 + 2 * (k + 2) * 2.0**-24) * scale
+        assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
+    assert np.all(np.abs(db - dz64.sum(0)) <= 40 * 2.0**-24 * np.abs(dz64).sum(0))  # 40 adds
+
+
 def test_ties_and_kinks_follow_pytorch(side):
     """max shares its cotangent among the tied elements, maximum gives half to each side of a
     tie, relu and abs have derivative 0 at 0."""

@@ -21,7 +21,7 @@ Simulated blocks cost about 0.5 ms per thread and K step: a one-warp
 
 import numpy as np
 import pytest
-from helpers import SIDES, back, on
+from helpers import SIDES, back, on, transposed
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from numba import cuda
@@ -169,6 +169,36 @@ def test_strided_device_operand_falls_back_to_exact():
     got = ops.matmul(d_a, d_b, config=TINY, precision="tf32")
     check(got.copy_to_host(), a[:, ::2], b[:, ::2], exact=True)
     assert FELL_BACK in reasons(ops.matmul, d_a, d_b, config=TINY, precision="tf32")
+
+
+@pytest.mark.parametrize("layout", ["a_t", "b_t", "both_t"])
+def test_transposed_device_operands_run_tf32_in_place(layout):
+    """The backward GEMMs' operands, x.T of x.T @ dy and w.T of dy @ w.T (transposes of
+    row-major device arrays): the TF32 kernel reads them in place, and explain says so."""
+    rng = np.random.default_rng(7)
+    trans_a, trans_b = layout != "b_t", layout != "a_t"
+    m, k, n = 40, 36, 44
+    a_base = rand(rng, (k, m) if trans_a else (m, k))
+    b_base = rand(rng, (n, k) if trans_b else (k, n))
+    d_a, d_b = on("device", a_base, b_base)
+    a, a_np = (transposed(d_a), a_base.T) if trans_a else (d_a, a_base)
+    b, b_np = (transposed(d_b), b_base.T) if trans_b else (d_b, b_base)
+    got = ops.matmul(a, b, config=TINY, precision="tf32")
+    check(got.copy_to_host(), a_np, b_np)
+    why = reasons(ops.matmul, a, b, config=TINY, precision="tf32")
+    assert ON_TENSOR_CORES in why and "transposed in memory" in why, why
+
+
+def test_transposed_unaligned_rows_fall_back_to_exact():
+    """x.T whose rows are not 16-byte aligned (M = 33 floats): the exact kernel reads the view
+    as it is (the TF32 kernel would need them aligned)."""
+    rng = np.random.default_rng(8)
+    x, dy = rand(rng, (40, 33)), rand(rng, (40, 36))
+    d_x, d_dy = on("device", x, dy)
+    got = ops.matmul(transposed(d_x), d_dy, config=TINY, precision="tf32")
+    check(got.copy_to_host(), x.T, dy, exact=True)
+    why = reasons(ops.matmul, transposed(d_x), d_dy, config=TINY, precision="tf32")
+    assert FELL_BACK in why and "transposed in memory" not in why, why
 
 
 def test_strided_host_operands_are_copied_and_run_tf32():

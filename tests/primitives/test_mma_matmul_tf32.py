@@ -152,6 +152,66 @@ def test_zero_bank_conflicts_and_planned_traffic(cfg, shape):
     assert_within_bound(c, a, b, bias)
 
 
+LAYOUTS = {"plain": (False, False), "a_t": (True, False), "b_t": (False, True),
+           "both_t": (True, True)}  # fmt: skip
+TRANSPOSED = ["a_t", "b_t", "both_t"]
+
+
+def transposed_operands(batch, m, n, k, trans_a, trans_b, seed):
+    """The kernel's arrays (A as (K, M), B as (N, K) where transposed) and the product's
+    operands as views of them."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((batch, k, m) if trans_a else (batch, m, k)).astype(np.float32)
+    b = rng.standard_normal((batch, n, k) if trans_b else (batch, k, n)).astype(np.float32)
+    return a, b, (a.transpose(0, 2, 1) if trans_a else a), (b.transpose(0, 2, 1) if trans_b else b)
+
+
+def run_transposed(a, b, m, n, k, layout, side="host", profile=None, **cfg):
+    trans_a, trans_b = LAYOUTS[layout]
+    c = np.full((a.shape[0], m, n), np.nan, np.float32)
+    kernel = tf.tf32_matmul(**cfg, trans_a=trans_a, trans_b=trans_b)
+    p = tf.plan(a.shape[0], m, n, k, tf.ANCHOR._replace(**cfg, trans_a=trans_a, trans_b=trans_b))
+    args = on(side, a, b, np.zeros(1, np.float32), c)
+    if profile is None:
+        p.launch(kernel, *args)
+    else:
+        with profile() as prof:
+            p.launch(kernel, *args)
+        assert_planned_profile(prof, p)
+    return args[3] if side == "host" else args[3].copy_to_host()
+
+
+@pytest.mark.parametrize("layout", TRANSPOSED)
+@pytest.mark.parametrize(
+    ("shape", "cfg"), [((1, 40, 48, 40), SMALL), ((2, 36, 64, 24), SMALL2)], ids=["w1", "w2"]
+)
+def test_transposed_operands_within_tf32_bound(layout, shape, cfg, side):
+    """A read as (K, M) (four LDS.32 per fragment), B as (N, K) (ldmatrix on rows taken in
+    pairs), both: shapes straddling the tiles, host and device arrays (module tc_tf32)."""
+    batch, m, n, k = shape
+    a, b, va, vb = transposed_operands(batch, m, n, k, *LAYOUTS[layout], seed=m + n + k)
+    assert_within_bound(run_transposed(a, b, m, n, k, layout, side, **cfg), va, vb)
+
+
+@pytest.mark.sim_only(reason="the profiler counts bank conflicts in the simulator")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(
+    "cfg",
+    [dict(tile_m=128, tile_n=128, tile_k=16, num_warps=8, num_stages=3),
+     dict(tile_m=128, tile_n=128, tile_k=32, num_warps=4, num_stages=3)],
+    ids=["anchor", "wide"],
+)  # fmt: skip
+def test_transposed_tiles_conflict_free_and_read_as_planned(layout, cfg):
+    """The anchor and the wide tile (4 warps, k-tiles of 32: two rows a quarter-warp of copies,
+    which the k-row swizzle before this one made conflict, 256 extra wavefronts a tile) with
+    each layout: 0 bank conflicts, A and B read as the plan says."""
+    from tessera_tile import sim
+
+    a, b, va, vb = transposed_operands(1, 128, 128, 2 * cfg["tile_k"], *LAYOUTS[layout], seed=8)
+    c = run_transposed(a, b, 128, 128, va.shape[2], layout, profile=sim.profile, **cfg)
+    assert_within_bound(c, va, vb)
+
+
 @pytest.mark.sim_only(reason="the profiler counts bank conflicts in the simulator")
 def test_default_config_single_tile():
     """The shipped default (128 x 128 x 16, 8 warps, 3 stages) on one tile, conflict free."""
@@ -197,6 +257,8 @@ def test_configs_are_validated():
         tf.tf32_matmul(32, 32, 64, 1, 2)
     with pytest.raises(ValueError, match="no architecture gives a block more than"):
         tf.tf32_matmul(256, 256, 32, 8, 4)  # 256 KiB
+    with pytest.raises(ValueError, match="tile_m of at least 32"):  # A's scalar fragment reads
+        tf.tf32_matmul(16, 32, 16, 1, 2, trans_a=True)
 
 
 def test_check_operands():

@@ -92,19 +92,37 @@ def wgmma_config(
 
 
 def transposable(config: TileConfig, transposed: tuple[bool, bool]) -> TileConfig:
-    """``config``, or where its tiles cannot be staged transposed (a warp-specialised tile, or
-    a tile_m not 8 times a power of two) the mma.sync anchor tile of its warps and stages."""
+    """``config``, or where its tiles cannot be staged transposed (a warp-specialised tile, a
+    tile_m not a power of two times a chunk, a TF32 tile_m under 32) the mma.sync anchor tile
+    of its dtype, warps and stages."""
+    tf32 = config.dtype == "tf32"
     try:
         if config.num_warps == WARP_SPECIALISED:
             raise ValueError
         tc.TensorCoreConfig(
             config.tile_m, config.tile_n, config.tile_k, config.num_warps, config.num_stages,
-            trans_a=transposed[0], trans_b=transposed[1],
+            tf32=tf32, trans_a=transposed[0], trans_b=transposed[1],
         ).validate()  # fmt: skip
         return config
     except ValueError:
         warps = 8 if config.num_warps == WARP_SPECIALISED else config.num_warps
-        return TileConfig(128, 128, 32, warps, config.num_stages, dtype="float16")
+        return TileConfig(128, 128, 16 if tf32 else 32, warps, config.num_stages,
+                          dtype=config.dtype)  # fmt: skip
+
+
+def transposed_reasons(config: TileConfig, staged: TileConfig, names, transposed) -> list:
+    """What ``explain`` says of operands read transposed, and of a tile replaced for them."""
+    names_t = " and ".join(n for n, t in zip(names, transposed, strict=True) if t)
+    reasons = [
+        f"{names_t} transposed in memory (the transpose of a row-major array): read in place, "
+        "each tile staged as it lies"
+    ]
+    if staged != config:
+        reasons.append(
+            f"tile {config} cannot stage a transposed operand (a staged row must be a power of "
+            f"two times 16 bytes, its copies split evenly over the block): {staged}"
+        )
+    return reasons
 
 
 def choose_kernel(
@@ -142,15 +160,19 @@ def choose_kernel(
 
     if config.dtype == "tf32":
         if tensor_rows == "aligned" and not convert:
-            c = config
-            kernel = tf32.tf32_matmul(
-                c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
-                dual, prologue,
-            )  # fmt: skip
             reasons.append(
                 "precision='tf32': float32 on TF32 tensor cores (mma m16n8k8; each input read "
                 "with 10 mantissa bits, the low 13 ignored; float32 accumulation)"
             )
+            if any(transposed):
+                staged = transposable(config, transposed)
+                reasons += transposed_reasons(config, staged, names, transposed)
+                config = staged
+            c = config
+            kernel = tf32.tf32_matmul(
+                c.tile_m, c.tile_n, c.tile_k, c.num_warps, c.num_stages, activation, has_bias,
+                dual, prologue, trans_a=transposed[0], trans_b=transposed[1],
+            )  # fmt: skip
             signature = f"void({', '.join(types)})"
             return KernelChoice(
                 kernel, config, config.threads, signature, tuple(reasons), ring_bytes(config)
@@ -178,12 +200,6 @@ def choose_kernel(
                 + ": the tensor-core kernel's synchronous variant, 8 warps, 2 stages"
             )  # fmt: skip
             config = TC_UNALIGNED
-        if any(transposed):
-            names_t = " and ".join(n for n, t in zip(names, transposed, strict=True) if t)
-            reasons.append(
-                f"{names_t} transposed in memory (the transpose of a row-major array): read in "
-                "place, each tile staged as it lies"
-            )
         c = config
         signature = f"void({', '.join(types)})"
         warpgroups = None
@@ -198,6 +214,8 @@ def choose_kernel(
             if c.num_warps == WARP_SPECIALISED:  # the tuner's producer tile: its 8-warp twin
                 c = config = dataclasses.replace(c, num_warps=8)
         if warpgroups is not None:
+            if any(transposed):  # the wgmma kernel stages any tile transposed
+                reasons += transposed_reasons(config, config, names, transposed)
             kernel = wg.wgmma_matmul(
                 *warpgroups[:5], activation, has_bias, bf16=warpgroups.bf16,
                 producer=warpgroups.producer, trans_a=warpgroups.trans_a,
@@ -215,11 +233,7 @@ def choose_kernel(
             )  # fmt: skip
         if any(transposed):  # the mma.sync kernel's tiles
             staged = transposable(config, transposed)
-            if staged != config:
-                reasons.append(
-                    f"tile {config} cannot stage a transposed operand (a staged row must be 8 "
-                    f"times a power of two, its copies split evenly over the block): {staged}"
-                )
+            reasons += transposed_reasons(config, staged, names, transposed)
             c = config = staged
         if c.num_warps == WARP_SPECIALISED:
             raise warp_specialised_refusal(c, "here two products share A" if dual else

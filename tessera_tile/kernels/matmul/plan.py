@@ -190,16 +190,24 @@ class Product(HandWritten):
         geo = geometry(self.batch, mats + [m for _, m in dual] + extra_mats)
         # A or B transposed in memory (x.T, w.T of row-major arrays: a backward GEMM's) is read
         # in place by the tensor-core kernel as its (K, M) / (N, K) transpose
+        # (TF32 only where every launch's rows are 16-byte aligned: its fallback, the exact SIMT
+        # kernel, reads A and B as they are)
         transposed = (False, False)
-        if self.dtype.itemsize == 2 and config.dtype == "float16" and not dual:
+        tf32 = config.dtype == "tf32"
+        if (self.dtype.itemsize == 2 and config.dtype == "float16" or tf32) and not dual:
             swapped = [transpose(m) for m in mats[:2]]
             if inner_contiguous(mats[2]) and all(
                 inner_contiguous(m) or inner_contiguous(t)
                 for m, t in zip(mats[:2], swapped, strict=True)
             ):
-                transposed = tuple(not inner_contiguous(m) for m in mats[:2])
-                pairs = zip(mats[:2], swapped, transposed, strict=True)
-                mats[:2] = [t if flip else m for m, t, flip in pairs]
+                flips = tuple(not inner_contiguous(m) for m in mats[:2])
+                pairs = zip(mats[:2], swapped, flips, strict=True)
+                read = [t if flip else m for m, t, flip in pairs] + mats[2:]
+                tiled = list(zip((a, b, c), read, geo.z_strides[:3], strict=True))
+                if not tf32 or all(
+                    self._aligned(tiled, count == 1, index) for index, _, count in geo.indices()
+                ):
+                    transposed, mats = flips, read
         z_extras = geo.z_strides[3 + len(dual) :]
         act = self.epilogue
         if act is None:
@@ -225,13 +233,7 @@ class Product(HandWritten):
             if convert and all(inner_contiguous(x) for _, x, _ in tiled):
                 tensor_rows = "contiguous"  # the synchronous staging converts
             elif all(inner_contiguous(x) for _, x, _ in tiled):
-                chunk = 16 // self.dtype.itemsize  # elements per 16-byte cp.async
-                aligned = all(
-                    rows_aligned(x, 0 if one else zs, first_address(r, x, index))
-                    and x.cols % chunk == 0
-                    for r, x, zs in tiled
-                )
-                tensor_rows = "aligned" if aligned else "contiguous"
+                tensor_rows = "aligned" if self._aligned(tiled, one, index) else "contiguous"
             types = (
                 array_type(a.dtype, 3, layout(ma, count, za)),
                 array_type(b.dtype, 3, layout(mb, count, zb)),
@@ -267,6 +269,15 @@ class Product(HandWritten):
             )
             launches.append((index, z0, count, choice))
         return geo, mats, launches
+
+    def _aligned(self, tiled, one: bool, index) -> bool:
+        """Whether every ``(array, matrix, batch stride)`` of ``tiled`` has 16-byte aligned rows
+        of whole 16-byte chunks in launch ``index`` (``one``: a single matrix)."""
+        chunk = 16 // self.dtype.itemsize  # elements per 16-byte cp.async
+        return all(
+            rows_aligned(x, 0 if one else zs, first_address(r, x, index)) and x.cols % chunk == 0
+            for r, x, zs in tiled
+        )
 
     # running ------------------------------------------------------------------------------
     def inputs(self) -> dict:

@@ -70,8 +70,6 @@ from numba import boolean, cuda, float32, int32, uint16, uint32
 from numba.types import float16
 
 from ...mma import (
-    load_f32x2_shared,
-    mma_m16n8k8_tf32,
     mma_m16n8k16,
     mma_m16n8k16_bf16,
     store_bf16x2,
@@ -86,6 +84,7 @@ from ...pipeline import (
 from .._named import NamedKernels
 from ..epilogue import ElementEpilogue, identity
 from ..tc_tiles import INLINE, WARP_SIZE, TensorCoreConfig, entry_point
+from . import tc_tf32
 from .prologue import chunk_pass, name_of, on_load
 from .tc_epilogue import tensor_core_epilogue
 from .tc_plan import Plan, aligned_rows, check_operands, plan
@@ -168,10 +167,6 @@ def build_kernel(
     tf32 = cfg.tf32
     CHUNK = cfg.chunk  # noqa: N806 - tc_tiles.CHUNK's name, this element size's value
     elem = float32 if tf32 else (uint16 if cfg.bf16 else float16)
-    # TF32 B offsets: one per 16-column block modulo 2 (its swizzle repeats every 32 columns
-    # and is the same in rows t and t + 4)
-    nb = min(nt2, 2)
-    frag_b = float32 if tf32 else uint32
     ahead = stages - 1
     lag = stages - 2
     has_bias, async_copy = cfg.has_bias, cfg.async_copy
@@ -190,7 +185,7 @@ def build_kernel(
     q_a, q_b = st_a.copies.per_row, st_b.copies.per_row
     n_off_a = mt if cfg.trans_a else ksteps
     guards_a, guards_b, trans_a = st_a.guards, st_b.guards, cfg.trans_a
-    n_off_b = nb if tf32 else ksteps if cfg.trans_b else nt2
+    n_off_b = ksteps if cfg.trans_b else nt2
 
     # operand prologues (module .prologue): on the way into the tile where the staging is
     # synchronous, else a pass over each landed tile
@@ -198,20 +193,22 @@ def build_kernel(
     pass_a, pass_b = (chunk_pass(fn if async_copy else None, CHUNK) for fn in (fn_a, fn_b))
     pro_a, pro_b = (async_copy and fn is not None for fn in (fn_a, fn_b))
 
-    @cuda.jit(device=True)
-    def chunk_b_tf32(r, c):
-        """TF32 B rows (8 or more chunks): chunk ``c ^ 2 (r % 4)``. A half-warp's LDS.64 of
-        rows t (+ 4), columns 2g, 2g + 1 reads chunks 2 j, 2 j + 1 of rows t = 0..3: all 32
-        banks once; rows t and t + 4 share the pattern, so one offset serves both."""
-        return c ^ ((r & 3) << 1)
-
+    swizzle_a, swizzle_b = tc_tf32.swizzles(cfg) if tf32 else (None, None)
     chunk_a, targets_a, load_a, transform_a, offsets_a, block_a = stage_functions(
-        st_a, False, tile_k, n_off_a, async_copy, sync_chunk(elem, CHUNK, on_load(fn_a)), pass_a
-    )
+        st_a, False, tile_k, n_off_a, async_copy, sync_chunk(elem, CHUNK, on_load(fn_a)), pass_a,
+        swizzle_a,
+    )  # fmt: skip
     chunk_b, targets_b, load_b, transform_b, offsets_b, block_b = stage_functions(
         st_b, True, tile_k, n_off_b, async_copy, sync_chunk(elem, CHUNK, on_load(fn_b)), pass_b,
-        chunk_b_tf32 if tf32 else None,
+        swizzle_b,
     )  # fmt: skip
+    # TF32: the swapped mma's fragment reads, offsets and types (module .tc_tf32)
+    frags = tc_tf32.fragments(cfg, mt, nt, chunk_a, chunk_b, block_a, block_b)
+    offsets_tf32 = frags.offsets
+    frag_a, frag_b = uint32, uint32
+    if tf32:
+        n_off_a, n_off_b, frag_a, frag_b = frags[:2] + frags[5:]
+        block_a = frags.a_block
 
     store = store_bf16x2 if cfg.bf16 else store_f32x2 if tf32 else store_f16x2
     epilogue = tensor_core_epilogue(
@@ -251,7 +248,7 @@ def build_kernel(
             transform_b(sb, s * b_stage, k, kt * tile_k, b_dst, b_r, b_c)
         cuda.syncthreads()
 
-    mma = mma_m16n8k8_tf32 if tf32 else (mma_m16n8k16_bf16 if cfg.bf16 else mma_m16n8k16)
+    mma = mma_m16n8k16_bf16 if cfg.bf16 else mma_m16n8k16
 
     @cuda.jit(device=True, **INLINE)
     def multiply(fa, fb, acc):
@@ -267,36 +264,6 @@ def build_kernel(
                     acc[i, j, q] = d[q]
 
     @cuda.jit(device=True, **INLINE)
-    def multiply_tf32(fa, fb, acc):
-        """The k8 step's mma with the operands swapped (C^T = B^T A^T, matmul_tf32's doc): the
-        B fragment of 16 columns (fb rows 2I, 2I + 1) as the mma's A, the A fragment of 8
-        rows (fa[i] half jb) as its B; tile (I, 2i + jb) accumulates in acc[i, 2I + jb]."""
-        for i in range(mt):
-            for jb in range(2):
-                for blk in range(nt2):
-                    j = 2 * blk + jb
-                    d = mma(
-                        (fb[2 * blk, 0], fb[2 * blk, 1], fb[2 * blk + 1, 0], fb[2 * blk + 1, 1]),
-                        (fa[i, 2 * jb], fa[i, 2 * jb + 1]),
-                        (acc[i, j, 0], acc[i, j, 1], acc[i, j, 2], acc[i, j, 3]),
-                    )
-                    for q in range(4):
-                        acc[i, j, q] = d[q]
-
-    @cuda.jit(device=True, **INLINE)
-    def b_step_tf32(sb, b_base, ks, fa, fb, acc, b_off):
-        """B of one k8 step by two LDS.64 per 16 columns (rows t and t + 4, columns 2g,
-        2g + 1: one A fragment of the swapped mma, no register moves), then the swapped mma."""
-        for blk in range(nt2):
-            for h in range(2):
-                row = tile_n * (8 * ks + 4 * h)
-                v = load_f32x2_shared(sb, b_base + b_off[blk % 2] + 32 * (blk // 2) + row)
-                fb[2 * blk + h, 0] = v[0]
-                fb[2 * blk + h, 1] = v[1]
-        multiply_tf32(fa, fb, acc)
-
-    @cuda.jit(device=True, **INLINE)
-    @cuda.jit(device=True, **INLINE)
     def b_step_f16(sb, b_base, ks, fa, fb, acc, b_off):
         """B fragments of one k16 step (a 16-column block: two n8 tiles), then mt x nt mma."""
         for j in range(nt2):
@@ -307,13 +274,13 @@ def build_kernel(
             fb[2 * j + 1, 1] = f[3]
         multiply(fa, fb, acc)
 
-    b_step = b_step_tf32 if tf32 else b_step_f16
+    b_step = frags.b_step if tf32 else b_step_f16
 
     @cuda.jit(device=True, **INLINE)
     def k_step(sa, sb, sb2, a_base, b_base, ks, fa, fb, acc, acc2, a_off, b_off):
-        """One k step of the warp tile: A fragments by ldmatrix (TF32: per 16 rows, two 8 x 8
-        B fragments of the swapped mma), then B's fragments and their mma (dual: B2's too,
-        on the same A fragments)."""
+        """One k step of the warp tile: A fragments (TF32: per 16 rows, two 8 x 8 B fragments
+        of the swapped mma), then B's fragments and their mma (dual: B2's too, on the same A
+        fragments)."""
         for i in range(mt):
             f = block_a(sa, a_base, a_off, ks, i)
             for q in range(4):
@@ -321,21 +288,6 @@ def build_kernel(
         b_step(sb, b_base, ks, fa, fb, acc, b_off)
         if dual:
             b_step(sb2, b_base, ks, fa, fb, acc2, b_off)
-
-    @cuda.jit(device=True)
-    def offsets_tf32(lane, wm0, wn0, a_off, b_off):
-        # A (swapped mma): rows lane % 8 + 8 (lane // 16), chunk 2 ks + lane // 8 % 2, so that
-        # the 4 matrices are k 0-3 and 4-7 of rows 0-7, then of rows 8-15.
-        r = wm0 + lane % 8 + 8 * (lane // 16)
-        for ks in range(ksteps):
-            a_off[ks] = r * tile_k + chunk_a(r, 2 * ks + lane // 8 % 2) * CHUNK
-        # B: lane (g, t) reads k-rows t and t + 4 (+ 8 ks), columns wn0 + 16 blk + 2g, + 1
-        # (+ 32 per two blocks: 8 chunks, above the bits the swizzle's XOR changes)
-        g = lane >> 2
-        t = lane & 3
-        for blk in range(nb):
-            col = wn0 + 16 * blk + 2 * g
-            b_off[blk] = t * tile_n + chunk_b(t, col // CHUNK) * CHUNK + col % CHUNK
 
     @cuda.jit(device=True, **INLINE)
     def tile_step(sa, sb, sb2, a, b, b2, bz, m0, n0, k, kt, tiles, s, fa, fb, acc, acc2, a_off,
@@ -372,7 +324,7 @@ def build_kernel(
         # Local arrays indexed only by constants (loops over constants, unrolled): registers.
         acc = cuda.local.array((mt, nt, 4), float32)
         acc2 = cuda.local.array(acc2_shape, float32)
-        fa = cuda.local.array((mt, 4), uint32)
+        fa = cuda.local.array((mt, 4), frag_a)
         fb = cuda.local.array((nt, 2), frag_b)
         a_off = cuda.local.array(n_off_a, int32)
         b_off = cuda.local.array(n_off_b, int32)

@@ -88,17 +88,22 @@ def tf32_matmul(
     has_bias: bool = False,
     dual: bool = False,
     prologue: tuple = (None, None),
+    *,
+    trans_a: bool = False,
+    trans_b: bool = False,
 ):
     """The ``cuda.jit`` kernel ``kernel(a, b, bias, c)``: ``c = activation(a @ b + bias)`` for
     float32 operands on TF32 tensor cores, float32 accumulation (memoised per configuration);
-    ``dual`` and ``prologue``: as :func:`~.matmul_tc.tensor_core_matmul`'s.
+    ``dual``, ``prologue``, ``trans_a`` and ``trans_b``: as
+    :func:`~.tc.tensor_core_matmul`'s (the transposed operands' fragments:
+    :mod:`.tc_tf32`).
 
     ``tile_k`` 8, 16 or 32; ``tile_n`` at least 32; warp tiles multiples of 16 x 16. Needs
     :func:`aligned_rows`. See the module doc for the launch, the layouts and the precision.
     """
     cfg = TensorCoreConfig(
         tile_m, tile_n, tile_k, num_warps, num_stages, bool(has_bias), True, True,
-        dual=bool(dual),
+        dual=bool(dual), trans_a=bool(trans_a), trans_b=bool(trans_b),
     )  # fmt: skip
     cfg.validate(activation)
     return build_kernel(cfg, activation, __name__, tuple(prologue))
@@ -129,6 +134,10 @@ NAMED = NamedKernels(
         # 4 warps of 64 x 64 and k-tiles of 32 (96 KiB, dynamic shared memory): the first of
         # tile_config.TF32_CANDIDATES, 2.11 / 2.15 instructions per HMMA on sm_80 / sm_90
         "matmul_tf32_wide": lambda: tf32_matmul(128, 128, 32, 4, 3),
+        # the backward GEMMs' operands read transposed (x.T of x.T @ dy, w.T of dy @ w.T) on
+        # that tile: 2.83 / 2.88 and 1.90 / 1.93 instructions per HMMA (sm_80 / sm_90)
+        "matmul_tf32_at": lambda: tf32_matmul(128, 128, 32, 4, 3, trans_a=True),
+        "matmul_tf32_bt": lambda: tf32_matmul(128, 128, 32, 4, 3, trans_b=True),
     },
 )
 __getattr__ = NAMED.module_getattr
