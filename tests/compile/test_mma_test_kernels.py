@@ -47,6 +47,7 @@ SIGNATURES = {
         "pair_store": [f"void({F32_2D}, int64)"],
         "swapped_tile_mma_tf32": [f"void({F32_2D}, {F32_2D}, {F32_2D})"],
         "pair_load": [f"void(int64, {F32_2D})"],
+        "scalar_load": [f"void(int64, {F32})"],
     },
 }
 # kernels whose test checks that the compiler refuses them (the simulator's twin must too)

@@ -333,6 +333,30 @@ def test_load_f32x2_shared_refuses_misaligned_pairs():
 
 
 @cuda.jit
+def scalar_load(s_index, out):
+    s = cuda.shared.array((2, 32), float32)
+    lane = cuda.threadIdx.x
+    s[0, lane] = float32(lane)
+    s[1, lane] = float32(-lane)
+    cuda.syncthreads()
+    out[lane] = mma.load_f32_shared(s, (s_index, lane))
+
+
+def test_load_f32_shared_reads_one_float():
+    out = np.zeros(32, np.float32)
+    scalar_load[1, 32](np.int64(1), out)
+    np.testing.assert_array_equal(out, -np.arange(32, dtype=np.float32))
+
+
+@pytest.mark.sim_only(reason="the GPU reads whatever lies past the array; the twin refuses it")
+def test_load_f32_shared_refuses_an_index_outside_the_array():
+    from tessera_tile import sim
+
+    with pytest.raises(sim.SimulationError, match="out of bounds"):
+        scalar_load[1, 32](np.int64(2), np.zeros(32, np.float32))
+
+
+@cuda.jit
 def trans_on_float32(out):
     s = cuda.shared.array((32, 4), float32, alignment=16)
     lane = cuda.threadIdx.x
