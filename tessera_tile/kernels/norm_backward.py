@@ -7,7 +7,7 @@ the blocks' column partials of both, and a small one folds the partials:
 
 ::
 
-    a group of G threads per row (32 to 512, RMS norm 1,024: the fewest that give each thread
+    a group of G threads per row (32 to 1,024: the fewest that give each thread
       at most 8 elements of a row, 4 of float64), 256 / G groups per block of 256 (one group
       of 512 or 1,024);
       grid = at most 512 threads per SM of the GPU, every block looping over rows
@@ -61,10 +61,14 @@ FULL_MASK = 0xFFFFFFFF
 GRID_THREADS = 2 * BLOCK if _config.SIMULATED else target.GPU_SMS * 2 * BLOCK
 
 
-# RMS norm's kernel fits a launch bound of 1,024 threads (60 registers, 0 spills on sm_80 and
-# sm_90 at 8 float32 a thread); layer norm's would spill (64 registers and 12 B), so its rows
-# stop at 4,096 elements a group of 512 holds.
-LARGEST_GROUP = {"layer": 512, "rms": 1024}
+# Both fit a launch bound of 1,024 threads at 8 float32 or float16 a thread in 16-byte accesses
+# (64 registers at most; RMS norm 59, 0 spills on sm_80 and sm_90); single-element accesses
+# (24 to 300 B of spills) and float64 (24 to 176 B) stay at 512. Layer norm's spilled 12 B
+# holding its weight for all rows and g across the row's last sums, so a group of 1,024 reads
+# its weight again for each row (from the cache: 32 KiB at most) and adds to the gradients'
+# sums before those sums: 64 registers, 0 spills.
+LARGEST_GROUP = {"layer": 1024, "rms": 1024}
+RELOADS_WEIGHT = 1024  # a layer norm's group this large reads its weight per row
 
 
 @functools.lru_cache(maxsize=256)
@@ -76,7 +80,7 @@ def shape(kind: str, n: int, dtype, vector: bool) -> tuple[int, int, int, int] |
     width = 16 // dtype.itemsize if vector else 1
     limit = ELEMENTS.get(dtype, MAX_ELEMENTS)
     for group in (*GROUPS, 1024):
-        if group > LARGEST_GROUP[kind]:
+        if group > LARGEST_GROUP[kind] or group == 1024 and (width == 1 or dtype == np.float64):
             break
         accesses = -(-n // (group * width))
         if accesses * width <= limit:
@@ -182,6 +186,7 @@ def _source(kind, threads, group, accesses, width, grads) -> str:
     """The kernel's text: every access of the thread's columns written out (the elements live
     in registers, which a loop over a local array would not keep them in)."""
     has_weight = "weight" in grads  # a weight always gets its gradient
+    per_row = kind == "layer" and group >= RELOADS_WEIGHT  # the weight read for each row
     groups = threads // group
     elems = [(c, k) for c in range(accesses) for k in range(width)]
     lines: list[str] = []
@@ -216,7 +221,7 @@ def _source(kind, threads, group, accesses, width, grads) -> str:
     for c in range(accesses):
         s(f"jc{c} = ({c * group} + lane) * {width}")
         s(f"ok{c} = jc{c} < n")
-    if has_weight:
+    if has_weight and not per_row:
         chunk("w", "weight", "jc{c}", "ok{c}", 1)
         each("w{e} = ct(w{e})")
     for g in grads:
@@ -243,7 +248,17 @@ def _source(kind, threads, group, accesses, width, grads) -> str:
         s(f"ss = group_sum1({total('x{e} * x{e}')}, scratch, 0)", 2)
         s("rstd = inverse_sqrt(ss * inv_n + ct(eps))", 2)
         each("h{e} = x{e} * rstd", 2)
+    if has_weight and per_row:
+        chunk("w", "weight", "jc{c}", "in{c}", 2)
+        each("w{e} = ct(w{e})", 2)
     each("p{e} = g{e} * w{e}" if has_weight else "p{e} = g{e}", 2)
+
+    def accumulate() -> None:  # a row past the last, or a column past the row, adds zeros
+        for g in grads:
+            each(f"{g[0]}acc{{e}} += g{{e}} * h{{e}}" if g == "weight" else "bacc{e} += g{e}", 2)
+
+    if per_row:  # before the row's last sums: g is not held across their barrier
+        accumulate()
     if kind == "layer":
         s(f"a, b = group_sum({total('p{e}')}, {total('p{e} * h{e}')}, scratch, 3)", 2)
         s("ma, mb = a * inv_n, b * inv_n", 2)
@@ -256,8 +271,8 @@ def _source(kind, threads, group, accesses, width, grads) -> str:
             s(f"store16(dx, (row, jc{c}), ({', '.join(vals)},))", 3)
         else:
             s(f"dx[row, jc{c}] = {vals[0]}", 3)
-    for g in grads:  # a row past the last, or a column past the row, adds zeros
-        each(f"{g[0]}acc{{e}} += g{{e}} * h{{e}}" if g == "weight" else "bacc{e} += g{e}", 2)
+    if not per_row:
+        accumulate()
     s("block = cuda.blockIdx.x")
     if not grads:
         return "\n".join(lines) + "\n"
@@ -322,6 +337,7 @@ NAMED = NamedKernels(
         "layer_f16_4096": lambda: _named("layer", np.float16, 4096, True, ("weight", "bias")),
         "layer_f64_1000": lambda: _named("layer", np.float64, 1000, False, ("weight",)),
         "rms_f32_8192": lambda: _named("rms", np.float32, 8192, True, ("weight",)),
+        "layer_f32_8192": lambda: _named("layer", np.float32, 8192, True, ("weight", "bias")),
         "fold2_f32": lambda: fold(np.float32, 2),
         "fold1_f16": lambda: fold(np.float16, 1),
     },

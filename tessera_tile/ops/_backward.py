@@ -86,8 +86,8 @@ class NormBackward:
     """Layer norm's (``kind="layer"``) or RMS norm's (``"rms"``) backward: the hand-written
     kernels where x is float16, float32 or float64, the cotangent an array of its dtype on its
     side, the leading axes of both merge into rows and a row fits the registers of a block
-    (4,096 elements, 2,048 float64; RMS norm twice that); elsewhere the composer's
-    differentiation."""
+    (8,192 float16 or float32 in 16-byte accesses, else 4,096; 2,048 float64); elsewhere the
+    composer's differentiation."""
 
     kind: str
     fn: object  # the forward's fused definition

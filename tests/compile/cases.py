@@ -247,6 +247,7 @@ CASES = [
             ("layer_f16_4096", "float16", "::1", 512, {"sm_80": 84, "sm_90": 84}, NB_VECTOR),
             ("layer_f64_1000", "float64", ":", 256, {"sm_80": 104, "sm_90": 104}, NB_SCALAR),
             ("rms_f32_8192", "float32", "::1", 1024, {"sm_80": 64, "sm_90": 64}, NB_VECTOR),
+            ("layer_f32_8192", "float32", "::1", 1024, {"sm_80": 64, "sm_90": 64}, NB_VECTOR),
         )
     ),
     Case(

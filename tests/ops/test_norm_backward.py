@@ -90,6 +90,7 @@ CASES = [
     ("rms", np.float16, (5, 1000), True, False),
     ("rms", np.float64, (3, 256), True, False),
     ("rms", np.float32, (2, 8192), True, False),  # a group of 1,024 threads
+    ("layer", np.float32, (3, 8192), True, True),  # the same, its weight read for each row
 ]
 
 
@@ -196,3 +197,7 @@ def test_other_cotangents_and_dtypes_take_the_composers_backward():
     long = np.zeros((1, 8200), np.float32)
     _, pullback = tt.vjp(ops.rms_norm, long + 1)
     assert "hand-written" not in " ".join(pullback.explain(long).stages)
+    # past 4,096 single-element accesses (rows of no multiple of 16 bytes) would spill
+    odd = np.zeros((1, 4099), np.float32)
+    _, pullback = tt.vjp(ops.layer_norm, odd + 1)
+    assert "hand-written" not in " ".join(pullback.explain(odd).stages)
