@@ -68,7 +68,12 @@ GRID_THREADS = 2 * BLOCK if _config.SIMULATED else target.GPU_SMS * 2 * BLOCK
 # its weight again for each row (from the cache: 32 KiB at most) and adds to the gradients'
 # sums before those sums: 64 registers, 0 spills.
 LARGEST_GROUP = {"layer": 1024, "rms": 1024}
-RELOADS_WEIGHT = 1024  # a layer norm's group this large reads its weight per row
+
+
+def weight_per_row(kind: str, group: int) -> bool:
+    """Whether ``kind``'s kernel with groups of ``group`` threads reads its weight for each
+    row (layer norm's group of 1,024), not once before its rows."""
+    return kind == "layer" and group >= 1024
 
 
 @functools.lru_cache(maxsize=256)
@@ -186,7 +191,7 @@ def _source(kind, threads, group, accesses, width, grads) -> str:
     """The kernel's text: every access of the thread's columns written out (the elements live
     in registers, which a loop over a local array would not keep them in)."""
     has_weight = "weight" in grads  # a weight always gets its gradient
-    per_row = kind == "layer" and group >= RELOADS_WEIGHT  # the weight read for each row
+    per_row = weight_per_row(kind, group)
     groups = threads // group
     elems = [(c, k) for c in range(accesses) for k in range(width)]
     lines: list[str] = []

@@ -232,12 +232,15 @@ class _NormBackwardCall(HandWritten):
 
     def predicted_bytes(self) -> int:
         """x and dy read once, dx written once, the weight read once by each group of threads
-        (rows at once in a block: on a GPU, the block's later reads hit L1), the partials
-        written and read once, the parameters' gradients written once."""
+        (rows at once in a block: on a GPU, the block's later reads hit L1; a layer norm's
+        group of 1,024 reads it for each row, from the cache), the partials written and read
+        once, the parameters' gradients written once."""
         row_bytes = 3 * self.x.size * self.x.dtype.itemsize
         params = sum(p.size * p.dtype.itemsize for p in self.params)
-        groups = self.grid * (self.threads // self.group)
-        weight = groups * self.n * self.x.dtype.itemsize if "weight" in self.op.params else 0
+        reads = self.grid * (self.threads // self.group)
+        if norm_backward.weight_per_row(self.op.kind, self.group):
+            reads = self.rows
+        weight = reads * self.n * self.x.dtype.itemsize if "weight" in self.op.params else 0
         partials = 2 * len(self.params) * self.grid * self.n * self.compute_dtype.itemsize
         return row_bytes + weight + partials + params
 
