@@ -23,6 +23,7 @@ __all__ = [
     "TensorCoreConfig",
     "entry_point",
     "TileCopies",
+    "swizzled_copies",
     "tile_copies",
 ]
 
@@ -73,6 +74,17 @@ def entry_point(body, extras: bool, dual: bool = False):
             body(a, b, bias, c, (), b)
 
     return kernel
+
+
+def swizzled_copies(rows: int, cols: int, chunk: int, threads: int) -> TileCopies:
+    """:func:`tile_copies` of a ``rows`` x ``cols`` tile of ``chunk`` elements per 16 bytes,
+    whose rows the XOR swizzle needs to be a power of two of chunks (else ``ValueError``)."""
+    chunks = cols // chunk
+    if chunks & (chunks - 1):
+        raise ValueError(
+            f"a shared tile row of {cols} elements must be {chunk} times a power of two (swizzle)"
+        )
+    return tile_copies(rows, chunks, threads)
 
 
 def tile_copies(rows: int, chunks: int, threads: int) -> TileCopies:
@@ -202,13 +214,7 @@ class TensorCoreConfig(NamedTuple):
         transposed = [(self.tile_k, self.tile_m)] if self.trans_a else []
         transposed += [(self.tile_n, self.tile_k)] if self.trans_b else []
         for rows, cols in transposed:  # a transposed operand's staged tile (k rows for A)
-            chunks = cols // self.chunk
-            if chunks & (chunks - 1):
-                raise ValueError(
-                    f"a transposed operand's tile row of {cols} must be {self.chunk} times a "
-                    "power of two (swizzle)"
-                )
-            tile_copies(rows, chunks, self.threads)
+            swizzled_copies(rows, cols, self.chunk, self.threads)
         if self.shared_bytes > MAX_SHARED:
             what = "float32" if self.tf32 else "float16"
             raise ValueError(

@@ -29,7 +29,7 @@ from numba import cuda, int32
 from ...memory import store16_shared
 from ...mma import ldmatrix_x4, ldmatrix_x4_trans
 from ...pipeline import cp_async_cg_16_zfill
-from ..tc_tiles import INLINE, TileCopies, tile_copies
+from ..tc_tiles import INLINE, TileCopies, swizzled_copies
 
 __all__ = ["Staging", "staging", "stage_functions"]
 
@@ -61,12 +61,7 @@ def staging(k_rows: bool, extent: int, tile_k: int, threads: int, chunk: int) ->
     """The staging of an operand whose tile spans ``extent`` rows of C (tile_m) or columns
     (tile_n) and ``tile_k`` of k; ``ValueError`` when the block's copies cannot split it."""
     rows, cols = (tile_k, extent) if k_rows else (extent, tile_k)
-    chunks = cols // chunk
-    if chunks & (chunks - 1):
-        raise ValueError(
-            f"a shared tile row of {cols} elements must be {chunk} times a power of two (swizzle)"
-        )
-    return Staging(k_rows, rows, cols, chunk, tile_copies(rows, chunks, threads))
+    return Staging(k_rows, rows, cols, chunk, swizzled_copies(rows, cols, chunk, threads))
 
 
 def stage_functions(
@@ -199,35 +194,18 @@ def stage_functions(
 def sync_chunk(elem, chunk: int, load):
     """``chunk(dst, offset, src, bz, gr, gc)``: guarded loads of ``chunk`` single elements
     (any alignment) of ``src[bz, gr, gc:]``, ``load`` on each (zero outside ``src``), one
-    16-byte shared store."""
-    if chunk == 4:
-
-        @cuda.jit(device=True)
-        def chunk4(dst, offset, src, bz, gr, gk):
-            rows = src.shape[1]
-            cols = src.shape[2]
-            ok = gr < rows
-            x0 = load(src[bz, gr, gk]) if ok and gk < cols else elem(0)
-            x1 = load(src[bz, gr, gk + 1]) if ok and gk + 1 < cols else elem(0)
-            x2 = load(src[bz, gr, gk + 2]) if ok and gk + 2 < cols else elem(0)
-            x3 = load(src[bz, gr, gk + 3]) if ok and gk + 3 < cols else elem(0)
-            store16_shared(dst, offset, (x0, x1, x2, x3))
-
-        return chunk4
-
-    @cuda.jit(device=True)
-    def chunk8(dst, offset, src, bz, gr, gk):
-        rows = src.shape[1]
-        cols = src.shape[2]
-        ok = gr < rows
-        x0 = load(src[bz, gr, gk]) if ok and gk < cols else elem(0)
-        x1 = load(src[bz, gr, gk + 1]) if ok and gk + 1 < cols else elem(0)
-        x2 = load(src[bz, gr, gk + 2]) if ok and gk + 2 < cols else elem(0)
-        x3 = load(src[bz, gr, gk + 3]) if ok and gk + 3 < cols else elem(0)
-        x4 = load(src[bz, gr, gk + 4]) if ok and gk + 4 < cols else elem(0)
-        x5 = load(src[bz, gr, gk + 5]) if ok and gk + 5 < cols else elem(0)
-        x6 = load(src[bz, gr, gk + 6]) if ok and gk + 6 < cols else elem(0)
-        x7 = load(src[bz, gr, gk + 7]) if ok and gk + 7 < cols else elem(0)
-        store16_shared(dst, offset, (x0, x1, x2, x3, x4, x5, x6, x7))
-
-    return chunk8
+    16-byte shared store; written out, as a tuple cannot be built in a loop."""
+    values = [f"x{i}" for i in range(chunk)]
+    source = "\n".join(
+        [
+            "def sync_chunk(dst, offset, src, bz, gr, gk):",
+            "    ok = gr < src.shape[1]",
+            "    cols = src.shape[2]",
+            *(f"    x{i} = load(src[bz, gr, gk + {i}]) if ok and gk + {i} < cols else elem(0)"
+              for i in range(chunk)),
+            f"    store16_shared(dst, offset, ({', '.join(values)},))",
+        ]
+    )  # fmt: skip
+    namespace = {"load": load, "elem": elem, "store16_shared": store16_shared}
+    exec(source, namespace)  # noqa: S102 - our own generated code
+    return cuda.jit(device=True)(namespace["sync_chunk"])
