@@ -49,6 +49,16 @@ def transposed(x):
     return _arrays.view(x, x.shape[::-1], x.strides[::-1])
 
 
+def transposed_operands(batch, m, n, k, trans_a, trans_b, dtype, seed=0):
+    """A matmul kernel's arrays, A as (batch, K, M) and B as (batch, N, K) where transposed
+    (row-major each, as a backward GEMM's x and w lie), and the product's operands as NumPy
+    views of them."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((batch, k, m) if trans_a else (batch, m, k)).astype(dtype)
+    b = rng.standard_normal((batch, n, k) if trans_b else (batch, k, n)).astype(dtype)
+    return a, b, (a.transpose(0, 2, 1) if trans_a else a), (b.transpose(0, 2, 1) if trans_b else b)
+
+
 def back(result, side: str):
     """A fused result as NumPy, checking it came back on the caller's side."""
     if isinstance(result, tuple):

@@ -15,7 +15,7 @@ at most 1.13 (gelu), asserted with 1.2 plus their own float32 error (4 ulp of th
 
 import numpy as np
 import pytest
-from helpers import assert_planned_profile, on
+from helpers import assert_planned_profile, on, transposed_operands
 
 from tessera_tile.kernels import epilogue
 from tessera_tile.kernels.matmul import tf32 as tf
@@ -157,15 +157,6 @@ LAYOUTS = {"plain": (False, False), "a_t": (True, False), "b_t": (False, True),
 TRANSPOSED = ["a_t", "b_t", "both_t"]
 
 
-def transposed_operands(batch, m, n, k, trans_a, trans_b, seed):
-    """The kernel's arrays (A as (K, M), B as (N, K) where transposed) and the product's
-    operands as views of them."""
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((batch, k, m) if trans_a else (batch, m, k)).astype(np.float32)
-    b = rng.standard_normal((batch, n, k) if trans_b else (batch, k, n)).astype(np.float32)
-    return a, b, (a.transpose(0, 2, 1) if trans_a else a), (b.transpose(0, 2, 1) if trans_b else b)
-
-
 def run_transposed(a, b, m, n, k, layout, side="host", profile=None, **cfg):
     trans_a, trans_b = LAYOUTS[layout]
     c = np.full((a.shape[0], m, n), np.nan, np.float32)
@@ -189,7 +180,7 @@ def test_transposed_operands_within_tf32_bound(layout, shape, cfg, side):
     """A read as (K, M) (four LDS.32 per fragment), B as (N, K) (ldmatrix on rows taken in
     pairs), both: shapes straddling the tiles, host and device arrays (module tc_tf32)."""
     batch, m, n, k = shape
-    a, b, va, vb = transposed_operands(batch, m, n, k, *LAYOUTS[layout], seed=m + n + k)
+    a, b, va, vb = transposed_operands(batch, m, n, k, *LAYOUTS[layout], np.float32, m + n + k)
     assert_within_bound(run_transposed(a, b, m, n, k, layout, side, **cfg), va, vb)
 
 
@@ -207,7 +198,9 @@ def test_transposed_tiles_conflict_free_and_read_as_planned(layout, cfg):
     each layout: 0 bank conflicts, A and B read as the plan says."""
     from tessera_tile import sim
 
-    a, b, va, vb = transposed_operands(1, 128, 128, 2 * cfg["tile_k"], *LAYOUTS[layout], seed=8)
+    a, b, va, vb = transposed_operands(
+        1, 128, 128, 2 * cfg["tile_k"], *LAYOUTS[layout], np.float32, 8
+    )
     c = run_transposed(a, b, 128, 128, va.shape[2], layout, profile=sim.profile, **cfg)
     assert_within_bound(c, va, vb)
 

@@ -8,7 +8,7 @@ float16 (bfloat16) inputs; the tolerances are test_mma_matmul's (float16, relati
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import assert_planned_profile, on
+from helpers import assert_planned_profile, on, transposed_operands
 from numba import cuda, float32
 
 from tessera_tile.kernels.matmul import tc
@@ -16,6 +16,7 @@ from tessera_tile.kernels.matmul import tc
 RTOL_FRO = {np.dtype(np.float16): 1e-2, np.dtype(ml_dtypes.bfloat16): 4.5e-3}
 SMALL = dict(tile_m=32, tile_n=32, tile_k=16, num_warps=1, num_stages=2)
 SMALL2 = dict(tile_m=32, tile_n=32, tile_k=16, num_warps=2, num_stages=3)
+F16 = np.float16
 LAYOUTS = [(True, False), (False, True), (True, True)]
 LAYOUT_IDS = ["a_t", "b_t", "both_t"]
 
@@ -23,15 +24,6 @@ LAYOUT_IDS = ["a_t", "b_t", "both_t"]
 @cuda.jit(device=True)
 def relu(x):
     return max(x, float32(0.0))
-
-
-def operands(batch, m, n, k, trans_a, trans_b, dtype=np.float16, seed=0):
-    """The kernel's arrays (A as (K, M) / B as (N, K) where transposed) and the product's
-    operands as NumPy views of them."""
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((batch, k, m) if trans_a else (batch, m, k)).astype(dtype)
-    b = rng.standard_normal((batch, n, k) if trans_b else (batch, k, n)).astype(dtype)
-    return a, b, (a.transpose(0, 2, 1) if trans_a else a), (b.transpose(0, 2, 1) if trans_b else b)
 
 
 def run(a, b, m, n, k, bias, *, side, trans_a, trans_b, async_copy, profile=None, **cfg):
@@ -74,7 +66,7 @@ def assert_close(got, want):
 def test_transposed_operands_match_numpy(trans_a, trans_b, shape, async_copy, cfg, side):
     """Shapes that straddle the 32 x 32 x 16 tiles, on host and device arrays."""
     batch, m, n, k = shape
-    a, b, va, vb = operands(batch, m, n, k, trans_a, trans_b, seed=m + n + k)
+    a, b, va, vb = transposed_operands(batch, m, n, k, trans_a, trans_b, F16, seed=m + n + k)
     got = run(a, b, m, n, k, None, side=side, trans_a=trans_a, trans_b=trans_b,
               async_copy=async_copy, **cfg)  # fmt: skip
     assert_close(got, va.astype(np.float64) @ vb.astype(np.float64))
@@ -82,7 +74,7 @@ def test_transposed_operands_match_numpy(trans_a, trans_b, shape, async_copy, cf
 
 @pytest.mark.parametrize(("trans_a", "trans_b"), LAYOUTS, ids=LAYOUT_IDS)
 def test_bfloat16_transposed_with_bias_and_activation(trans_a, trans_b):
-    a, b, va, vb = operands(1, 48, 40, 32, trans_a, trans_b, ml_dtypes.bfloat16, seed=3)
+    a, b, va, vb = transposed_operands(1, 48, 40, 32, trans_a, trans_b, ml_dtypes.bfloat16, seed=3)
     bias = np.random.default_rng(4).standard_normal(40).astype(ml_dtypes.bfloat16)
     got = run(a, b, 48, 40, 32, bias, side="host", trans_a=trans_a, trans_b=trans_b,
               async_copy=True, **SMALL2)  # fmt: skip
@@ -98,7 +90,7 @@ def test_transposed_tiles_are_conflict_free_and_read_as_planned(trans_a, trans_b
     column / row of C tiles)."""
     from tessera_tile import sim
 
-    a, b, va, vb = operands(1, 128, 128, 64, trans_a, trans_b, seed=7)
+    a, b, va, vb = transposed_operands(1, 128, 128, 64, trans_a, trans_b, F16, seed=7)
     got = run(a, b, 128, 128, 64, None, side="host", trans_a=trans_a, trans_b=trans_b,
               async_copy=True, profile=sim.profile, tile_m=128, tile_n=128, tile_k=32,
               num_warps=4, num_stages=3)  # fmt: skip

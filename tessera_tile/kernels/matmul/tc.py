@@ -88,7 +88,7 @@ from . import tc_tf32
 from .prologue import chunk_pass, name_of, on_load
 from .tc_epilogue import tensor_core_epilogue
 from .tc_plan import Plan, aligned_rows, check_operands, plan
-from .tc_staging import stage_functions, staging, sync_chunk
+from .tc_staging import b_fragments_step, stage_functions, staging, sync_chunk
 
 __all__ = [
     "ANCHOR",
@@ -263,18 +263,8 @@ def build_kernel(
                 for q in range(4):
                     acc[i, j, q] = d[q]
 
-    @cuda.jit(device=True, **INLINE)
-    def b_step_f16(sb, b_base, ks, fa, fb, acc, b_off):
-        """B fragments of one k16 step (a 16-column block: two n8 tiles), then mt x nt mma."""
-        for j in range(nt2):
-            f = block_b(sb, b_base, b_off, ks, j)
-            fb[2 * j, 0] = f[0]
-            fb[2 * j, 1] = f[1]
-            fb[2 * j + 1, 0] = f[2]
-            fb[2 * j + 1, 1] = f[3]
-        multiply(fa, fb, acc)
-
-    b_step = frags.b_step if tf32 else b_step_f16
+    # B fragments of one k16 step (16-column blocks: two n8 tiles each), then mt x nt mma
+    b_step = frags.b_step if tf32 else b_fragments_step(block_b, nt2, multiply)
 
     @cuda.jit(device=True, **INLINE)
     def k_step(sa, sb, sb2, a_base, b_base, ks, fa, fb, acc, acc2, a_off, b_off):

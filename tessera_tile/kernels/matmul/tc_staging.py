@@ -31,7 +31,7 @@ from ...mma import ldmatrix_x4, ldmatrix_x4_trans
 from ...pipeline import cp_async_cg_16_zfill
 from ..tc_tiles import INLINE, TileCopies, swizzled_copies
 
-__all__ = ["Staging", "staging", "stage_functions"]
+__all__ = ["Staging", "b_fragments_step", "staging", "stage_functions"]
 
 
 class Staging(NamedTuple):
@@ -189,6 +189,24 @@ def stage_functions(
         return ldmatrix_x4(ring, base + off[ks] + 16 * cols * blk)
 
     return chunk_of, targets, load, transform, offsets, block16
+
+
+def b_fragments_step(block16, blocks: int, multiply):
+    """``step(ring, base, ks, fa, fb, acc, off)``: B's fragments of one k step, one
+    :func:`stage_functions` ``block16`` per 16-column block (registers 0 and 1 into ``fb`` row
+    ``2 blk``, 2 and 3 into row ``2 blk + 1``), then ``multiply(fa, fb, acc)``."""
+
+    @cuda.jit(device=True, **INLINE)
+    def step(ring, base, ks, fa, fb, acc, off):
+        for blk in range(blocks):
+            f = block16(ring, base, off, ks, blk)
+            fb[2 * blk, 0] = f[0]
+            fb[2 * blk, 1] = f[1]
+            fb[2 * blk + 1, 0] = f[2]
+            fb[2 * blk + 1, 1] = f[3]
+        multiply(fa, fb, acc)
+
+    return step
 
 
 def sync_chunk(elem, chunk: int, load):

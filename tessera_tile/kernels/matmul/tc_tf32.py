@@ -16,8 +16,8 @@ which are rows of C in order.
 * **B, k along the rows** (``(K, N)``): two ``LDS.64`` per 16 columns (k rows t and t + 4,
   columns 2g, 2g + 1). Chunk ``c`` of row ``r`` lies at ``c ^ reverse3(r % 8)`` (the 3-bit
   reversal): rows t = 0..3 differ in the two bits above the lowest, so a half-warp's LDS.64
-  (chunks 2j, 2j + 1 of each) and A's warp of LDS.32 cover all 32 banks once; two rows in a
-  row differ in the top bit and eight in all three, so the cp.async copies of a quarter-warp
+  (chunks 2j, 2j + 1 of each) and A's warp of LDS.32 cover all 32 banks once; two consecutive
+  rows differ in the top bit and eight in all three, so the cp.async copies of a quarter-warp
   (8 chunks of one row, 4 of two rows, 2 of four or 1 of eight, by the block's threads per
   row) hit 8 bank groups too. (``c ^ 2 (r % 4)``, the swizzle before, met the reads but made
   4 warps' copies of 32-row tiles conflict.)
@@ -37,6 +37,7 @@ from numba import cuda, float32, uint32
 
 from ...mma import load_f32_shared, load_f32x2_shared, mma_m16n8k8_tf32
 from ..tc_tiles import INLINE, TensorCoreConfig
+from .tc_staging import b_fragments_step
 
 __all__ = ["Tf32Fragments", "swizzles", "fragments"]
 
@@ -171,21 +172,10 @@ def fragments(cfg: TensorCoreConfig, mt: int, nt: int, chunk_a, chunk_b, block_a
                 fb[2 * blk + h, 1] = v[1]
         multiply(fa, fb, acc)
 
-    @cuda.jit(device=True, **INLINE)
-    def b_step_k_columns(sb, base, ks, fa, fb, acc, off):
-        """One ldmatrix.x4 per 16 columns, in the A fragment's register order, then the mma."""
-        for blk in range(nt2):
-            f = block_b(sb, base, off, ks, blk)
-            fb[2 * blk, 0] = f[0]
-            fb[2 * blk, 1] = f[1]
-            fb[2 * blk + 1, 0] = f[2]
-            fb[2 * blk + 1, 1] = f[3]
-        multiply(fa, fb, acc)
-
     return Tf32Fragments(
         n_off_a, n_off_b, offsets,
         a_block_rows if trans_a else block_a,
-        b_step_k_columns if trans_b else b_step_k_rows,
+        b_fragments_step(block_b, nt2, multiply) if trans_b else b_step_k_rows,  # ldmatrix.x4
         float32 if trans_a else uint32,  # scalar loads give float32, ldmatrix 32-bit bits
         uint32 if trans_b else float32,
     )  # fmt: skip
